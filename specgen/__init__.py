@@ -1,0 +1,1 @@
+"""specgen: short declarative kernel specs -> Triton source -> registered PyTorch ops."""

@@ -1,0 +1,106 @@
+"""The ``specgen`` command: build, list, show, new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specgen import build as builder
+from specgen.errors import SpecError
+from specgen.families import FAMILIES
+from specgen.families.common import check_name
+from specgen.errors import Where
+
+DEFAULT_SPECS = Path("specs")
+DEFAULT_OUT = Path("generated")
+
+
+@click.group()
+def main() -> None:
+    """specgen: declarative kernel specs -> Triton kernels registered as PyTorch ops."""
+
+
+def _fail_on_spec_error(func):
+    """A spec error is the user's to fix: print it, exit 1, no traceback."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except SpecError as err:
+            raise click.ClickException(str(err)) from None
+    return wrapper
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=DEFAULT_OUT,
+              show_default=True, help="Package directory the modules are written to.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if the output is stale.")
+@_fail_on_spec_error
+def build(paths: tuple[Path, ...], out_dir: Path, check: bool) -> None:
+    """Generate a module per spec in PATHS (files or directories; default: specs/)."""
+    changes = builder.plan_build(paths or (DEFAULT_SPECS,), out_dir)
+    base = Path.cwd()
+    if check:
+        if changes:
+            for change in changes:
+                click.echo(f"stale: {builder.describe(change, base).strip()}", err=True)
+            raise click.ClickException(
+                f"{out_dir}/ is out of date with the specs ({len(changes)} file(s) would change); "
+                f"run `specgen build` and commit the result")
+        click.echo(f"{out_dir}/ is up to date")
+        return
+    builder.apply(changes, out_dir)
+    for change in changes:
+        click.echo(builder.describe(change, base))
+    click.echo(f"{len(changes)} file(s) changed" if changes else "nothing to do: up to date")
+
+
+@main.command("list")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@_fail_on_spec_error
+def list_ops(paths: tuple[Path, ...]) -> None:
+    """List the ops the specs in PATHS define (default: specs/)."""
+    for spec in builder.load_specs(paths or (DEFAULT_SPECS,), Path.cwd()):
+        click.echo(f"{spec.name:<20} {spec.family:<10} {spec.source.path:<32} {spec.doc}")
+
+
+@main.command()
+@click.argument("op")
+@click.option("--specs", "spec_dir", type=click.Path(path_type=Path), default=DEFAULT_SPECS,
+              show_default=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=DEFAULT_OUT,
+              show_default=True)
+@_fail_on_spec_error
+def show(op: str, spec_dir: Path, out_dir: Path) -> None:
+    """Print an op's spec and its generated source."""
+    specs = {s.name: s for s in builder.load_specs((spec_dir,), out_dir.resolve().parent)}
+    if op not in specs:
+        raise click.ClickException(f"no op '{op}' in {spec_dir}/; known: {', '.join(sorted(specs))}")
+    spec = specs[op]
+    module = out_dir / f"{op}.py"
+    click.echo(f"# ---- {spec.source.path}\n{spec.source.text}")
+    if module.is_file():
+        click.echo(f"# ---- {module}\n{module.read_text(encoding='utf-8')}")
+    else:
+        click.echo(f"# ---- {module} does not exist yet: run `specgen build`")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--family", "family", type=click.Choice(sorted(FAMILIES)), required=True)
+@click.option("--specs", "spec_dir", type=click.Path(path_type=Path), default=DEFAULT_SPECS,
+              show_default=True)
+@_fail_on_spec_error
+def new(name: str, family: str, spec_dir: Path) -> None:
+    """Write a starting spec specs/NAME.toml of FAMILY that builds as it is."""
+    path = spec_dir / f"{name}.toml"
+    check_name(name, Where(str(path), ("op", "name")), "op")
+    if path.exists():
+        raise click.ClickException(f"{path} already exists")
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(FAMILIES[family].module.scaffold(name), encoding="utf-8")
+    click.echo(f"wrote {path}; edit it, then run `specgen build`")

@@ -1,0 +1,47 @@
+"""Spec errors that name the file, the key path and what was expected.
+
+Parsing code never formats locations itself: it raises inside ``Where`` scopes, the way torchgen
+wraps its parsers in ``context(...)``, so every message reads ``specs/x.toml: [compute.out]: ...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SpecError(Exception):
+    """A spec is wrong. ``str(err)`` is the whole user-facing message."""
+
+    def __init__(self, path: str, key: str, message: str):
+        self.path = path
+        self.key = key
+        self.message = message
+        location = f"{path}: [{key}]" if key else path
+        super().__init__(f"{location}: {message}")
+
+
+@dataclass(frozen=True)
+class Where:
+    """A position in a spec file: the file and the dotted path of TOML keys."""
+
+    path: str
+    keys: tuple[str, ...] = ()
+
+    def child(self, key: str) -> "Where":
+        return Where(self.path, self.keys + (key,))
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.keys)
+
+    def error(self, message: str) -> SpecError:
+        return SpecError(self.path, self.key, message)
+
+
+def describe(value: object) -> str:
+    """How a TOML value is named in 'expected X, got Y' messages."""
+    kinds = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+             list: "an array", dict: "a table"}
+    kind = kinds.get(type(value), type(value).__name__)
+    shown = repr(value)
+    return kind if len(shown) > 40 or isinstance(value, dict) else f"{kind} {shown}"

@@ -1,0 +1,247 @@
+"""The expression language of ``compute`` and ``epilogue`` entries.
+
+An expression is Python syntax parsed with ``ast`` and checked against a whitelist: arithmetic,
+comparisons, ``and``/``or``/``not``, integer powers, the functions in ``FUNCTIONS``, declared names,
+and ``a if choice == "value" else b`` on a choice argument (resolved at compile time). Everything
+else (attributes, subscripts, keywords, lambdas, unknown names) is a spec error naming the culprit.
+
+Validated trees are emitted as Triton source by rewriting the tree and calling ``ast.unparse``,
+which also takes care of operator precedence. All math is float32: operands are upcast on load.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Mapping
+
+from specgen.errors import Where
+
+# name -> (arity, Triton callee). ``lib`` is ``specgen.kernel_lib``, jit helpers shared by all kernels.
+FUNCTIONS: dict[str, tuple[int, str]] = {
+    "where": (3, "tl.where"),
+    "exp": (1, "tl.exp"),
+    "exp2": (1, "tl.exp2"),
+    "log": (1, "tl.log"),
+    "log2": (1, "tl.log2"),
+    "sqrt": (1, "tl.sqrt"),
+    "rsqrt": (1, "tl.rsqrt"),
+    "abs": (1, "tl.abs"),
+    "erf": (1, "tl.erf"),
+    "sigmoid": (1, "tl.sigmoid"),
+    "minimum": (2, "lib.minimum"),
+    "maximum": (2, "lib.maximum"),
+    "tanh": (1, "lib.tanh"),
+    "relu": (1, "lib.relu"),
+    "gelu": (1, "lib.gelu"),
+    "gelu_tanh": (1, "lib.gelu_tanh"),
+    "silu": (1, "lib.silu"),
+    "softplus": (1, "lib.softplus"),
+    # casts round to the named type; the value stays float32 for the math that follows
+    "float32": (1, "lib.to_float32"),
+    "float16": (1, "lib.to_float16"),
+    "bfloat16": (1, "lib.to_bfloat16"),
+}
+
+MAX_POWER = 16
+
+_BINOPS = {ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow}
+_CMPOPS = {ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq}
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A name an expression may use. ``kind`` is tensor, scalar, choice or value (a computed one)."""
+
+    name: str
+    kind: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Expr:
+    """A validated expression: its source text and the names it reads."""
+
+    source: str
+    tree: ast.expr
+    names: frozenset[str]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Expr) and other.source == self.source
+
+    def __hash__(self) -> int:
+        return hash(self.source)
+
+
+def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol]) -> Expr:
+    try:
+        tree = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError as err:
+        raise where.error(f"not a valid expression: {source!r} ({err.msg})") from None
+    names: set[str] = set()
+    _Validator(where, symbols, names).check(tree)
+    return Expr(source.strip(), tree, frozenset(names))
+
+
+class _Validator:
+    def __init__(self, where: Where, symbols: Mapping[str, Symbol], names: set[str]):
+        self.where = where
+        self.symbols = symbols
+        self.names = names
+
+    def fail(self, message: str):
+        raise self.where.error(message)
+
+    def check(self, node: ast.AST) -> None:
+        method = getattr(self, f"_check_{type(node).__name__}", None)
+        if method is None:
+            self.fail(f"'{ast.unparse(node)}' is not allowed in an expression "
+                      f"({type(node).__name__} is not part of the expression language)")
+        method(node)
+
+    def _check_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            self.fail(f"constant {node.value!r} is not allowed: only numbers (strings only in "
+                      f"'choice == \"value\"' tests)")
+
+    def _check_Name(self, node: ast.Name) -> None:
+        symbol = self.symbols.get(node.id)
+        if symbol is None:
+            if node.id in FUNCTIONS:
+                self.fail(f"'{node.id}' is a function; call it as {node.id}(...)")
+            declared = ", ".join(sorted(self.symbols)) or "none"
+            self.fail(f"name '{node.id}' is used but not declared (declared: {declared})")
+        if symbol.kind == "choice":
+            self.fail(f"choice argument '{node.id}' can only be tested with "
+                      f"'{node.id} == \"value\"' in 'a if ... else b'")
+        self.names.add(node.id)
+
+    def _check_UnaryOp(self, node: ast.UnaryOp) -> None:
+        if not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+            self.fail(f"operator in '{ast.unparse(node)}' is not allowed")
+        self.check(node.operand)
+
+    def _check_BinOp(self, node: ast.BinOp) -> None:
+        if type(node.op) not in _BINOPS:
+            self.fail(f"operator in '{ast.unparse(node)}' is not allowed; "
+                      f"use + - * / and integer powers **")
+        if isinstance(node.op, ast.Pow):
+            exponent = _int_constant(node.right)
+            if exponent is None or abs(exponent) > MAX_POWER:
+                self.fail(f"'{ast.unparse(node)}': only integer constant powers up to "
+                          f"{MAX_POWER} are allowed (use exp/log for others)")
+            self.check(node.left)
+            return
+        self.check(node.left)
+        self.check(node.right)
+
+    def _check_BoolOp(self, node: ast.BoolOp) -> None:
+        for value in node.values:
+            self.check(value)
+
+    def _check_Compare(self, node: ast.Compare) -> None:
+        if len(node.ops) != 1 or type(node.ops[0]) not in _CMPOPS:
+            self.fail(f"'{ast.unparse(node)}': only single comparisons < <= > >= == != are allowed")
+        self.check(node.left)
+        self.check(node.comparators[0])
+
+    def _check_IfExp(self, node: ast.IfExp) -> None:
+        test = node.test
+        ok = (isinstance(test, ast.Compare) and len(test.ops) == 1
+              and isinstance(test.ops[0], (ast.Eq, ast.NotEq))
+              and isinstance(test.left, ast.Name)
+              and isinstance(test.comparators[0], ast.Constant)
+              and isinstance(test.comparators[0].value, str))
+        symbol = self.symbols.get(test.left.id) if ok else None
+        if symbol is None or symbol.kind != "choice":
+            self.fail(f"'{ast.unparse(node)}': a conditional must test a choice argument, "
+                      f"as in 'a if mode == \"fast\" else b'; use where(cond, a, b) on values")
+        value = test.comparators[0].value
+        if value not in symbol.choices:
+            self.fail(f"'{ast.unparse(test)}': '{value}' is not a value of choice "
+                      f"'{symbol.name}' (one of: {', '.join(symbol.choices)})")
+        self.names.add(symbol.name)
+        self.check(node.body)
+        self.check(node.orelse)
+
+    def _check_Call(self, node: ast.Call) -> None:
+        if not isinstance(node.func, ast.Name):
+            self.fail(f"'{ast.unparse(node.func)}' is not allowed as a function; "
+                      f"allowed: {', '.join(sorted(FUNCTIONS))}")
+        name = node.func.id
+        if name not in FUNCTIONS:
+            self.fail(f"unknown function '{name}'; allowed: {', '.join(sorted(FUNCTIONS))}")
+        if node.keywords:
+            self.fail(f"'{ast.unparse(node)}': keyword arguments are not allowed")
+        arity = FUNCTIONS[name][0]
+        if len(node.args) != arity:
+            self.fail(f"'{ast.unparse(node)}': {name} takes {arity} argument(s), "
+                      f"got {len(node.args)}")
+        for arg in node.args:
+            self.check(arg)
+
+
+def _int_constant(node: ast.expr) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int_constant(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
+def emit(expr: Expr, names: Mapping[str, str]) -> str:
+    """Triton source for ``expr``; ``names`` maps spec names to the kernel's variable names."""
+    tree = _Emitter(names).visit(_copy(expr.tree))
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _copy(tree: ast.expr) -> ast.expr:
+    return ast.parse(ast.unparse(tree), mode="eval").body
+
+
+class _Emitter(ast.NodeTransformer):
+    def __init__(self, names: Mapping[str, str]):
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return ast.Name(self.names.get(node.id, node.id), ast.Load())
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        callee = FUNCTIONS[node.func.id][1]
+        return ast.Call(_dotted(callee), [self.visit(arg) for arg in node.args], [])
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        if not isinstance(node.op, ast.Pow):
+            return self.generic_visit(node)
+        # x ** n is unrolled into products: Triton has no power operator on tensors
+        base = self.visit(node.left)
+        exponent = _int_constant(node.right)
+        if exponent == 0:
+            return ast.Constant(1.0)
+        product = base
+        for _ in range(abs(exponent) - 1):
+            product = ast.BinOp(product, ast.Mult(), base)
+        return ast.BinOp(ast.Constant(1.0), ast.Div(), product) if exponent < 0 else product
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.expr:
+        # element-wise logic on boolean tensors is bitwise in Triton
+        op = ast.BitAnd() if isinstance(node.op, ast.And) else ast.BitOr()
+        values = [self.visit(value) for value in node.values]
+        result = values[0]
+        for value in values[1:]:
+            result = ast.BinOp(result, op, value)
+        return result
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
+        operand = self.visit(node.operand)
+        op = ast.Invert() if isinstance(node.op, ast.Not) else node.op
+        return ast.UnaryOp(op, operand)
+
+
+def _dotted(path: str) -> ast.expr:
+    head, *rest = path.split(".")
+    node: ast.expr = ast.Name(head, ast.Load())
+    for part in rest:
+        node = ast.Attribute(node, part, ast.Load())
+    return node

@@ -1,0 +1,25 @@
+"""Kernel families. Each has a module with ``parse_body``, ``plan`` and ``scaffold``, and a template.
+
+To add a family: write ``families/<name>.py`` (a body dataclass, its parser, a planner returning a
+frozen plan the template reads) and ``templates/<name>.py.jinja``, then list it here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+from specgen.families import pointwise
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    module: ModuleType
+
+    @property
+    def template(self) -> str:
+        return f"{self.name}.py.jinja"
+
+
+FAMILIES = {f.name: f for f in (Family("pointwise", pointwise),)}

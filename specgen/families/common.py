@@ -1,0 +1,192 @@
+"""Plan pieces every family shares: names, signatures and metadata of the generated module."""
+
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass
+
+from specgen.errors import Where
+from specgen.expr import FUNCTIONS
+from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
+from specgen.table import Table, parse_list
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+# names generated code uses for itself; an argument or output with one of them would shadow it
+RESERVED = frozenset({
+    "tl", "triton", "torch", "lib", "rt", "math", "F", "reference",
+    "pid", "tile", "num_tiles", "tiles_m", "tiles_n", "tile_m", "tile_n", "rest", "rows", "cols",
+    "mask", "offsets", "numel", "size_m", "size_n", "shape", "space", "grid", "cap", "tensors",
+    "device", "dtype", "scalars", "constexprs", "strides", "outer", "index_64", "meta",
+}) | frozenset(FUNCTIONS)
+# module-level names of a generated module, which the op's own function must not shadow
+OP_RESERVED = frozenset({"torch", "triton", "tl", "lib", "rt", "reference", "pointwise", "generated",
+                         "specgen"})
+
+_ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str"}
+
+
+def check_name(name: str, where: Where, what: str) -> None:
+    """Op, argument and output names become Python identifiers in the generated module."""
+    if not NAME_RE.match(name):
+        raise where.error(f"{what} name '{name}' must be lower-case letters, digits and '_', "
+                          f"starting with a letter")
+    reserved = OP_RESERVED if what == "op" else RESERVED
+    if keyword.iskeyword(name) or name in reserved or re.fullmatch(r"(size|i)_\d+", name):
+        raise where.error(f"{what} name '{name}' is reserved; choose another")
+
+
+def power_of_two_list(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    raw = table.pop_any(key)
+    if raw is None:
+        return default
+    where = table.where.child(key)
+    values = parse_list(raw, int, where)
+    for value in values:
+        if value <= 0 or value & (value - 1):
+            raise where.error(f"expected powers of two, got {value}")
+    return values
+
+
+@dataclass(frozen=True)
+class ArgPlan:
+    name: str
+    kind: str
+    annotation: str
+    default_code: str | None        # Python source of the default, None when required
+    constexpr: str = ""
+    values: tuple[str, ...] = ()
+    type: str = ""
+
+    @property
+    def param(self) -> str:
+        return self.name if self.default_code is None else f"{self.name}={self.default_code}"
+
+    @property
+    def typed_param(self) -> str:
+        typed = f"{self.name}: {self.annotation}"
+        return typed if self.default_code is None else f"{typed} = {self.default_code}"
+
+
+def arg_plans(spec: OpSpec) -> tuple[ArgPlan, ...]:
+    plans = []
+    for arg in spec.args:
+        if isinstance(arg, TensorArg):
+            annotation = "Optional[torch.Tensor]" if arg.optional else "torch.Tensor"
+            plans.append(ArgPlan(arg.name, "tensor", annotation,
+                                 "None" if arg.optional else None))
+        elif isinstance(arg, ChoiceArg):
+            default = None if arg.default is None else repr(arg.default)
+            plans.append(ArgPlan(arg.name, "choice", "str", default, arg.constexpr, arg.values))
+        else:
+            default = None if arg.default is None else repr(arg.default)
+            plans.append(ArgPlan(arg.name, arg.type, _ANNOTATIONS[arg.type], default,
+                                 type=arg.type))
+    return tuple(plans)
+
+
+def arg_info_code(spec: OpSpec) -> tuple[str, ...]:
+    """``rt.ArgInfo(...)`` source for each argument (the registry entry the tests read)."""
+    infos = []
+    for arg in spec.args:
+        if isinstance(arg, TensorArg):
+            fields = [f'"{arg.name}"', '"tensor"']
+            if arg.optional:
+                fields.append("optional=True")
+            if (arg.low, arg.high) != (-3.0, 3.0):
+                fields += [f"low={arg.low!r}", f"high={arg.high!r}"]
+            if arg.dims:
+                fields.append(f"dims={arg.dims!r}")
+        elif isinstance(arg, ChoiceArg):
+            fields = [f'"{arg.name}"', '"choice"', f"default={arg.default!r}",
+                      f"choices={arg.values!r}"]
+        else:
+            fields = [f'"{arg.name}"', f'"{arg.type}"', f"default={arg.default!r}"]
+        infos.append(f"rt.ArgInfo({', '.join(fields)})")
+    return tuple(infos)
+
+
+def wrap(head: str, terms: list[str], indent: int, width: int = 100) -> str:
+    """``head + t0 + t1 + ...``, in parentheses over several lines when it would pass ``width``.
+
+    The first line is returned unindented (the template indents it); later lines carry ``indent``.
+    """
+    flat = head + " + ".join(terms)
+    if indent + len(flat) <= width:
+        return flat
+    pad = " " * (indent + len(head) + 1)  # under the opening parenthesis
+    lines = [" " * indent + head + "(" + terms[0]]
+    for term in terms[1:]:
+        if len(lines[-1]) + 3 + len(term) > width:
+            lines.append(f"{pad}+ {term}")
+        else:
+            lines[-1] += f" + {term}"
+    return "\n".join(lines)[indent:] + ")"
+
+
+@dataclass(frozen=True)
+class CommonPlan:
+    """What every generated module states the same way: identity, metadata, signatures."""
+
+    name: str
+    family: str
+    doc: str
+    reference: str
+    spec_path: str
+    spec_sha256: str
+    dtypes: tuple[str, ...]
+    indexing: str
+    args: tuple[ArgPlan, ...]
+    arg_infos: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    @property
+    def dtypes_code(self) -> str:
+        return "(" + ", ".join(f"torch.{d}" for d in self.dtypes) + ",)"
+
+    @property
+    def kernel(self) -> str:
+        return f"_{self.name}"
+
+    @property
+    def scalars(self) -> tuple[ArgPlan, ...]:
+        return tuple(a for a in self.args if a.kind in ("float", "int", "bool"))
+
+    @property
+    def choices(self) -> tuple[ArgPlan, ...]:
+        return tuple(a for a in self.args if a.kind == "choice")
+
+    @property
+    def signature_no_out(self) -> str:
+        return ", ".join(a.param for a in self.args)
+
+    @property
+    def signature(self) -> str:
+        return f"{self.signature_no_out}, *, out=None"
+
+    @property
+    def op_params(self) -> str:
+        return ", ".join(a.typed_param for a in self.args)
+
+    @property
+    def op_params_plain(self) -> str:
+        return ", ".join(a.name for a in self.args)
+
+    @property
+    def call_args(self) -> str:
+        return self.op_params_plain
+
+    @property
+    def return_annotation(self) -> str:
+        if len(self.output_names) == 1:
+            return "torch.Tensor"
+        return f"tuple[{', '.join('torch.Tensor' for _ in self.output_names)}]"
+
+
+def common_plan(spec: OpSpec, output_names: tuple[str, ...]) -> CommonPlan:
+    return CommonPlan(
+        name=spec.name, family=spec.family, doc=spec.doc, reference=spec.reference,
+        spec_path=spec.source.path, spec_sha256=spec.source.sha256[:16], dtypes=spec.dtypes,
+        indexing=spec.indexing, args=arg_plans(spec), arg_infos=arg_info_code(spec),
+        output_names=output_names)

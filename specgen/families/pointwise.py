@@ -1,0 +1,219 @@
+"""Pointwise family: N-ary element-wise ops with broadcasting, any strides, fused expressions.
+
+Spec tables: ``[compute]`` (one output per key, in order; later outputs may read earlier ones),
+``[tuning]`` (``BLOCK``, ``TILE``, ``num_warps``) and ``[schedule]`` (``launch``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from specgen.errors import Where
+from specgen.expr import Expr, Symbol, emit, parse_expr
+from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
+                                     wrap)
+from specgen.model import OpSpec, Output, TensorArg
+from specgen.table import Table, check_type, parse_list
+
+LAUNCHES = ("flat", "persistent")
+# outer collapsed dims the tiled kernel walks besides its two tiled ones (rank 8 in all)
+OUTER_RANK = 6
+
+
+@dataclass(frozen=True)
+class PointwiseBody:
+    outputs: tuple[Output, ...]
+    blocks: tuple[int, ...]
+    tiles: tuple[tuple[int, int], ...]
+    num_warps: tuple[int, ...]
+    launch: str
+
+
+def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
+    for arg in spec_args:
+        if isinstance(arg, TensorArg) and (arg.optional or arg.dims):
+            raise top.where.child("args").child(arg.name).error(
+                "pointwise tensors take no 'optional' or 'dims': every tensor broadcasts")
+    if not any(isinstance(a, TensorArg) for a in spec_args):
+        raise top.where.child("args").error("a pointwise op needs at least one tensor argument")
+    outputs = parse_outputs(top.pop_table("compute"), spec_args)
+    tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
+    blocks = power_of_two_list(tuning, "BLOCK", (1024, 2048, 4096))
+    tiles = _parse_tiles(tuning)
+    num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
+    tuning.finish()
+    schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
+    launch = schedule.pop("launch", str, "flat")
+    if launch not in LAUNCHES:
+        raise schedule.where.child("launch").error(
+            f"expected one of {', '.join(LAUNCHES)}, got '{launch}'")
+    schedule.finish()
+    return PointwiseBody(outputs, blocks, tiles, num_warps, launch)
+
+
+def symbols_of(spec_args: tuple) -> dict[str, Symbol]:
+    symbols = {}
+    for arg in spec_args:
+        choices = getattr(arg, "values", ())
+        symbols[arg.name] = Symbol(arg.name, arg.kind if arg.kind in ("tensor", "choice") else
+                                   "scalar", choices)
+    return symbols
+
+
+def parse_outputs(compute: Table, spec_args: tuple) -> tuple[Output, ...]:
+    """``[compute]``: one output per key, in file order; each may read the ones before it."""
+    symbols = symbols_of(spec_args)
+    outputs = []
+    while compute.keys():
+        name, source, where = compute.pop_item()
+        check_name(name, where, "output")
+        if name in symbols:
+            raise where.error(f"output '{name}' has the name of an argument")
+        check_type(source, str, where)
+        outputs.append(Output(name, parse_expr(source, where, symbols)))
+        symbols[name] = Symbol(name, "value")
+    if not outputs:
+        raise compute.where.error("expected at least one output, as in out = \"x + y\"")
+    return tuple(outputs)
+
+
+def _parse_tiles(tuning: Table) -> tuple[tuple[int, int], ...]:
+    raw = tuning.pop_any("TILE")
+    if raw is None:
+        # square tiles move a transposed operand through shared memory; 1-row tiles serve a
+        # collapsed space whose rows are single elements
+        return ((32, 32), (64, 64), (1, 1024), (16, 128))
+    where = tuning.where.child("TILE")
+    tiles = []
+    for item in parse_list(raw, list, where):
+        pair = parse_list(item, int, where)
+        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair):
+            raise where.error(f"expected [rows, cols] pairs of powers of two, got {item}")
+        tiles.append((pair[0], pair[1]))
+    return tuple(tiles)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+    @property
+    def var(self) -> str:
+        return self.name
+
+    @property
+    def offsets(self) -> str:
+        return f"{self.name}_offsets"
+
+
+@dataclass(frozen=True)
+class OutputTensor(Tensor):
+    code: str
+
+
+@dataclass(frozen=True)
+class PointwisePlan(CommonPlan):
+    inputs: tuple[Tensor, ...] = ()
+    outputs: tuple[OutputTensor, ...] = ()
+    launch: str = "flat"
+    dense_configs: tuple[dict, ...] = ()
+    tiled_configs: tuple[dict, ...] = ()
+    outer_rank: int = OUTER_RANK
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        """Outputs first, then inputs: the order strides are passed in, and memory order is set by."""
+        return self.outputs + self.inputs
+
+    @property
+    def outer_dims(self) -> range:
+        return range(self.outer_rank)
+
+    @property
+    def pointers(self) -> str:
+        return ", ".join(t.ptr for t in self.inputs + self.outputs)
+
+    @property
+    def pointer_args(self) -> str:
+        return ", ".join(t.name for t in self.inputs + self.outputs)
+
+    @property
+    def sizes(self) -> str:
+        return ", ".join([f"size_{d}" for d in self.outer_dims] + ["size_m", "size_n"])
+
+    def strides_of(self, tensor: Tensor) -> str:
+        return ", ".join(f"{tensor.name}_stride_{d}" for d in [*self.outer_dims, "m", "n"])
+
+    def base_expr(self, tensor: Tensor) -> str:
+        """``x_base = i_0 * x_stride_0 + ...``, wrapped at about 100 columns."""
+        terms = [f"i_{d} * {tensor.name}_stride_{d}" for d in self.outer_dims]
+        return wrap(f"{tensor.name}_base = ", terms, indent=8)
+
+    @property
+    def max_tile(self) -> int:
+        return max([c["BLOCK"] for c in self.dense_configs] +
+                   [c["TILE_M"] * c["TILE_N"] for c in self.tiled_configs])
+
+    @property
+    def output_list(self) -> str:
+        return ", ".join(o.name for o in self.outputs)
+
+    @property
+    def input_list(self) -> str:
+        return ", ".join(t.name for t in self.inputs)
+
+    @property
+    def input_dict(self) -> str:
+        return ", ".join(f'"{t.name}": {t.name}' for t in self.inputs)
+
+    @property
+    def tensor_dict(self) -> str:
+        return ", ".join(f'"{t.name}": {t.name}' for t in self.tensors)
+
+    @property
+    def launch_params(self) -> str:
+        scalars = [a.name for a in self.args if a.kind != "tensor"]
+        return ", ".join([t.name for t in self.inputs] + scalars + [o.name for o in self.outputs])
+
+    @property
+    def launch_args(self) -> str:
+        return self.launch_params
+
+    @property
+    def out_params(self) -> str:
+        return ", ".join(f"{o.name}: torch.Tensor" for o in self.outputs)
+
+
+def plan(spec: OpSpec) -> PointwisePlan:
+    body: PointwiseBody = spec.body
+    names = {c.name: c.constexpr for c in spec.choices}
+    outputs = tuple(OutputTensor(o.name, emit(o.expr, names)) for o in body.outputs)
+    dense = tuple({"BLOCK": b, "num_warps": w} for b, w in itertools.product(body.blocks, body.num_warps))
+    tiled = tuple({"TILE_M": m, "TILE_N": n, "num_warps": w}
+                  for (m, n), w in itertools.product(body.tiles, body.num_warps))
+    common = common_plan(spec, tuple(o.name for o in body.outputs))
+    return PointwisePlan(**common.__dict__, inputs=tuple(Tensor(t.name) for t in spec.tensors),
+                         outputs=outputs, launch=body.launch, dense_configs=dense,
+                         tiled_configs=tiled)
+
+
+def scaffold(name: str) -> str:
+    return f'''# A pointwise op: see README.md, "Spec format".
+[op]
+name = "{name}"
+family = "pointwise"
+doc = "x * sigmoid(alpha * x)"
+reference = "x * torch.sigmoid(alpha * x)"
+
+[args]
+x = "tensor"
+alpha = {{ kind = "float", default = 1.0 }}
+
+[compute]
+out = "x * sigmoid(alpha * x)"
+'''

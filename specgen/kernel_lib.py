@@ -1,0 +1,84 @@
+"""Triton helpers that generated kernels call as ``lib.<name>``.
+
+They use only core ``tl`` operations (no libdevice), so the CPU tier's interpreter runs the very
+code the GPU compiles. Inputs are float32; NaN propagates as in torch.
+"""
+
+import triton
+import triton.language as tl
+
+# globals a jit function reads must be constexpr
+_SQRT_HALF = tl.constexpr(0.7071067811865476)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+
+
+@triton.jit
+def tanh(x):
+    # tanh(x) = sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|), which never overflows; near zero
+    # 1 - e cancels, so a short Taylor series takes over below |x| = 1/16
+    e = tl.exp(-2.0 * tl.abs(x))
+    large = (1.0 - e) / (1.0 + e)
+    large = tl.where(x < 0, -large, large)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    return tl.where(tl.abs(x) < 0.0625, small, large)
+
+
+@triton.jit
+def relu(x):
+    # where(x < 0, 0, x) keeps NaN, as torch.relu does (maximum(x, 0) would drop it)
+    return tl.where(x < 0, 0.0, x)
+
+
+@triton.jit
+def gelu(x):
+    return 0.5 * x * (1.0 + tl.erf(x * _SQRT_HALF))
+
+
+@triton.jit
+def gelu_tanh(x):
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + tanh(inner))
+
+
+@triton.jit
+def silu(x):
+    return x / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def log1p(x):
+    # log(1 + x) is inexact when 1 + x rounds; scaling by x / ((1 + x) - 1) cancels that error
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+
+
+@triton.jit
+def softplus(x):
+    # torch.nn.functional.softplus with beta=1, threshold=20
+    return tl.where(x > 20.0, x, log1p(tl.exp(x)))
+
+
+@triton.jit
+def minimum(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def to_float32(x):
+    return x.to(tl.float32)
+
+
+@triton.jit
+def to_float16(x):
+    return x.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def to_bfloat16(x):
+    return x.to(tl.bfloat16).to(tl.float32)

@@ -1,0 +1,91 @@
+"""The spec model: frozen dataclasses that every later stage reads, never the raw TOML."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from specgen.expr import Expr
+
+DTYPES = ("float16", "bfloat16", "float32")
+INDEXING = ("auto", "int32", "int64")
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    name: str
+    optional: bool = False
+    low: float = -3.0               # the value range property tests draw from
+    high: float = 3.0
+    dims: tuple[str, ...] = ()      # named dims, for families whose operands have fixed ranks
+
+    kind = "tensor"
+
+
+@dataclass(frozen=True)
+class ScalarArg:
+    name: str
+    type: str                       # float | int | bool
+    default: Union[float, int, bool, None] = None
+
+    @property
+    def kind(self) -> str:
+        return self.type
+
+
+@dataclass(frozen=True)
+class ChoiceArg:
+    """A string picked from fixed values; kernels see it as a constexpr, so branches compile away."""
+
+    name: str
+    values: tuple[str, ...]
+    default: Union[str, None] = None
+
+    kind = "choice"
+
+    @property
+    def constexpr(self) -> str:
+        return self.name.upper()
+
+
+Arg = Union[TensorArg, ScalarArg, ChoiceArg]
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a spec came from: its path relative to the project root, and a hash of its text."""
+
+    path: str
+    sha256: str
+    text: str
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    family: str
+    doc: str
+    reference: str
+    args: tuple[Arg, ...]
+    dtypes: tuple[str, ...]
+    indexing: str
+    source: Source
+    body: object                    # the family's own frozen dataclass
+
+    @property
+    def tensors(self) -> tuple[TensorArg, ...]:
+        return tuple(a for a in self.args if isinstance(a, TensorArg))
+
+    @property
+    def scalars(self) -> tuple[ScalarArg, ...]:
+        return tuple(a for a in self.args if isinstance(a, ScalarArg))
+
+    @property
+    def choices(self) -> tuple[ChoiceArg, ...]:
+        return tuple(a for a in self.args if isinstance(a, ChoiceArg))

@@ -1,0 +1,155 @@
+"""TOML spec files -> ``OpSpec``. Every error names the file, the key path and what was expected."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import tomllib
+from pathlib import Path
+
+from specgen.errors import SpecError, Where, describe
+from specgen.families import FAMILIES
+from specgen.families.common import check_name
+from specgen.model import DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
+from specgen.table import Table, check_type, parse_list
+
+ARG_KINDS = ("tensor", "float", "int", "bool", "choice")
+_SCALAR_TYPES = {"float": float, "int": int, "bool": bool}
+# names a reference expression may use besides the op's arguments
+REFERENCE_NAMES = ("torch", "F", "math")
+
+
+def relative_path(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
+
+
+def load_spec(path: Path, root: Path) -> OpSpec:
+    text = path.read_text(encoding="utf-8")
+    source = Source(relative_path(path, root), hashlib.sha256(text.encode()).hexdigest(), text)
+    return parse_spec(text, source)
+
+
+def parse_spec(text: str, source: Source) -> OpSpec:
+    where = Where(source.path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise where.error(f"not valid TOML: {err}") from None
+    top = Table(data, where)
+
+    op = top.pop_table("op")
+    name = op.pop("name", str)
+    check_name(name, op.where.child("name"), "op")
+    family_name = op.pop("family", str)
+    if family_name not in FAMILIES:
+        raise op.where.child("family").error(
+            f"unknown family '{family_name}'; expected one of: {', '.join(sorted(FAMILIES))}")
+    family = FAMILIES[family_name]
+    doc = op.pop("doc", str, "")
+    reference_where = op.where.child("reference")
+    reference = op.pop("reference", str)
+    dtypes = _parse_dtypes(op)
+    indexing = op.pop("indexing", str, "auto")
+    if indexing not in INDEXING:
+        raise op.where.child("indexing").error(
+            f"expected one of {', '.join(INDEXING)}, got '{indexing}'")
+    op.finish()
+
+    args = _parse_args(top.pop_table("args"))
+    _check_reference(reference, reference_where, args)
+    body = family.module.parse_body(top, args, name)
+    top.finish()
+    return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
+                  dtypes=dtypes, indexing=indexing, source=source, body=body)
+
+
+def _parse_dtypes(op: Table) -> tuple[str, ...]:
+    raw = op.pop_any("dtypes")
+    if raw is None:
+        return DTYPES
+    where = op.where.child("dtypes")
+    dtypes = parse_list(raw, str, where)
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise where.error(f"unknown dtype '{dtype}'; expected one of: {', '.join(DTYPES)}")
+    return tuple(dict.fromkeys(dtypes))
+
+
+def _parse_args(table: Table) -> tuple[Arg, ...]:
+    """``[args]``: ``x = "tensor"`` or ``x = { kind = ..., ... }``, in call order."""
+    args: list[Arg] = []
+    seen_default = False
+    while table.keys():
+        name, raw, where = table.pop_item()
+        check_name(name, where, "argument")
+        if name == "out":
+            raise where.error("argument name 'out' is reserved for the out= keyword")
+        arg = _parse_arg(name, raw, where)
+        has_default = not isinstance(arg, TensorArg) and arg.default is not None or \
+            isinstance(arg, TensorArg) and arg.optional
+        if seen_default and not has_default:
+            raise where.error(f"argument '{name}' has no default but follows one that has")
+        seen_default = seen_default or has_default
+        args.append(arg)
+    if not args:
+        raise table.where.error("expected at least one argument")
+    return tuple(args)
+
+
+def _parse_arg(name: str, raw: object, where: Where) -> Arg:
+    if isinstance(raw, str):
+        raw = {"kind": raw}
+    if not isinstance(raw, dict):
+        raise where.error(f"expected a kind string (\"tensor\") or a table, got {describe(raw)}")
+    table = Table(raw, where)
+    kind = table.pop("kind", str)
+    if kind not in ARG_KINDS:
+        raise where.child("kind").error(f"unknown kind '{kind}'; expected one of: {', '.join(ARG_KINDS)}")
+    if kind == "tensor":
+        optional = table.pop("optional", bool, False)
+        low, high = _parse_range(table)
+        dims_raw = table.pop_any("dims")
+        dims = () if dims_raw is None else parse_list(dims_raw, str, where.child("dims"))
+        table.finish()
+        return TensorArg(name, optional, low, high, dims)
+    if kind == "choice":
+        values = parse_list(table.pop("values", list), str, where.child("values"))
+        default = table.pop("default", str, None)
+        if default is not None and default not in values:
+            raise where.child("default").error(
+                f"default '{default}' is not one of the values: {', '.join(values)}")
+        table.finish()
+        return ChoiceArg(name, values, default)
+    default = table.pop("default", _SCALAR_TYPES[kind], None)
+    table.finish()
+    return ScalarArg(name, kind, default)
+
+
+def _parse_range(table: Table) -> tuple[float, float]:
+    raw = table.pop_any("range")
+    if raw is None:
+        return -3.0, 3.0
+    where = table.where.child("range")
+    values = parse_list(raw, float, where)
+    if len(values) != 2 or not values[0] < values[1]:
+        raise where.error(f"expected [low, high] with low < high, got {raw}")
+    return values[0], values[1]
+
+
+def _check_reference(reference: str, where: Where, args: tuple[Arg, ...]) -> None:
+    """The reference is trusted Python, but it must parse and use only known names."""
+    try:
+        tree = ast.parse(reference.strip(), mode="eval")
+    except SyntaxError as err:
+        raise where.error(f"not a valid Python expression: {reference!r} ({err.msg})") from None
+    known = set(REFERENCE_NAMES) | {a.name for a in args}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id not in known:
+            raise where.error(f"name '{node.id}' is used but not declared; a reference may use "
+                              f"the arguments and {', '.join(REFERENCE_NAMES)}")
+
+
+__all__ = ["load_spec", "parse_spec", "SpecError", "check_type"]

@@ -1,0 +1,59 @@
+"""Plans -> Python source, through the Jinja templates in ``templates/``."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jinja2
+
+from specgen.families import FAMILIES
+from specgen.model import OpSpec
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def pytuple(items) -> str:
+    """A tuple literal; one item per line when it does not fit on one."""
+    parts = [repr(item) for item in items]
+    flat = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    if len(flat) <= 80:
+        return flat
+    return "(\n" + "".join(f"    {part},\n" for part in parts) + ")"
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,   # a name the planner did not provide is an error
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["pytuple"] = pytuple
+    return env
+
+
+def render_op(spec: OpSpec) -> str:
+    family = FAMILIES[spec.family]
+    plan = family.module.plan(spec)
+    return _tidy(environment().get_template(family.template).render(plan=plan))
+
+
+def render_index(modules: list[str]) -> str:
+    return _tidy(environment().get_template("__init__.py.jinja").render(modules=sorted(modules)))
+
+
+def _tidy(text: str) -> str:
+    """Strips trailing spaces and runs of blank lines that template control flow leaves behind."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    tidy: list[str] = []
+    for line in lines:
+        if not line and len(tidy) >= 2 and not tidy[-1] and not tidy[-2]:
+            continue
+        tidy.append(line)
+    while tidy and not tidy[-1]:
+        tidy.pop()
+    return "\n".join(tidy) + "\n"

@@ -1,0 +1,111 @@
+"""Argument checks run before any launch; each error names the op, the argument and the problem."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from specgen.runtime.launch import interpreting
+from specgen.runtime.layout import has_internal_overlap, storage_span
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def _dtype_list(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(DTYPE_NAMES.get(d, str(d)) for d in dtypes)
+
+
+def check_tensor_types(op: str, tensors: Mapping[str, object]) -> None:
+    """TypeError for a non-tensor where a tensor is required (``None`` marks an omitted optional)."""
+    for name, value in tensors.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, "
+                            f"got {type(value).__name__}")
+
+
+def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
+                  dtypes: Sequence[torch.dtype]) -> torch.device:
+    """Same device for all, a device the kernels run on, a supported dtype. Returns the device."""
+    check_tensor_types(op, tensors)
+    first_name, first = next(iter(tensors.items()))
+    for name, tensor in tensors.items():
+        if tensor.dtype not in dtypes:
+            raise TypeError(f"{op}: argument '{name}' has dtype {tensor.dtype}; "
+                            f"supported: {_dtype_list(dtypes)}")
+        if tensor.device != first.device:
+            raise ValueError(f"{op}: arguments '{first_name}' ({first.device}) and '{name}' "
+                             f"({tensor.device}) are on different devices")
+    device = first.device
+    if device.type not in ("cuda", "meta") and not interpreting():
+        raise ValueError(f"{op}: argument '{first_name}' is on {device}; specgen kernels run on "
+                         f"CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)")
+    return device
+
+
+def broadcast_shape(op: str, tensors: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*(t.shape for t in tensors.values())))
+    except RuntimeError:
+        shapes = ", ".join(f"'{n}' {tuple(t.shape)}" for n, t in tensors.items())
+        raise ValueError(f"{op}: shapes do not broadcast: {shapes}") from None
+
+
+def check_choice(op: str, name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{op}: argument '{name}' must be one of {allowed}, got {value!r}")
+
+
+def check_scalar(op: str, name: str, value: object, kind: type) -> None:
+    accepted = (int, float) if kind is float else (kind,)
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
+        raise TypeError(f"{op}: argument '{name}' must be {kind.__name__}, "
+                        f"got {type(value).__name__}")
+
+
+def _is_real(tensor: torch.Tensor) -> bool:
+    """Real memory to compare (fake tensors under torch.compile have no data pointer)."""
+    from torch._subclasses.fake_tensor import is_fake
+    return tensor.device.type != "meta" and not is_fake(tensor)
+
+
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    start = tensor.data_ptr()
+    return start, start + storage_span(tensor) * tensor.element_size()
+
+
+def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
+              device: torch.device, dtypes: Sequence[torch.dtype],
+              inputs: Mapping[str, torch.Tensor]) -> None:
+    """An ``out=`` tensor must match, must not overlap itself, and may alias an input only exactly.
+
+    Exact aliasing (``add(x, y, out=x)``) is what torch allows for element-wise ops: every element
+    is read and written by the same lane. Partial overlap would make the result depend on timing.
+    """
+    check_tensor_types(op, {name: out})
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{op}: '{name}' has shape {tuple(out.shape)}, expected {shape}")
+    if out.device != device:
+        raise ValueError(f"{op}: '{name}' is on {out.device}, the inputs on {device}")
+    if out.dtype not in dtypes:
+        raise TypeError(f"{op}: '{name}' has dtype {out.dtype}; supported: {_dtype_list(dtypes)}")
+    if has_internal_overlap(out):
+        raise ValueError(f"{op}: '{name}' has elements that share memory (stride {out.stride()}); "
+                         f"an output must not overlap itself")
+    if not _is_real(out) or out.numel() == 0:
+        return
+    out_start, out_end = _byte_range(out)
+    for input_name, tensor in inputs.items():
+        if tensor is None or tensor.numel() == 0 or not _is_real(tensor):
+            continue
+        if tensor.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+            continue
+        start, end = _byte_range(tensor)
+        if start >= out_end or out_start >= end:
+            continue
+        exact = (tensor.data_ptr() == out.data_ptr() and tensor.shape == out.shape
+                 and tensor.stride() == out.stride() and tensor.dtype == out.dtype)
+        if not exact:
+            raise ValueError(f"{op}: '{name}' overlaps input '{input_name}' in memory; an output may "
+                             f"only be the very same tensor as an input, not part of one")

@@ -1,0 +1,131 @@
+"""Launch-time decisions shared by every family: index width, grid size, configs, test hooks."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+import torch
+import triton
+
+from specgen.runtime.layout import storage_span
+
+INT32_MAX = 2**31 - 1
+# programs per multiprocessor in a persistent launch: enough to hide latency, few enough to loop
+PERSISTENT_PROGRAMS_PER_SM = 4
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass
+class Overrides:
+    """Knobs the test suite turns to reach every specialization on small inputs."""
+
+    indexing: str | None = None      # force "int32" or "int64" over the spec's choice
+    launch: str | None = None        # force "flat" or "persistent"
+    max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
+    strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
+
+
+_overrides = Overrides()
+
+
+@contextlib.contextmanager
+def override(**knobs) -> Iterator[None]:
+    """``with override(indexing="int64"):`` runs the enclosed launches with forced choices."""
+    global _overrides
+    saved = _overrides
+    _overrides = Overrides(**{**saved.__dict__, **knobs})
+    try:
+        yield
+    finally:
+        _overrides = saved
+
+
+def overrides() -> Overrides:
+    return _overrides
+
+
+@dataclass(frozen=True)
+class Launch:
+    op: str
+    kernel: str
+    index_bits: int
+    details: Mapping[str, object] = field(default_factory=dict)
+
+
+_launch_logs: list[list[Launch]] = []
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[Launch]]:
+    """Collects a ``Launch`` for every kernel started inside the block (tests and tools)."""
+    log: list[Launch] = []
+    _launch_logs.append(log)
+    try:
+        yield log
+    finally:
+        _launch_logs.remove(log)
+
+
+def note_launch(op: str, kernel: str, index_64: bool, **details) -> None:
+    for log in _launch_logs:
+        log.append(Launch(op, kernel, 64 if index_64 else 32, details))
+
+
+def use_int64(op: str, indexing: str, tensors: Mapping[str, torch.Tensor], max_tile: int) -> bool:
+    """Whether a launch needs the int64 specialization.
+
+    The int32 one is safe while every offset a program forms fits: the storage span of each
+    tensor plus one tile of masked lanes past the end. ``indexing`` is the spec's choice ("auto",
+    "int32" or "int64"), possibly overridden by the test suite.
+    """
+    mode = _overrides.indexing or indexing
+    name, span = max(((n, storage_span(t)) for n, t in tensors.items()), key=lambda item: item[1])
+    needs_64 = span + max_tile > INT32_MAX
+    if mode == "int32" and needs_64:
+        raise ValueError(
+            f"{op}: indexing is forced to int32, but '{name}' spans {span:,} elements, "
+            f"more than 2**31 - 1 can address; set indexing = \"auto\" or \"int64\" in the spec")
+    return mode == "int64" or needs_64
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def max_programs(device: torch.device, launch: str) -> int:
+    """The most programs a grid-stride launch starts: all tiles (flat) or a few per SM."""
+    launch = _overrides.launch or launch
+    if launch == "flat":
+        return INT32_MAX
+    if _overrides.max_programs is not None:
+        return _overrides.max_programs
+    if device.type != "cuda":
+        return 4
+    return PERSISTENT_PROGRAMS_PER_SM * _multiprocessors(device.index or 0)
+
+
+def grid_size(num_tiles: int, cap: int) -> int:
+    return max(1, min(num_tiles, cap))
+
+
+def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
+    """Autotune configs from a spec's config space.
+
+    Under the interpreter only the first is kept: timing configs there measures numpy, not a GPU,
+    and would multiply the CPU tier's run time.
+    """
+    space = space[:1] if interpreting() else space
+    configs = []
+    for point in space:
+        meta = {k: v for k, v in point.items() if k not in ("num_warps", "num_stages")}
+        configs.append(triton.Config(meta, num_warps=point.get("num_warps", 4),
+                                     num_stages=point.get("num_stages", 1)))
+    return configs

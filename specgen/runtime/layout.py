@@ -1,0 +1,134 @@
+"""Strides, memory order and dimension collapsing for element-wise launches.
+
+Everything here reads sizes and strides only (never data), so it runs unchanged on the fake tensors
+that ``torch.compile`` traces a ``triton_op`` with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+Shape = tuple[int, ...]
+
+
+def broadcast_strides(tensor: torch.Tensor, shape: Shape) -> Shape:
+    """``tensor``'s strides viewed at the broadcast ``shape``: stride 0 where it is broadcast."""
+    lead = len(shape) - tensor.dim()
+    strides = [0] * lead
+    for size, stride, target in zip(tensor.shape, tensor.stride(), shape[lead:]):
+        strides.append(stride if size == target else 0)
+    return tuple(strides)
+
+
+def memory_order(shape: Shape, operand_strides: Sequence[Shape]) -> list[int]:
+    """Dimensions from fastest to slowest, by the rule of torch's TensorIterator.
+
+    Operands are consulted in order; the first with a strict stride comparison decides, broadcast
+    (stride 0) dimensions are skipped, and equal strides are broken by the smaller size. Using torch's
+    rule makes freshly allocated outputs come out with the strides torch would give them.
+    """
+    ndim = len(shape)
+    perm = list(range(ndim - 1, -1, -1))
+
+    def should_swap(dim0: int, dim1: int) -> int:
+        for strides in operand_strides:
+            stride0, stride1 = strides[dim0], strides[dim1]
+            if stride0 == 0 or stride1 == 0:
+                continue
+            if stride0 != stride1:
+                return -1 if stride0 < stride1 else 1
+            if shape[dim0] > shape[dim1]:
+                return 1
+        return 0
+
+    # insertion sort that leaves ambiguous pairs where they are
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    return perm
+
+
+def dense_strides(shape: Shape, order: Sequence[int]) -> Shape:
+    """Strides of a dense tensor of ``shape`` laid out in ``order`` (fastest dimension first)."""
+    strides = [0] * len(shape)
+    step = 1
+    for dim in order:
+        strides[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(strides)
+
+
+@dataclass(frozen=True)
+class Collapsed:
+    """An iteration space after collapsing: ``sizes`` slowest first, one stride tuple per operand."""
+
+    sizes: Shape
+    strides: tuple[Shape, ...]
+
+    @property
+    def numel(self) -> int:
+        numel = 1
+        for size in self.sizes:
+            numel *= size
+        return numel
+
+    @property
+    def dense(self) -> bool:
+        """All operands walk memory in the same order with no gaps: one flat offset serves all."""
+        return len(self.sizes) <= 1 and all(s == (1,) * len(self.sizes) for s in self.strides)
+
+    def padded(self, rank: int) -> "Collapsed":
+        """Pads with outer size-1 dimensions to exactly ``rank`` dimensions."""
+        if len(self.sizes) > rank:
+            raise ValueError(f"the operands have {len(self.sizes)} dimensions that cannot be "
+                             f"collapsed into each other; at most {rank} are supported")
+        pad = rank - len(self.sizes)
+        return Collapsed((1,) * pad + self.sizes, tuple((0,) * pad + s for s in self.strides))
+
+
+def collapse(shape: Shape, operand_strides: Sequence[Shape]) -> Collapsed:
+    """Orders dims by memory, drops size-1 dims and merges dims that are contiguous in every operand."""
+    order = [d for d in memory_order(shape, operand_strides) if shape[d] != 1]
+    sizes: list[int] = []
+    strides: list[list[int]] = [[] for _ in operand_strides]
+    for dim in order:  # fastest first
+        mergeable = sizes and all(s[dim] == merged[-1] * sizes[-1]
+                                  for s, merged in zip(operand_strides, strides))
+        if mergeable:
+            sizes[-1] *= shape[dim]
+            continue
+        sizes.append(shape[dim])
+        for s, merged in zip(operand_strides, strides):
+            merged.append(s[dim])
+    return Collapsed(tuple(reversed(sizes)), tuple(tuple(reversed(s)) for s in strides))
+
+
+def storage_span(tensor: torch.Tensor) -> int:
+    """Elements between the tensor's data pointer and its last element, plus one.
+
+    Triton addresses ``ptr + offset`` from ``data_ptr()``, which already includes the storage
+    offset, so the offset itself never enters the index arithmetic.
+    """
+    if tensor.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def has_internal_overlap(tensor: torch.Tensor) -> bool:
+    """True when two indices of ``tensor`` may address one memory location (conservative)."""
+    dims = sorted((abs(st), sz) for sz, st in zip(tensor.shape, tensor.stride()) if sz > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent = stride * size
+    return False
