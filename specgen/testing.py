@@ -1,0 +1,205 @@
+"""Hypothesis strategies and checks for property-testing generated ops against their references.
+
+A case draws shapes (including 1, primes, tile boundaries and 0), layouts (permuted memory order,
+stepped slices, storage offsets, stride-0 broadcast views), dtypes and argument values, fresh
+random data for every example, and the launch knobs (int64 indexing, persistent grid) that reach
+every specialization on small inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from hypothesis import strategies as st
+
+from specgen.runtime import OpInfo, interpreting
+from specgen.runtime.pointwise import result_dtype
+
+# sizes that catch off-by-one masks: 1, small primes, and both sides of power-of-two tiles
+SPECIAL_SIZES = (1, 2, 3, 5, 7, 13, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257)
+
+# |actual - expected| <= atol + rtol * |expected|, against a float64 reference. Math is float32,
+# so the bound is one rounding to the output dtype plus a few float32 ulps.
+TOLERANCES = {
+    torch.float32: (2e-5, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (8e-3, 1e-5),
+}
+
+
+def device() -> str:
+    """The device tests run on: CPU under the interpreter (CPU tier), else CUDA (GPU tier)."""
+    return "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
+
+
+def max_numel() -> int:
+    """Keeps CPU-tier examples small: the interpreter runs each program in numpy."""
+    return 4096 if interpreting() else 1 << 20
+
+
+def sizes(max_size: int, allow_zero: bool = True) -> st.SearchStrategy[int]:
+    special = [s for s in SPECIAL_SIZES if s <= max_size]
+    options = [st.sampled_from(special), st.integers(1, max_size)]
+    if allow_zero:
+        options.append(st.just(0))
+    return st.one_of(*options)
+
+
+@st.composite
+def shapes(draw, min_rank: int = 0, max_rank: int = 5, max_elements: int | None = None,
+           allow_zero: bool = True) -> tuple[int, ...]:
+    budget = max_elements or max_numel()
+    rank = draw(st.integers(min_rank, max_rank))
+    shape = []
+    for _ in range(rank):
+        size = draw(sizes(min(257, budget), allow_zero=allow_zero and draw(st.booleans())))
+        shape.append(size)
+        budget = max(1, budget // max(size, 1))
+    return tuple(shape)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a tensor sits in its storage: a memory order, a step per dim, an offset, stride-0 dims."""
+
+    order: tuple[int, ...]                 # dims from slowest to fastest in memory
+    steps: tuple[int, ...]                 # 1: dense along the dim; 2, 3: a stepped slice
+    offset: int = 0                        # elements before the first one in the storage
+    broadcast: frozenset[int] = field(default_factory=frozenset)  # dims viewed with stride 0
+
+    @staticmethod
+    def contiguous(rank: int) -> "Layout":
+        return Layout(tuple(range(rank)), (1,) * rank)
+
+
+@st.composite
+def layouts(draw, rank: int, allow_broadcast: bool = True) -> Layout:
+    kind = draw(st.sampled_from(["contiguous", "permuted", "stepped", "offset", "broadcast",
+                                 "mixed"]))
+    layout = Layout.contiguous(rank)
+    if kind in ("permuted", "mixed") and rank > 1:
+        layout = Layout(tuple(draw(st.permutations(range(rank)))), layout.steps)
+    if kind in ("stepped", "mixed"):
+        layout = Layout(layout.order, tuple(draw(st.lists(st.integers(1, 3), min_size=rank,
+                                                          max_size=rank))))
+    if kind in ("offset", "mixed"):
+        layout = Layout(layout.order, layout.steps, draw(st.integers(1, 17)))
+    if kind == "broadcast" and allow_broadcast and rank > 0:
+        dims = draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank))
+        layout = Layout(layout.order, layout.steps, layout.offset, frozenset(dims))
+    return layout
+
+
+def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, layout: Layout, *,
+                low: float = -3.0, high: float = 3.0, seed: int = 0,
+                device: str | None = None, fill: float | None = None) -> torch.Tensor:
+    """A tensor of ``shape`` in ``layout`` over a fresh storage of random values (or ``fill``)."""
+    rank = len(shape)
+    padded = [max(size, 1) * step for size, step in zip(shape, layout.steps)]
+    strides = [0] * rank
+    running = 1
+    for dim in reversed(layout.order):  # fastest first
+        strides[dim] = running * layout.steps[dim]
+        running *= padded[dim]
+    for dim in layout.broadcast:
+        strides[dim] = 0
+    span = layout.offset + running
+    generator = torch.Generator().manual_seed(seed)
+    if fill is None:
+        storage = torch.rand(span, generator=generator, dtype=torch.float64) * (high - low) + low
+    else:
+        storage = torch.full((span,), fill, dtype=torch.float64)
+    storage = storage.to(dtype).to(device or globals()["device"]())
+    return torch.as_strided(storage, shape, strides, layout.offset)
+
+
+@st.composite
+def broadcast_operand(draw, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts to ``shape``: leading dims dropped, some dims set to 1."""
+    drop = draw(st.integers(0, len(shape)))
+    kept = list(shape[drop:])
+    for i in range(len(kept)):
+        if draw(st.integers(0, 3)) == 0:
+            kept[i] = 1
+    return tuple(kept)
+
+
+@dataclass
+class Case:
+    """One call of an op: arguments, the out= tensors to poison, and launch knobs to force."""
+
+    args: dict[str, Any]
+    outs: tuple[torch.Tensor, ...]
+    overrides: dict[str, Any]
+    describe: str = ""
+
+    def call(self, info: OpInfo, **extra) -> Any:
+        return info.function(**self.args, **extra)
+
+
+def reference64(info: OpInfo, args: dict[str, Any]) -> Any:
+    """The op's torch reference evaluated on the same values upcast to float64."""
+    upcast = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    return info.reference(**upcast)
+
+
+def _scalar_value(draw, arg) -> Any:
+    if arg.kind == "choice":
+        return draw(st.sampled_from(arg.choices))
+    if arg.kind == "float":
+        return draw(st.one_of(st.just(arg.default) if arg.default is not None else st.nothing(),
+                              st.floats(-2.0, 2.0, allow_nan=False, width=32)))
+    if arg.kind == "int":
+        return draw(st.integers(-4, 4))
+    return draw(st.booleans())
+
+
+@st.composite
+def knobs(draw) -> dict[str, Any]:
+    """Forced launch choices: int64 indexing and small persistent grids on any input."""
+    forced: dict[str, Any] = {}
+    if draw(st.booleans()):
+        forced["indexing"] = "int64"
+    if draw(st.booleans()):
+        forced["launch"] = "persistent"
+        forced["max_programs"] = draw(st.integers(1, 3))
+    return forced
+
+
+@st.composite
+def pointwise_cases(draw, info: OpInfo) -> Case:
+    shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5]))))
+    seed = draw(st.integers(0, 2**31 - 1))
+    args: dict[str, Any] = {}
+    notes = []
+    for i, arg in enumerate(info.args):
+        if arg.kind != "tensor":
+            args[arg.name] = _scalar_value(draw, arg)
+            continue
+        operand = draw(broadcast_operand(shape)) if draw(st.booleans()) else shape
+        layout = draw(layouts(len(operand)))
+        dtype = draw(st.sampled_from(info.dtypes))
+        args[arg.name] = make_tensor(operand, dtype, layout, low=arg.low, high=arg.high,
+                                     seed=seed + i)
+        notes.append(f"{arg.name}: {operand} {dtype} {layout}")
+    tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # operands may drop dims
+    dtype = result_dtype(tensors)
+    outs = tuple(make_tensor(shape, dtype, draw(layouts(len(shape), allow_broadcast=False)),
+                             fill=math.nan) for _ in info.outputs)
+    return Case(args, outs, draw(knobs()), describe="; ".join(notes))
+
+
+# family -> strategy of cases; a new family registers its strategy here
+CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {"pointwise": pointwise_cases}
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """``actual`` (any dtype) against a float64 ``expected``, with the tolerance of actual's dtype."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    rtol, atol = TOLERANCES[actual.dtype]
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol,
+                               equal_nan=True, msg=lambda m: f"{what}: {m}")

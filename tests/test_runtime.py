@@ -1,0 +1,113 @@
+"""Launch-time logic: memory order, collapsing, index width, and the argument checks."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import generated
+from specgen import runtime, testing
+from specgen.runtime.layout import collapse, has_internal_overlap, memory_order, storage_span
+from specgen.runtime.pointwise import empty_output, result_dtype
+
+
+@given(shape=testing.shapes(min_rank=1, max_rank=4, allow_zero=False),
+       data=st.data())
+def test_output_layout_matches_torch(shape, data):
+    a = testing.make_tensor(shape, torch.float32, data.draw(testing.layouts(len(shape))))
+    b = testing.make_tensor(shape, torch.float32, data.draw(testing.layouts(len(shape))))
+    ours = empty_output(shape, torch.float32, a.device, [a, b])
+    theirs = a + b
+    big = [d for d in range(len(shape)) if shape[d] > 1]
+    assert [ours.stride(d) for d in big] == [theirs.stride(d) for d in big]
+
+
+def test_collapse_merges_dense_dims_and_keeps_transposes():
+    x = torch.empty(4, 5, 6)
+    assert collapse((4, 5, 6), [x.stride(), x.stride()]).dense
+    t = torch.empty(6, 5).t()
+    space = collapse((5, 6), [(6, 1), t.stride()])
+    assert space.sizes == (5, 6) and not space.dense
+    row = collapse((4, 6), [(6, 1), (0, 1)])  # a broadcast row vector
+    assert row.sizes == (4, 6) and row.strides == ((6, 1), (0, 1))
+
+
+def test_memory_order_follows_first_operand():
+    assert memory_order((3, 4), [(1, 3), (4, 1)]) == [0, 1]
+    assert memory_order((3, 4), [(4, 1), (1, 3)]) == [1, 0]
+
+
+def test_storage_span_and_overlap():
+    x = torch.empty(10, 10)
+    assert storage_span(x) == 100 and storage_span(x[::2, ::3]) == 1 + 8 * 10 + 9
+    assert storage_span(x[:, :0]) == 0
+    assert has_internal_overlap(torch.empty(3, 1).expand(3, 4))
+    assert not has_internal_overlap(x.t()[::2])
+
+
+def test_result_dtype_follows_torch_promotion():
+    half, bf16 = torch.empty(2, dtype=torch.float16), torch.empty(2, dtype=torch.bfloat16)
+    scalar32 = torch.tensor(1.0)
+    assert result_dtype([half, bf16]) == torch.promote_types(half.dtype, bf16.dtype)
+    assert result_dtype([half, scalar32]) == torch.result_type(half, scalar32) == torch.float16
+
+
+def test_int64_chosen_from_storage_span_not_numel():
+    # a 2-element view whose elements are 2**31 apart needs 64-bit offsets; a meta tensor holds no memory
+    far = torch.empty_strided((2,), (2**31,), device="meta")
+    small = torch.empty(8, device="meta")
+    assert runtime.use_int64("op", "auto", {"x": far}, max_tile=1024)
+    assert not runtime.use_int64("op", "auto", {"x": small}, max_tile=1024)
+    assert runtime.use_int64("op", "int64", {"x": small}, max_tile=1024)
+    with runtime.override(indexing="int64"):
+        assert runtime.use_int64("op", "auto", {"x": small}, max_tile=1024)
+    with pytest.raises(ValueError, match=r"op: indexing is forced to int32, but 'x' spans "
+                                         r"2,147,483,649 elements"):
+        runtime.use_int64("op", "int32", {"x": far}, max_tile=1024)
+
+
+def test_launch_log_records_the_specialization():
+    x = testing.make_tensor((33,), torch.float32, testing.Layout.contiguous(1))
+    with runtime.record_launches() as log:
+        generated.relu(x)
+        with runtime.override(indexing="int64"):
+            generated.relu(x)
+        generated.relu(x.view(3, 11).t())  # the output takes the input's order: still dense
+        generated.relu(x.view(3, 11).t(), out=torch.empty(11, 3))
+    assert [(l.kernel, l.index_bits) for l in log] == [
+        ("dense", 32), ("dense", 64), ("dense", 32), ("tiled", 32)]
+
+
+def _x(*shape, dtype=torch.float32):
+    return testing.make_tensor(shape, dtype, testing.Layout.contiguous(len(shape)))
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: generated.add(_x(3), 2.0), TypeError, "add: argument 'y' must be a torch.Tensor, got float"),
+    (lambda: generated.add(_x(3), _x(3, dtype=torch.float64)), TypeError,
+     "add: argument 'y' has dtype torch.float64; supported: float16, bfloat16, float32"),
+    (lambda: generated.add(_x(3), _x(4)), ValueError, "add: shapes do not broadcast: 'x' (3,), 'y' (4,)"),
+    (lambda: generated.add(_x(3), torch.empty(3, device="meta")), ValueError,
+     "add: arguments 'x' (cpu) and 'y' (meta) are on different devices"),
+    (lambda: generated.gelu(_x(3), approximate="fast"), ValueError,
+     "gelu: argument 'approximate' must be one of 'none', 'tanh', got 'fast'"),
+    (lambda: generated.add(_x(3), _x(3), out=_x(4)), ValueError, "add: 'out' has shape (4,), expected (3,)"),
+    (lambda: generated.add(_x(3), _x(3), out=_x(1).expand(3)), ValueError,
+     "add: 'out' has elements that share memory"),
+])
+def test_bad_arguments_raise_before_launch(call, error, words):
+    with runtime.record_launches() as log:
+        with pytest.raises(error) as err:
+            call()
+    assert words in str(err.value)
+    assert log == [], "nothing may launch"
+
+
+def test_out_may_alias_an_input_exactly_but_not_partly():
+    x, y = _x(4, 8), _x(4, 8)
+    expected = x + y
+    assert generated.add(x, y, out=x) is x
+    torch.testing.assert_close(x, expected)
+    buffer = _x(40)
+    with pytest.raises(ValueError, match="add: 'out' overlaps input 'x' in memory"):
+        generated.add(buffer[:32], _x(32), out=buffer[8:])
