@@ -4,7 +4,6 @@ Parametrized over ``generated.REGISTRY``: a new spec is tested here with no new 
 """
 
 import pytest
-import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 

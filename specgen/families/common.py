@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import FUNCTIONS
-from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
+from specgen.model import ChoiceArg, OpSpec, TensorArg
 from specgen.table import Table, parse_list
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -9,8 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from specgen.errors import Where
-from specgen.expr import Expr, Symbol, emit, parse_expr
+from specgen.expr import Symbol, emit, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      wrap)
 from specgen.model import OpSpec, Output, TensorArg

@@ -1,4 +1,4 @@
-"""Hypothesis strategies and checks for property-testing generated ops against their references.
+"""Building blocks for property tests: shapes, layouts, tensors, knobs, tolerances, comparison.
 
 A case draws shapes (including 1, primes, tile boundaries and 0), layouts (permuted memory order,
 stepped slices, storage offsets, stride-0 broadcast views), dtypes and argument values, fresh
@@ -8,15 +8,13 @@ every specialization on small inputs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
-from specgen.runtime.pointwise import result_dtype
 
 # sizes that catch off-by-one masks: 1, small primes, and both sides of power-of-two tiles
 SPECIAL_SIZES = (1, 2, 3, 5, 7, 13, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257)
@@ -146,7 +144,7 @@ def reference64(info: OpInfo, args: dict[str, Any]) -> Any:
     return info.reference(**upcast)
 
 
-def _scalar_value(draw, arg) -> Any:
+def scalar_value(draw, arg) -> Any:
     if arg.kind == "choice":
         return draw(st.sampled_from(arg.choices))
     if arg.kind == "float":
@@ -167,34 +165,6 @@ def knobs(draw) -> dict[str, Any]:
         forced["launch"] = "persistent"
         forced["max_programs"] = draw(st.integers(1, 3))
     return forced
-
-
-@st.composite
-def pointwise_cases(draw, info: OpInfo) -> Case:
-    shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5]))))
-    seed = draw(st.integers(0, 2**31 - 1))
-    args: dict[str, Any] = {}
-    notes = []
-    for i, arg in enumerate(info.args):
-        if arg.kind != "tensor":
-            args[arg.name] = _scalar_value(draw, arg)
-            continue
-        operand = draw(broadcast_operand(shape)) if draw(st.booleans()) else shape
-        layout = draw(layouts(len(operand)))
-        dtype = draw(st.sampled_from(info.dtypes))
-        args[arg.name] = make_tensor(operand, dtype, layout, low=arg.low, high=arg.high,
-                                     seed=seed + i)
-        notes.append(f"{arg.name}: {operand} {dtype} {layout}")
-    tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
-    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # operands may drop dims
-    dtype = result_dtype(tensors)
-    outs = tuple(make_tensor(shape, dtype, draw(layouts(len(shape), allow_broadcast=False)),
-                             fill=math.nan) for _ in info.outputs)
-    return Case(args, outs, draw(knobs()), describe="; ".join(notes))
-
-
-# family -> strategy of cases; a new family registers its strategy here
-CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {"pointwise": pointwise_cases}
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:

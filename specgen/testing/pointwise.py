@@ -1,0 +1,38 @@
+"""Cases for the pointwise family: operands that broadcast to a drawn shape, in any layout."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from specgen.runtime import OpInfo
+from specgen.runtime.pointwise import result_dtype
+from specgen.testing.core import (Case, broadcast_operand, knobs, layouts, make_tensor,
+                                  scalar_value, shapes)
+
+
+@st.composite
+def pointwise_cases(draw, info: OpInfo) -> Case:
+    shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5]))))
+    seed = draw(st.integers(0, 2**31 - 1))
+    args: dict[str, Any] = {}
+    notes = []
+    for i, arg in enumerate(info.args):
+        if arg.kind != "tensor":
+            args[arg.name] = scalar_value(draw, arg)
+            continue
+        operand = draw(broadcast_operand(shape)) if draw(st.booleans()) else shape
+        layout = draw(layouts(len(operand)))
+        dtype = draw(st.sampled_from(info.dtypes))
+        args[arg.name] = make_tensor(operand, dtype, layout, low=arg.low, high=arg.high,
+                                     seed=seed + i)
+        notes.append(f"{arg.name}: {operand} {dtype} {layout}")
+    tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # operands may drop dims
+    dtype = result_dtype(tensors)
+    outs = tuple(make_tensor(shape, dtype, draw(layouts(len(shape), allow_broadcast=False)),
+                             fill=math.nan) for _ in info.outputs)
+    return Case(args, outs, draw(knobs()), describe="; ".join(notes))
