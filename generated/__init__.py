@@ -7,9 +7,16 @@ Importing this package compiles nothing: kernels compile on their first call.
 from specgen.runtime import OpInfo
 
 from generated import add as _add
+from generated import addmm as _addmm
+from generated import bmm as _bmm
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
+from generated import linear as _linear
+from generated import linear_gelu as _linear_gelu
+from generated import linear_residual as _linear_residual
+from generated import matmul as _matmul
+from generated import mm as _mm
 from generated import mul as _mul
 from generated import relu as _relu
 from generated import sigmoid as _sigmoid
@@ -19,9 +26,16 @@ from generated import swiglu as _swiglu
 from generated import tanh as _tanh
 
 add = _add.add
+addmm = _addmm.addmm
+bmm = _bmm.bmm
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
+linear = _linear.linear
+linear_gelu = _linear_gelu.linear_gelu
+linear_residual = _linear_residual.linear_residual
+matmul = _matmul.matmul
+mm = _mm.mm
 mul = _mul.mul
 relu = _relu.relu
 sigmoid = _sigmoid.sigmoid
@@ -39,6 +53,6 @@ def _info(module) -> OpInfo:
         function=getattr(module, module.NAME), reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _div, _geglu, _gelu, _mul, _relu, _sigmoid, _silu, _sub, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _addmm, _bmm, _div, _geglu, _gelu, _linear, _linear_gelu, _linear_residual, _matmul, _mm, _mul, _relu, _sigmoid, _silu, _sub, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "div", "geglu", "gelu", "mul", "relu", "sigmoid", "silu", "sub", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "addmm", "bmm", "div", "geglu", "gelu", "linear", "linear_gelu", "linear_residual", "matmul", "mm", "mul", "relu", "sigmoid", "silu", "sub", "swiglu", "tanh", ]

@@ -30,6 +30,7 @@ class Overrides:
     launch: str | None = None        # force "flat" or "persistent"
     max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
     strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
+    config: Mapping[str, int] | None = None  # force one tiling config instead of autotuning
 
 
 _overrides = Overrides()

@@ -1,0 +1,348 @@
+"""Matmul family: C = A @ B with a fused epilogue over the float32 accumulator ``acc``.
+
+Operands are identified by their ``dims``: the A operand has ``M, K``, the B operand ``K, N`` (or
+``N, K``, a linear weight), epilogue operands ``N`` (a row vector such as a bias), ``M`` (a column
+vector) or ``M, N`` (a residual, broadcast like torch). A leading ``"..."`` adds batch dims that
+broadcast as in ``torch.matmul``; a leading ``"B"`` one batch dim that must match (``torch.bmm``).
+
+Spec tables: ``[epilogue]`` (one output per key, over ``acc``, the epilogue operands, scalars and
+earlier outputs; ``dtype`` sets the output dtype, default the inputs'), ``[schedule]``
+(``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from specgen.errors import Where
+from specgen.expr import Symbol, emit, parse_expr
+from specgen.families.common import CommonPlan, check_name, common_plan, power_of_two_list
+from specgen.families.pointwise import symbols_of
+from specgen.model import DTYPES, OpSpec, Output, TensorArg
+from specgen.table import Table, check_type, parse_list
+
+SWIZZLES = ("grouped", "swizzle2d", "none")
+SPLIT_K_MODES = ("auto", "atomic", "off")
+# batch dims after folding and collapsing that a "..." kernel walks (torch.matmul broadcasting
+# leaves at most this many that cannot be merged in practice; more is a clear error at launch)
+BROADCAST_BATCH_RANK = 3
+# names the kernels use for themselves; an argument with one of them would shadow it
+KERNEL_NAMES = frozenset({
+    "acc", "k", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
+    "group_rows", "programs_in_group", "k_start", "ws", "slot", "split",
+})
+# operand dims (without batch) by role
+A_DIMS = ("M", "K")
+B_DIMS = (("K", "N"), ("N", "K"))
+EPILOGUE_DIMS = (("N",), ("M",), ("M", "N"))
+# the default config space: the first point is what the interpreter runs; 128 x 128 x 64 and
+# 128 x 256 x 64 with 8 warps are the tiles that reach cuBLAS speed on Hopper
+DEFAULT_TUNING = {
+    "BLOCK_M": (128, 64), "BLOCK_N": (128, 256, 64), "BLOCK_K": (64,), "GROUP_M": (8,),
+    "num_warps": (8, 4), "num_stages": (3, 4), "SPLIT_K": (1, 2, 4, 8, 16),
+}
+MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor argument in the role its dims give it."""
+
+    name: str
+    dims: tuple[str, ...]
+    optional: bool = False
+
+    @property
+    def batched(self) -> bool:
+        return self.dims[0] in ("...", "B")
+
+    @property
+    def letters(self) -> str:
+        """Its matrix dims as the kernel indexes them: A "mk", B "kn", epilogue "n", "m", "mn"."""
+        dims = [d for d in self.dims if d not in ("...", "B")]
+        if dims == ["N", "K"]:
+            return "kn"   # a linear weight: the kernel reads it transposed through its strides
+        return "".join(d.lower() for d in dims)
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+    @property
+    def flag(self) -> str:
+        return f"HAS_{self.name.upper()}"
+
+
+@dataclass(frozen=True)
+class MatmulBody:
+    a: Operand
+    b: Operand
+    epilogue_inputs: tuple[Operand, ...]
+    outputs: tuple[Output, ...]
+    out_dtype: str | None
+    swizzle: str
+    split_k: str
+    tuning: dict
+
+
+def _classify(arg: TensorArg, where: Where) -> Operand:
+    dims = arg.dims
+    if not dims:
+        raise where.error("matmul tensors need dims, as in dims = [\"M\", \"K\"] (A), "
+                          "[\"K\", \"N\"] or [\"N\", \"K\"] (B), [\"N\"] (a bias)")
+    rest = dims[1:] if dims[0] in ("...", "B") else dims
+    known = [A_DIMS, *B_DIMS, *EPILOGUE_DIMS]
+    if tuple(rest) not in known:
+        shown = ", ".join("[" + ", ".join(f'"{d}"' for d in k) + "]" for k in known)
+        raise where.child("dims").error(
+            f"expected one of {shown}, optionally after a leading \"...\" (broadcast batch dims) "
+            f"or \"B\" (one batch dim), got {list(dims)}")
+    operand = Operand(arg.name, tuple(dims), arg.optional)
+    if "K" in rest and arg.optional:
+        raise where.child("optional").error("the A and B operands cannot be optional")
+    return operand
+
+
+def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
+    args_where = top.where.child("args")
+    a = b = None
+    epilogue_inputs = []
+    for arg in spec_args:
+        if arg.name in KERNEL_NAMES:
+            raise args_where.child(arg.name).error(
+                f"argument name '{arg.name}' is used by the matmul kernels; choose another")
+        if not isinstance(arg, TensorArg):
+            continue
+        operand = _classify(arg, args_where.child(arg.name))
+        if operand.letters in ("mk", "kn"):
+            if (a if operand.letters == "mk" else b) is not None:
+                role = "A (M, K)" if operand.letters == "mk" else "B (K, N or N, K)"
+                raise args_where.child(arg.name).error(f"a second {role} operand; a matmul has one")
+            a, b = (operand, b) if operand.letters == "mk" else (a, operand)
+        else:
+            epilogue_inputs.append(operand)
+    if a is None or b is None:
+        raise args_where.error("a matmul needs an A operand with dims [\"M\", \"K\"] and a B "
+                               "operand with dims [\"K\", \"N\"] or [\"N\", \"K\"]")
+    batches = {o.dims[0] for o in (a, b, *epilogue_inputs) if o.batched}
+    if len(batches) > 1:
+        raise args_where.error("batch dims must be all \"...\" (broadcast) or all \"B\" (exact)")
+    if "B" in batches and not (a.batched and b.batched):
+        raise args_where.error("with a \"B\" batch dim, both A and B must have it (as torch.bmm)")
+
+    outputs, out_dtype = _parse_epilogue(top.pop_table("epilogue"), spec_args, (a.name, b.name))
+    schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
+    swizzle = _pop_choice(schedule, "swizzle", SWIZZLES)
+    split_k = _pop_choice(schedule, "split_k", SPLIT_K_MODES)
+    schedule.finish()
+    tuning = _parse_tuning(top.pop_table("tuning", required=False)
+                           or Table({}, top.where.child("tuning")))
+    return MatmulBody(a, b, tuple(epilogue_inputs), outputs, out_dtype, swizzle, split_k, tuning)
+
+
+def _pop_choice(table: Table, key: str, values: tuple[str, ...]) -> str:
+    value = table.pop(key, str, values[0])
+    if value not in values:
+        raise table.where.child(key).error(f"expected one of {', '.join(values)}, got '{value}'")
+    return value
+
+
+def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
+    """``[epilogue]``: outputs in file order over ``acc``; ``dtype`` is the output dtype."""
+    out_dtype = table.pop("dtype", str, None)
+    if out_dtype is not None and out_dtype not in DTYPES:
+        raise table.where.child("dtype").error(
+            f"unknown dtype '{out_dtype}'; expected one of: {', '.join(DTYPES)}")
+    # A and B enter only through acc: the epilogue runs once per output tile, after the K loop
+    symbols = {n: s for n, s in symbols_of(spec_args).items() if n not in matrices}
+    symbols["acc"] = Symbol("acc", "value")
+    outputs = []
+    while table.keys():
+        name, source, where = table.pop_item()
+        check_name(name, where, "output")
+        if name in symbols or name in matrices:
+            raise where.error(f"output '{name}' has the name of an argument")
+        if name in KERNEL_NAMES:
+            raise where.error(f"output name '{name}' is used by the matmul kernels; choose another")
+        check_type(source, str, where)
+        outputs.append(Output(name, parse_expr(source, where, symbols)))
+        symbols[name] = Symbol(name, "value")
+    if not outputs:
+        raise table.where.error("expected at least one output, as in out = \"acc\"")
+    return tuple(outputs), out_dtype
+
+
+def _positive_ints(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    raw = table.pop_any(key)
+    if raw is None:
+        return default
+    where = table.where.child(key)
+    values = parse_list(raw, int, where)
+    for value in values:
+        if value < 1:
+            raise where.error(f"expected positive integers, got {value}")
+    return values
+
+
+def _parse_tuning(table: Table) -> dict:
+    tuning = {}
+    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        tuning[key] = power_of_two_list(table, key, DEFAULT_TUNING[key])
+        small = [v for v in tuning[key] if v < MIN_BLOCK]
+        if small:
+            raise table.where.child(key).error(
+                f"tl.dot needs blocks of at least {MIN_BLOCK}, got {small[0]}")
+    tuning["num_warps"] = power_of_two_list(table, "num_warps", DEFAULT_TUNING["num_warps"])
+    for key in ("GROUP_M", "num_stages", "SPLIT_K"):
+        tuning[key] = _positive_ints(table, key, DEFAULT_TUNING[key])
+    table.finish()
+    return tuning
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    code: str
+    optional = False
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+    @property
+    def letters(self) -> str:
+        return "mn"
+
+
+@dataclass(frozen=True)
+class MatmulPlan(CommonPlan):
+    a: Operand = None
+    b: Operand = None
+    epilogue_inputs: tuple[Operand, ...] = ()
+    outputs: tuple[OutputTensor, ...] = ()
+    out_dtype: str | None = None
+    batch_rank: int = 0
+    swizzle: str = "grouped"
+    split_k: str = "auto"
+    configs: tuple[dict, ...] = ()
+    split_factors: tuple[int, ...] = ()
+
+    @property
+    def dims_code(self) -> str:
+        items = [f'"{o.name}": {o.dims!r}' for o in (self.a, self.b, *self.epilogue_inputs)]
+        return "{" + ", ".join(items) + "}"
+
+    @property
+    def tensors(self) -> tuple:
+        return (self.a, self.b, *self.epilogue_inputs, *self.outputs)
+
+    def batched(self, tensor) -> bool:
+        """Whether ``tensor`` has batch strides (outputs have them whenever the op is batched)."""
+        return self.batch_rank > 0 and (isinstance(tensor, OutputTensor) or tensor.batched)
+
+    def stride_names(self, tensor) -> list[str]:
+        names = [f"{tensor.name}_stride_b{d}" for d in range(self.batch_rank)] \
+            if self.batched(tensor) else []
+        return names + [f"{tensor.name}_stride_{letter}" for letter in tensor.letters]
+
+    def strides_param(self, tensor) -> str:
+        return ", ".join(self.stride_names(tensor))
+
+    def base_expr(self, tensor) -> str:
+        """Where the tile's batch element starts in ``tensor``."""
+        terms = [f"i_{d} * {tensor.name}_stride_b{d}" for d in range(self.batch_rank)]
+        return " + ".join(terms)
+
+    def base_term(self, tensor) -> str:
+        """`` + x_base`` for a batched tensor, nothing for one that is the same in every batch."""
+        return f" + {tensor.name}_base" if self.batched(tensor) else ""
+
+    @property
+    def batch_sizes(self) -> str:
+        """Kernel parameters for the batch: the count, and the inner sizes to split it by."""
+        return ", ".join(["batch"] + [f"size_b{d}" for d in range(1, self.batch_rank)])
+
+    @property
+    def inputs(self) -> tuple[Operand, ...]:
+        return (self.a, self.b, *self.epilogue_inputs)
+
+    @property
+    def optional_inputs(self) -> tuple[Operand, ...]:
+        return tuple(o for o in self.epilogue_inputs if o.optional)
+
+    @property
+    def input_dict(self) -> str:
+        return ", ".join(f'"{o.name}": {o.name}' for o in self.inputs)
+
+    @property
+    def output_list(self) -> str:
+        return ", ".join(o.name for o in self.outputs)
+
+    @property
+    def output_dict(self) -> str:
+        return ", ".join(f'"{o.name}": {o.name}' for o in self.outputs)
+
+    @property
+    def epilogue_params(self) -> str:
+        """Kernel parameters the epilogue reads besides the outputs: its tensors and scalars."""
+        return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
+
+    @property
+    def block_ks(self) -> tuple[int, ...]:
+        return tuple(sorted({c["BLOCK_K"] for c in self.configs}))
+
+    @property
+    def launch_params(self) -> str:
+        scalars = [a.name for a in self.args if a.kind != "tensor"]
+        return ", ".join(["problem"] + [o.name for o in self.inputs] + scalars
+                         + [o.name for o in self.outputs])
+
+    @property
+    def out_params(self) -> str:
+        return ", ".join(f"{o.name}: torch.Tensor" for o in self.outputs)
+
+    @property
+    def out_dtype_code(self) -> str:
+        return "dtype" if self.out_dtype is None else f"torch.{self.out_dtype}"
+
+
+def plan(spec: OpSpec) -> MatmulPlan:
+    body: MatmulBody = spec.body
+    names = {c.name: c.constexpr for c in spec.choices}
+    outputs = tuple(OutputTensor(o.name, emit(o.expr, names)) for o in body.outputs)
+    t = body.tuning
+    configs = tuple(
+        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": g, "num_warps": w, "num_stages": s}
+        for m, n, k, g, w, s in itertools.product(t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"],
+                                                  t["GROUP_M"], t["num_warps"], t["num_stages"]))
+    operands = (body.a, body.b, *body.epilogue_inputs)
+    batches = {o.dims[0] for o in operands if o.batched}
+    batch_rank = 0 if not batches else (1 if "B" in batches else BROADCAST_BATCH_RANK)
+    common = common_plan(spec, tuple(o.name for o in body.outputs))
+    return MatmulPlan(**common.__dict__, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
+                      outputs=outputs, out_dtype=body.out_dtype, batch_rank=batch_rank,
+                      swizzle=body.swizzle, split_k=body.split_k, configs=configs,
+                      split_factors=tuple(sorted(set(t["SPLIT_K"]))))
+
+
+def scaffold(name: str) -> str:
+    return f'''# A matmul with a fused epilogue: see README.md, "Matmul family".
+[op]
+name = "{name}"
+family = "matmul"
+doc = "relu(x @ weight.T + bias)"
+reference = "torch.relu(torch.nn.functional.linear(x, weight, bias))"
+
+[args]
+x = {{ kind = "tensor", dims = ["...", "M", "K"] }}
+weight = {{ kind = "tensor", dims = ["N", "K"] }}
+bias = {{ kind = "tensor", dims = ["N"], optional = true }}
+
+[epilogue]
+out = "relu(acc + bias)"
+
+[schedule]
+swizzle = "grouped"       # grouped | swizzle2d | none
+split_k = "auto"          # auto (two-stage, deterministic) | atomic | off
+'''

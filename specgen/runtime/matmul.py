@@ -1,0 +1,364 @@
+"""Matmul launches: operand roles from named dims, batch broadcasting and folding, split-K, configs.
+
+Every operand is described by the dims its spec declares: the A operand has ``M`` and ``K``, the
+B operand ``K`` and ``N`` (or ``N, K`` for a linear weight), epilogue operands some of ``M`` and
+``N``. A leading ``"..."`` marks batch dims that broadcast as in ``torch.matmul``; a leading
+``"B"`` one batch dim that must match exactly (``torch.bmm``).
+
+Everything here reads sizes and strides only, so it runs unchanged on the fake tensors that
+``torch.compile`` traces a ``triton_op`` with.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import torch
+import triton
+from torch.library import wrap_triton
+
+from specgen.runtime.launch import interpreting, overrides
+from specgen.runtime.layout import broadcast_strides, collapse
+
+BATCH = ("...", "B")
+# a split-K program should still loop over enough of K to keep its pipeline full
+MIN_K_PER_SPLIT = 512
+# auto split-K aims at this many programs per multiprocessor
+SPLIT_PROGRAMS_PER_SM = 4
+# tl.dot needs every block dimension to be at least 16
+MIN_DOT_BLOCK = 16
+
+
+def _letters(dims: Sequence[str]) -> tuple[str, ...]:
+    return tuple(d for d in dims if d not in BATCH)
+
+
+@dataclass(frozen=True)
+class View:
+    """One tensor as the kernel indexes it: strides over the batch dims and over M, N, K."""
+
+    batch: tuple[int, ...]
+    m: int = 0
+    n: int = 0
+    k: int = 0
+
+
+def _target(dims: Sequence[str], batch: tuple[int, ...], m: int, n: int,
+            keeps: tuple[bool, bool]) -> tuple[int, ...]:
+    """The shape an operand with ``dims`` broadcasts to (M or N absent where torch drops them)."""
+    shape: list[int] = []
+    for d in dims:
+        if d in BATCH:
+            shape += batch
+        elif d == "M" and keeps[0]:
+            shape.append(m)
+        elif d == "N" and keeps[1]:
+            shape.append(n)
+    return tuple(shape)
+
+
+def _view(tensor: torch.Tensor, dims: Sequence[str], batch: tuple[int, ...], m: int, n: int,
+          keeps: tuple[bool, bool]) -> View:
+    """``tensor`` broadcast to its target shape, its strides assigned to the batch dims and letters."""
+    strides = list(broadcast_strides(tensor, _target(dims, batch, m, n, keeps)))
+    batched = dims[0] in BATCH
+    batch_strides = tuple(strides[:len(batch)]) if batched else (0,) * len(batch)
+    rest = strides[len(batch):] if batched else strides
+    letters = {}
+    for letter in _letters(dims):
+        dropped = letter == "M" and not keeps[0] or letter == "N" and not keeps[1]
+        letters[letter] = 0 if dropped else rest.pop(0)
+    return View(batch_strides, m=letters.get("M", 0), n=letters.get("N", 0), k=letters.get("K", 0))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What one call computes: sizes, the result's shape and every input's strides."""
+
+    m: int
+    n: int
+    k: int
+    batch: tuple[int, ...]          # the broadcast batch shape, slowest first
+    shape: tuple[int, ...]          # the result's shape (torch.matmul drops the M/N of 1-D operands)
+    keeps: tuple[bool, bool]        # whether the result has the M and the N dim
+    views: Mapping[str, View]
+    m_operands: frozenset[str]      # the inputs indexed by M (A, column vectors, residuals)
+
+    def space(self, outputs: Mapping[str, torch.Tensor], rank: int) -> "Space":
+        """Folds batch dims into M where every operand allows it, collapses the rest to ``rank``."""
+        views = dict(self.views)
+        for name, out in outputs.items():
+            views[name] = _view(out, ("...", "M", "N"), self.batch, self.m, self.n, self.keeps)
+        has_m = self.m_operands | set(outputs)
+        m, batch = self.m, list(self.batch)
+        # innermost batch dim first: a dim folds into M when it steps exactly over M rows in every
+        # operand indexed by M, and not at all in the others (a linear weight, a bias); this turns
+        # linear on (B, S, K) and matmul of (B, M, K) by (K, N) into one large GEMM
+        while batch:
+            d = len(batch) - 1
+            ok = all(v.batch[d] == 0 for name, v in views.items() if name not in has_m) and (
+                m == 1 or all(v.batch[d] == m * v.m for name, v in views.items() if name in has_m))
+            if not ok:
+                break
+            views = {name: View(v.batch[:d], m=v.batch[d] if m == 1 and name in has_m else v.m,
+                                n=v.n, k=v.k) for name, v in views.items()}
+            m *= batch.pop()
+        names = list(views)
+        collapsed = collapse(tuple(batch), [views[name].batch for name in names])
+        if len(collapsed.sizes) > rank:
+            raise ValueError(
+                f"the batch dims {tuple(batch)} cannot be merged into {rank} or fewer for these "
+                f"operand strides; make some operands contiguous")
+        pad = rank - len(collapsed.sizes)
+        views = {name: View((0,) * pad + strides, views[name].m, views[name].n, views[name].k)
+                 for name, strides in zip(names, collapsed.strides)}
+        return Space(m, self.n, self.k, (1,) * pad + collapsed.sizes, views)
+
+
+@dataclass(frozen=True)
+class Space:
+    """The launch's sizes after folding: M, N, K, ``rank`` batch sizes and every tensor's strides."""
+
+    m: int
+    n: int
+    k: int
+    batch: tuple[int, ...]
+    views: Mapping[str, View]
+
+    @property
+    def batch_count(self) -> int:
+        count = 1
+        for size in self.batch:
+            count *= size
+        return count
+
+    def strides(self, name: str, letters: str, batched: bool = True) -> tuple[int, ...]:
+        """The kernel's stride arguments of ``name``: batch strides (if it has batch dims), then
+        one per letter."""
+        view = self.views[name]
+        return (view.batch if batched else ()) + tuple(getattr(view, letter) for letter in letters)
+
+    def layout(self, a: str, b: str, outputs: Sequence[str]) -> str:
+        """Which stride is 1 in each matrix operand: the layout part of the autotuning key."""
+        def unit(name: str, letters: str) -> str:
+            return next((l for l in letters if getattr(self.views[name], l) == 1), "s")
+        parts = [f"{a}:{unit(a, 'mk')}", f"{b}:{unit(b, 'kn')}"]
+        return ",".join(parts + [f"{o}:{unit(o, 'mn')}" for o in outputs])
+
+
+def check_same_dtype(op: str, tensors: Mapping[str, Optional[torch.Tensor]]) -> torch.dtype:
+    """torch's matmuls take one dtype for all operands (no promotion)."""
+    (first_name, first), *rest = [(n, t) for n, t in tensors.items() if t is not None]
+    for name, tensor in rest:
+        if tensor.dtype != first.dtype:
+            raise TypeError(f"{op}: argument '{name}' has dtype {tensor.dtype}, but '{first_name}' "
+                            f"has {first.dtype}; all operands must have the same dtype")
+    return first.dtype
+
+
+def _matrix(op: str, name: str, tensor: torch.Tensor, dims: Sequence[str]):
+    """(batch shape, {letter: (size, stride)}, is a vector) of a matrix operand."""
+    letters = _letters(dims)
+    if dims[0] == "...":
+        if tensor.dim() < 1:
+            raise ValueError(f"{op}: argument '{name}' must have at least 1 dim, got a 0-dim tensor")
+    elif tensor.dim() != len(dims):
+        raise ValueError(f"{op}: argument '{name}' must be {len(dims)}-D ({' x '.join(dims)}), "
+                         f"got shape {tuple(tensor.shape)}")
+    if tensor.dim() == 1:
+        # torch.matmul: a 1-D operand is a vector over K; its other dim is dropped from the result
+        other = next(l for l in letters if l != "K")
+        return (), {"K": (tensor.shape[0], tensor.stride(0)), other: (1, 0)}, True
+    shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    lead = len(shape) - 2
+    info = {letter: (shape[lead + i], strides[lead + i]) for i, letter in enumerate(letters)}
+    return (shape[:lead] if dims[0] in BATCH else ()), info, False
+
+
+def _batch_strides(tensor: torch.Tensor, batch_t: tuple[int, ...], batch: tuple[int, ...]):
+    lead = len(batch) - len(batch_t)
+    return (0,) * lead + tuple(stride if size == full else 0 for size, stride, full
+                               in zip(batch_t, tensor.stride()[:len(batch_t)], batch[lead:]))
+
+
+def problem(op: str, tensors: Mapping[str, Optional[torch.Tensor]],
+            dims: Mapping[str, tuple[str, ...]]) -> Problem:
+    """Sizes, result shape and operand strides, with a ValueError naming the argument at fault."""
+    a = next(name for name, d in dims.items() if "M" in d and "K" in d)
+    b = next(name for name, d in dims.items() if "N" in d and "K" in d)
+    batch_a, info_a, vector_a = _matrix(op, a, tensors[a], dims[a])
+    batch_b, info_b, vector_b = _matrix(op, b, tensors[b], dims[b])
+    (m, stride_am), (k, stride_ak) = info_a["M"], info_a["K"]
+    (k_b, stride_bk), (n, stride_bn) = info_b["K"], info_b["N"]
+    if k != k_b:
+        raise ValueError(f"{op}: '{a}' {tuple(tensors[a].shape)} and '{b}' "
+                         f"{tuple(tensors[b].shape)} cannot be multiplied: K is {k} and {k_b}")
+    if "B" in (dims[a][0], dims[b][0]):
+        if batch_a != batch_b:
+            raise ValueError(f"{op}: '{a}' and '{b}' must have the same batch size, got "
+                             f"{batch_a[0]} and {batch_b[0]}")
+        batch = batch_a
+    else:
+        try:
+            batch = tuple(torch.broadcast_shapes(batch_a, batch_b))
+        except RuntimeError:
+            raise ValueError(f"{op}: the batch dims of '{a}' {batch_a} and '{b}' {batch_b} do not "
+                             f"broadcast") from None
+    keeps = (not vector_a, not vector_b)
+    shape = batch + ((m,) if keeps[0] else ()) + ((n,) if keeps[1] else ())
+    views = {
+        a: View(_batch_strides(tensors[a], batch_a, batch), m=stride_am, k=stride_ak),
+        b: View(_batch_strides(tensors[b], batch_b, batch), n=stride_bn, k=stride_bk),
+    }
+    for name, tensor in tensors.items():
+        if name in (a, b) or tensor is None:
+            continue
+        target = _target(dims[name], batch, m, n, keeps)
+        try:
+            ok = tuple(torch.broadcast_shapes(tensor.shape, target)) == target
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "
+                             f"not broadcast to {target} ({' x '.join(dims[name])})")
+        views[name] = _view(tensor, dims[name], batch, m, n, keeps)
+    m_operands = frozenset(name for name in views if name != b and "M" in dims[name])
+    return Problem(m, n, k, batch, shape, keeps, views, m_operands)
+
+
+# --- launch decisions ------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    # the interpreter has no multiprocessors; a few keeps its decisions those of a small GPU
+    return _multiprocessors(device.index or 0) if device.type == "cuda" else 4
+
+
+def split_k_factor(m: int, n: int, k: int, batch: int, sms: int, factors: Sequence[int]) -> int:
+    """How many programs share one output tile's K loop (1: no split).
+
+    Splitting pays when the output has too few tiles to fill the GPU and K is long: the decode
+    shape 16 x 4096 x 4096 has 32 tiles of 16 x 128 for 132 multiprocessors. The factor is the
+    largest allowed one that keeps about SPLIT_PROGRAMS_PER_SM programs per multiprocessor and
+    MIN_K_PER_SPLIT of K per program.
+    """
+    tile_m = 16 if m <= 16 else 64
+    tiles = batch * triton.cdiv(m, tile_m) * triton.cdiv(n, 128)
+    if tiles >= sms:
+        return 1
+    best = 1
+    for factor in sorted(factors):
+        if factor > 1 and k // factor >= MIN_K_PER_SPLIT and tiles * factor <= SPLIT_PROGRAMS_PER_SM * sms:
+            best = factor
+    return best
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """``direct`` (one program per tile, fused epilogue) or a split-K reduction of ``factor``."""
+
+    kind: str       # direct | two_stage | atomic
+    factor: int = 1
+
+
+def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device,
+             factors: Sequence[int]) -> Strategy:
+    """The spec's split_k mode (auto | atomic | off) applied to the sizes; tests may force one."""
+    forced = overrides().strategy
+    if forced is not None:
+        kind, _, factor = forced.partition(":")
+        return Strategy(kind, int(factor or 1))
+    if mode == "off":
+        return Strategy("direct")
+    factor = split_k_factor(m, n, k, batch, multiprocessors(device), factors)
+    if factor == 1:
+        return Strategy("direct")
+    return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: float32 follows torch's matmul precision setting (tf32 or ieee)."""
+    if dtype != torch.float32 or interpreting():
+        return "ieee"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def even_k(k: int, block_ks: Sequence[int]) -> bool:
+    """K is a multiple of every BLOCK_K that may run (powers of two: of the largest), so no tile
+    of K is partial and the loads of the K loop need no mask."""
+    return k % max(block_ks) == 0
+
+
+def forced_config() -> Optional[Mapping[str, int]]:
+    """A config the test suite forces (small tiles on small inputs), or None to autotune."""
+    return overrides().config
+
+
+def _shared_memory_limit(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1 << 30
+    return _device_smem(device.index or 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_smem(device_index: int) -> int:
+    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+    return props["max_shared_mem"]
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """``early_config_prune`` of the matmul kernels: fit the tiles to the problem and the device.
+
+    Block sizes larger than the (power-of-two rounded) problem only add masked work, so they are
+    clamped and the configs that become equal merged: a 16-row problem tunes over 16-row tiles.
+    Configs whose pipelined tiles exceed the shared memory, or whose accumulator would spill
+    (more than 128 float32 registers per thread), are dropped unless nothing else is left.
+    """
+    m, n, k = named_args["M"], named_args["N"], named_args["K"]
+    a = next(v for v in named_args.values() if hasattr(v, "element_size"))
+    limit = _shared_memory_limit(a.device)
+    fitted, seen = [], set()
+    for config in configs:
+        meta = dict(config.kwargs)
+        meta["BLOCK_M"] = min(meta["BLOCK_M"], max(MIN_DOT_BLOCK, triton.next_power_of_2(m)))
+        meta["BLOCK_N"] = min(meta["BLOCK_N"], max(MIN_DOT_BLOCK, triton.next_power_of_2(n)))
+        meta["BLOCK_K"] = min(meta["BLOCK_K"], max(MIN_DOT_BLOCK, triton.next_power_of_2(k)))
+        point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
+        if point in seen:
+            continue
+        seen.add(point)
+        fitted.append(triton.Config(meta, num_warps=config.num_warps, num_stages=config.num_stages))
+
+    def fits(config) -> bool:
+        meta = config.kwargs
+        smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * a.element_size() * \
+            max(config.num_stages - 1, 1)
+        registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
+        return smem <= limit and registers <= 128
+
+    return [c for c in fitted if fits(c)] or fitted[:1]
+
+
+def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device) -> torch.Tensor:
+    """Float32 partial sums of a split-K launch: one slice per split (two_stage), or one slice
+    that every split adds into atomically (zeroed)."""
+    if strategy.kind == "atomic":
+        return torch.zeros((batch, 1, m, n), dtype=torch.float32, device=device)
+    return torch.empty((batch, strategy.factor, m, n), dtype=torch.float32, device=device)
+
+
+def launch(kernel, grid, config: Optional[Mapping[str, int]], *args, **meta) -> None:
+    """Launches an autotuned ``kernel``, or its plain jit function with a forced ``config``."""
+    if config is None:
+        wrap_triton(kernel)[grid](*args, **meta)
+        return
+    tiles = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    wrap_triton(kernel.fn)[grid](*args, **meta, **tiles, num_warps=config.get("num_warps", 4),
+                                 num_stages=config.get("num_stages", 2))
