@@ -12,10 +12,12 @@ from specgen.runtime import OpInfo
 from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, assert_matches,
                                   broadcast_operand, device, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
+from specgen.testing.matmul import matmul_cases
 from specgen.testing.pointwise import pointwise_cases
 
 CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
     "pointwise": pointwise_cases,
+    "matmul": matmul_cases,
 }
 
 __all__ = [

@@ -1,0 +1,128 @@
+"""Cases for the matmul family: M, N, K off every block size, batch shapes, layouts, epilogues.
+
+The roles of an op's tensors come from their dims (A: M, K; B: K, N or N, K; the others feed the
+epilogue). Every case forces a strategy (direct, two-stage or atomic split-K with 1 to 4 splits)
+or leaves it to the launcher, and usually forces a small tile config so that a few dozen rows
+already span several tiles, partial tiles and grouped/swizzled orderings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from specgen.runtime import OpInfo, interpreting
+from specgen.testing.core import (Case, broadcast_operand, knobs, layouts, make_tensor,
+                                  scalar_value, sizes)
+
+# Small tiles reach every code path on small inputs; on the GPU they also keep the number of
+# distinct compilations (and no autotuning) per example low.
+SMALL_CONFIGS = (
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 3, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 3},
+)
+
+
+def matmul_tolerances(k: int, tf32: bool = False) -> dict[torch.dtype, tuple[float, float]]:
+    """(rtol, atol) per output dtype for a K-term float32 accumulation of products up to 9.
+
+    The reference sees the same rounded inputs in float64, so the error is the float32 sums
+    (worst case growing with K) plus one rounding to the output dtype. TF32 rounds each input to
+    10 mantissa bits first: about 1e-3 of every product.
+    """
+    k = max(k, 1)
+    accumulate = 2e-6 * k + (5e-3 * k ** 0.5 if tf32 else 0.0)
+    return {
+        torch.float32: (1e-5 if not tf32 else 2e-3, accumulate + 1e-5),
+        torch.float16: (1e-3, accumulate + 1e-4),
+        torch.bfloat16: (8e-3, accumulate + 1e-3),
+    }
+
+
+def _roles(info: OpInfo) -> tuple[str, str]:
+    tensors = {a.name: a.dims for a in info.args if a.kind == "tensor"}
+    a = next(n for n, d in tensors.items() if "M" in d and "K" in d)
+    b = next(n for n, d in tensors.items() if "N" in d and "K" in d)
+    return a, b
+
+
+@st.composite
+def matmul_cases(draw, info: OpInfo) -> Case:
+    a_name, b_name = _roles(info)
+    config = draw(st.sampled_from(SMALL_CONFIGS)) if not interpreting() or draw(st.booleans()) \
+        else None
+    # the interpreter runs every program in numpy: small tiles get small problems
+    limit = 300 if config is None else 96
+    # an empty M, N or K (torch allows each) in about one case of eight
+    zero = draw(st.integers(0, 7)) == 0
+    m, n, k = (draw(sizes(limit, allow_zero=zero)) for _ in range(3))
+    dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
+    batch, batch_a, batch_b = (), (), ()
+    vector_a = vector_b = False
+    if dims[a_name][0] == "B":
+        batch = batch_a = batch_b = (draw(st.integers(0, 3)),)
+    elif "..." in dims[a_name] or "..." in dims[b_name]:
+        batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+        if "..." in dims[a_name]:
+            batch_a = draw(broadcast_operand(batch))
+            vector_a = draw(st.integers(0, 7)) == 0
+        if "..." in dims[b_name]:
+            batch_b = draw(broadcast_operand(batch))
+            vector_b = draw(st.integers(0, 7)) == 0
+    # a 1-D operand has no batch dims
+    batch_a, batch_b = (() if vector_a else batch_a), (() if vector_b else batch_b)
+    batch = tuple(torch.broadcast_shapes(batch_a, batch_b))
+
+    # bfloat16 tl.dot is wrong under TRITON_INTERPRET=1 (the interpreter multiplies the raw bit
+    # patterns), so the CPU tier draws float16 and float32; the GPU tier runs bfloat16 as well
+    dtypes = [d for d in info.dtypes if d != torch.bfloat16 or not interpreting()]
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**31 - 1))
+    args: dict[str, Any] = {}
+    notes = [f"M={m} N={n} K={k} batch={batch} config={config}"]
+    for i, arg in enumerate(info.args):
+        if arg.kind != "tensor":
+            args[arg.name] = scalar_value(draw, arg)
+            continue
+        if arg.optional and draw(st.integers(0, 2)) == 0:
+            args[arg.name] = None
+            continue
+        if arg.name == a_name:
+            shape = (k,) if vector_a else batch_a + (m, k)
+        elif arg.name == b_name:
+            matrix = (n, k) if arg.dims[-2:] == ("N", "K") else (k, n)
+            shape = (k,) if vector_b else batch_b + matrix
+        else:
+            target = _epilogue_target(arg.dims, batch, m, n, not vector_a, not vector_b)
+            shape = draw(broadcast_operand(target))
+        layout = draw(layouts(len(shape)))
+        args[arg.name] = make_tensor(shape, dtype, layout, low=arg.low, high=arg.high,
+                                     seed=seed + i)
+        notes.append(f"{arg.name}: {shape} {dtype} {layout}")
+    overrides = {key: value for key, value in draw(knobs()).items() if key == "indexing"}
+    strategy = draw(st.sampled_from([None, "direct", "two_stage", "atomic"]))
+    if strategy in ("two_stage", "atomic"):
+        strategy = f"{strategy}:{draw(st.integers(1, 4))}"
+    if strategy is not None:
+        overrides["strategy"] = strategy
+    if config is not None:
+        overrides["config"] = config
+    return Case(args, (), overrides, describe="; ".join(notes), tolerances=matmul_tolerances(k))
+
+
+def _epilogue_target(dims: tuple[str, ...], batch: tuple[int, ...], m: int, n: int,
+                     keeps_m: bool, keeps_n: bool) -> tuple[int, ...]:
+    shape: list[int] = []
+    for d in dims:
+        if d in ("...", "B"):
+            shape += batch
+        elif d == "M" and keeps_m:
+            shape.append(m)
+        elif d == "N" and keeps_n:
+            shape.append(n)
+    return tuple(shape)
