@@ -327,6 +327,9 @@ def addmm(c, a, b, beta=1.0, alpha=1.0):
     Same as ``torch.addmm(c, a, b, beta=beta, alpha=alpha)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b, "c": c})
+    rt.check_scalar(NAME, "beta", beta, float)
+    rt.check_scalar(NAME, "alpha", alpha, float)
+
     return torch.ops.specgen.addmm(c, a, b, beta, alpha)
 
 

@@ -352,6 +352,7 @@ def bmm(a, b):
     Same as ``torch.bmm(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
+
     return torch.ops.specgen.bmm(a, b)
 
 

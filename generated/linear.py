@@ -384,6 +384,7 @@ def linear(x, weight, bias=None):
     Same as ``F.linear(x, weight, bias)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
+
     return torch.ops.specgen.linear(x, weight, bias)
 
 

@@ -408,6 +408,7 @@ def linear_gelu(x, weight, bias=None):
     Same as ``F.gelu(F.linear(x, weight, bias), approximate='tanh')``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
+
     return torch.ops.specgen.linear_gelu(x, weight, bias)
 
 

@@ -382,6 +382,7 @@ def linear_residual(x, weight, bias, residual):
     Same as ``F.linear(x, weight, bias) + residual``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias, "residual": residual})
+
     return torch.ops.specgen.linear_residual(x, weight, bias, residual)
 
 

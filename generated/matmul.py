@@ -364,6 +364,7 @@ def matmul(a, b):
     Same as ``torch.matmul(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
+
     return torch.ops.specgen.matmul(a, b)
 
 

@@ -325,6 +325,7 @@ def mm(a, b):
     Same as ``torch.mm(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
+
     return torch.ops.specgen.mm(a, b)
 
 
