@@ -323,8 +323,9 @@ def _launch(problem, x, weight, bias, residual, out):
     # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
     index_64 = rt.use_int64(NAME, INDEXING, {name: t for name, t in tensors.items() if t is not None}, 0)
     layout = space.layout("x", "weight", list(outputs))
+    precision = matmul_rt.input_precision(x.dtype)
     rt.note_launch(NAME, strategy.kind, index_64, split_k=strategy.factor, layout=layout,
-                   m=space.m, n=space.n, k=space.k, batch=space.batch)
+                   m=space.m, n=space.n, k=space.k, batch=space.batch, precision=precision)
     sizes = (space.m, space.n, space.k, batch, *space.batch[1:])
     scalars = ()
     flags = {}
@@ -336,7 +337,7 @@ def _launch(problem, x, weight, bias, residual, out):
     ab_strides = [*space.strides("x", "mk"),
                   *space.strides("weight", "kn", batched=False)]
     common = dict(LAYOUT=layout, INDEX_64=index_64,
-                  INPUT_PRECISION=matmul_rt.input_precision(x.dtype),
+                  INPUT_PRECISION=precision,
                   EVEN_K=matmul_rt.even_k(space.k, [config["BLOCK_K"]] if config else BLOCK_KS))
 
     def grid(meta):

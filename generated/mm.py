@@ -268,8 +268,9 @@ def _launch(problem, a, b, out):
     # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
     index_64 = rt.use_int64(NAME, INDEXING, {name: t for name, t in tensors.items() if t is not None}, 0)
     layout = space.layout("a", "b", list(outputs))
+    precision = matmul_rt.input_precision(a.dtype)
     rt.note_launch(NAME, strategy.kind, index_64, split_k=strategy.factor, layout=layout,
-                   m=space.m, n=space.n, k=space.k, batch=space.batch)
+                   m=space.m, n=space.n, k=space.k, batch=space.batch, precision=precision)
     sizes = (space.m, space.n, space.k)
     scalars = ()
     flags = {}
@@ -279,7 +280,7 @@ def _launch(problem, a, b, out):
     ab_strides = [*space.strides("a", "mk", batched=False),
                   *space.strides("b", "kn", batched=False)]
     common = dict(LAYOUT=layout, INDEX_64=index_64,
-                  INPUT_PRECISION=matmul_rt.input_precision(a.dtype),
+                  INPUT_PRECISION=precision,
                   EVEN_K=matmul_rt.even_k(space.k, [config["BLOCK_K"]] if config else BLOCK_KS))
 
     def grid(meta):

@@ -1,0 +1,184 @@
+"""Matmul family on a real GPU: what the interpreter cannot run or cannot afford.
+
+bfloat16 on every op (the interpreter computes bfloat16 tl.dot wrongly), autotuning (keyed on
+layout), both split-K variants with autotuning (atomic targets reset between trials), batches
+over the 65535 grid limit, column blocks over it (swizzle2d), int64 indexing on an operand of
+more than 2**31 elements, TF32 following torch's setting, and torch.compile of linear_gelu.
+Most tests force one small config so that the file compiles few kernels (about 3 minutes).
+"""
+
+import gc
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+from specgen import runtime
+from specgen.testing.matmul import matmul_tolerances
+
+pytestmark = pytest.mark.gpu
+
+CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4,
+          "num_stages": 3}
+TINY = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+        "num_stages": 2}
+
+
+@pytest.fixture(autouse=True)
+def _free_memory():
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def randn(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def check(actual, expected, k, tf32=False):
+    rtol, atol = matmul_tolerances(k, tf32)[actual.dtype]
+    assert actual.dtype == expected.dtype or expected.dtype == torch.float64
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol)
+
+
+def d(t):
+    return None if t is None else t.double()
+
+
+# one row per op: (call, float64 reference) on inputs of M, N, K and a layout
+def _cases(m, n, k, layout, dtype):
+    def mat(rows, cols):
+        # "t": stored transposed; "s": a stepped slice of a wider tensor
+        if layout == "t":
+            return randn(cols, rows, dtype=dtype).t()
+        if layout == "s":
+            return randn(rows, 2 * cols, dtype=dtype)[:, ::2]
+        return randn(rows, cols, dtype=dtype)
+
+    a, b, w = mat(m, k), mat(k, n), mat(n, k)
+    bias, c = randn(n, dtype=dtype), mat(m, n)
+    x3 = randn(3, m, k, dtype=dtype) if layout != "t" else randn(3, k, m, dtype=dtype).mT
+    b3 = randn(3, k, n, dtype=dtype)
+    res = randn(3, m, n, dtype=dtype)
+    return {
+        "mm": (lambda: generated.mm(a, b), lambda: d(a) @ d(b)),
+        "bmm": (lambda: generated.bmm(x3, b3), lambda: torch.bmm(d(x3), d(b3))),
+        "matmul": (lambda: generated.matmul(x3, b[None]), lambda: torch.matmul(d(x3), d(b))),
+        "linear": (lambda: generated.linear(x3, w, bias), lambda: F.linear(d(x3), d(w), d(bias))),
+        "addmm": (lambda: generated.addmm(c, a, b, beta=0.5, alpha=-2.0),
+                  lambda: torch.addmm(d(c), d(a), d(b), beta=0.5, alpha=-2.0)),
+        "linear_gelu": (lambda: generated.linear_gelu(x3, w, bias),
+                        lambda: F.gelu(F.linear(d(x3), d(w), d(bias)), approximate="tanh")),
+        "linear_residual": (lambda: generated.linear_residual(x3, w, bias, res),
+                            lambda: F.linear(d(x3), d(w), d(bias)) + d(res)),
+    }
+
+
+# bfloat16 on every op, layout and strategy (float16 and float32 also run in the property suite,
+# which draws bfloat16 too on the GPU)
+@pytest.mark.parametrize("layout", ["n", "t", "s"])
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (127, 129, 65), (200, 72, 333)])
+def test_every_op_bfloat16(m, n, k, layout):
+    dtype = torch.bfloat16
+    for op, (call, reference) in _cases(m, n, k, layout, dtype).items():
+        for strategy in ("direct", "two_stage:3", "atomic:2"):
+            with runtime.override(config=CONFIG, strategy=strategy):
+                out = call()
+            want = reference()
+            assert out.dtype == dtype, op
+            check(out, want, k)
+
+
+def test_autotuning_is_keyed_on_layout():
+    # 64^3: every block clamps to 64, so the pruned space is a handful of configs
+    a, b = randn(64, 64), randn(64, 64)
+    generated.mm(a, b)
+    generated.mm(a.t(), b)
+    keys = sys.modules["generated.mm"]._mm_kernel.cache
+    layouts = {key[3] for key in keys}
+    assert {"a:k,b:n,out:n", "a:m,b:n,out:n"} <= layouts, layouts
+    check(generated.mm(a.t(), b), d(a.t()) @ d(b), 64)
+
+
+@pytest.mark.parametrize("op, kind", [("linear_gelu", "two_stage"), ("bmm", "atomic")])
+def test_auto_split_k_for_decode_shapes(op, kind):
+    # M = 16, K = 4096: too few output tiles for the GPU, so the spec's split_k mode splits K;
+    # autotuning runs both stages' configs (atomic targets are reset between trials)
+    x, w, bias = randn(16, 4096), randn(4096, 4096), randn(4096)
+    with runtime.record_launches() as log:
+        if op == "linear_gelu":
+            out = generated.linear_gelu(x, w, bias)
+            want = F.gelu(F.linear(d(x), d(w), d(bias)), approximate="tanh")
+        else:
+            out = generated.bmm(x[None], w.t()[None])
+            want = d(x)[None] @ d(w).t()[None]
+    assert log[-1].kernel == kind and log[-1].details["split_k"] > 1, log
+    check(out, want, 4096)
+    # again, from the autotuner's cache: the atomic workspace must start from zero every call
+    check(generated.bmm(x[None], w.t()[None]) if op == "bmm" else
+          generated.linear_gelu(x, w, bias), want, 4096)
+
+
+@pytest.mark.parametrize("strategy", ["direct", "two_stage:2", "atomic:2"])
+def test_batch_over_grid_limit(strategy):
+    # 70000 batch elements: grid axis 1 (or 2) holds 65535 programs, the rest are looped over
+    a, b = randn(70000, 4, 40), randn(70000, 40, 4)
+    with runtime.override(config=TINY, strategy=strategy):
+        check(generated.bmm(a, b), d(a) @ d(b), 40)
+        # broadcast over two batch dims that cannot be folded into M
+        a4, b4 = randn(350, 1, 4, 40), randn(200, 40, 4)
+        check(generated.matmul(a4, b4), torch.matmul(d(a4), d(b4)), 40)
+
+
+def test_column_blocks_over_grid_limit():
+    # swizzle2d puts column blocks on grid axis 1: 65537 of them are looped over
+    n = 16 * 65537
+    a, b = randn(1, 16, 16), randn(1, 16, n)
+    with runtime.override(config=TINY, strategy="direct"):
+        check(generated.bmm(a, b), d(a) @ d(b), 16)
+
+
+def test_int64_indexing_over_two_billion_elements():
+    k, n = 4096, 64
+    m = 2**31 // k + 3                              # x spans 2**31 + 3 * 4096 elements (4 GiB)
+    x, w = randn(m, k), randn(n, k)
+    with runtime.record_launches() as log, runtime.override(config=CONFIG):
+        out = generated.linear(x, w)
+    assert [launch.index_bits for launch in log] == [64]
+    # the rows past element 2**31 are the ones an int32 offset would get wrong
+    for rows in (slice(0, 64), slice(m - 64, m)):
+        check(out[rows], d(x[rows]) @ d(w).t(), k)
+    del x, out
+
+
+def test_tf32_follows_torch_setting():
+    a, b = randn(256, 1024, dtype=torch.float32), randn(1024, 192, dtype=torch.float32)
+    want = d(a) @ d(b)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for allow, precision in ((False, "ieee"), (True, "tf32")):
+            torch.backends.cuda.matmul.allow_tf32 = allow
+            with runtime.record_launches() as log, runtime.override(config=CONFIG):
+                out = generated.mm(a, b)
+            assert log[-1].details["precision"] == precision
+            check(out, want, 1024, tf32=allow)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_torch_compile_linear_gelu():
+    x, w, bias = randn(4, 16, 128), randn(128, 128), randn(128)
+
+    def fn(x, w, bias):
+        return generated.linear_gelu(x, w, bias) * 2.0
+
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+    want = F.gelu(F.linear(d(x), d(w), d(bias)), approximate="tanh") * 2.0
+    check(compiled(x, w, bias), want, 128)
+    # a decode-like call goes through both split-K stages inside the compiled graph
+    x1, w1 = randn(16, 4096), randn(256, 4096)
+    with runtime.override(strategy="two_stage:4", config=CONFIG):
+        out = torch.compile(fn, fullgraph=True, dynamic=False)(x1, w1, None)
+    check(out, F.gelu(F.linear(d(x1), d(w1)), approximate="tanh") * 2.0, 4096)
