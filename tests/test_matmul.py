@@ -235,3 +235,11 @@ def test_launch_records_strategy_layout_and_index_width():
     (launch,) = log
     assert (launch.kernel, launch.index_bits) == ("direct", 64)
     assert launch.details["layout"] == "a:k,b:k,out:n"
+
+
+def test_scaffold_renders_a_module_that_compiles():
+    from specgen.render import render_op
+    spec = parse(family.scaffold("my_linear_relu"))
+    source = render_op(spec)
+    compile(source, "my_linear_relu.py", "exec")
+    assert "def _my_linear_relu_kernel(" in source and "lib.relu(acc + bias)" in source

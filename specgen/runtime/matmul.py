@@ -339,7 +339,7 @@ def prune_configs(configs, named_args, **kwargs):
     def fits(config) -> bool:
         meta = config.kwargs
         smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * a.element_size() * \
-            max(config.num_stages - 1, 1)
+            config.num_stages
         registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
         return smem <= limit and registers <= 128
 
