@@ -137,13 +137,14 @@ def test_strategy_follows_the_spec_mode():
 
 
 def test_input_precision_follows_torch(monkeypatch):
-    assert matmul.input_precision(torch.float16) == "ieee"
+    assert matmul.input_precision(torch.float16) is None    # Triton's default: 16-bit tensor cores
+    assert matmul.input_precision(torch.float32) == "ieee"  # the interpreter
     monkeypatch.setattr(matmul, "interpreting", lambda: False)
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
         assert matmul.input_precision(torch.float32) == "tf32"
-        assert matmul.input_precision(torch.bfloat16) == "ieee"
+        assert matmul.input_precision(torch.bfloat16) is None
         torch.backends.cuda.matmul.allow_tf32 = False
         assert matmul.input_precision(torch.float32) == "ieee"
     finally:

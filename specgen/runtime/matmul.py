@@ -283,9 +283,13 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
     return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
 
 
-def input_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input_precision: float32 follows torch's matmul precision setting (tf32 or ieee)."""
-    if dtype != torch.float32 or interpreting():
+def input_precision(dtype: torch.dtype) -> Optional[str]:
+    """tl.dot's input_precision: float32 follows torch's matmul precision setting (tf32 or ieee;
+    ieee under the interpreter). 16-bit operands keep Triton's default (None), which is what
+    every tuned Triton matmul compiles with: the setting only concerns float32 operands."""
+    if dtype != torch.float32:
+        return None
+    if interpreting():
         return "ieee"
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
