@@ -9,15 +9,11 @@ programs that write float32 partial sums, and a second kernel reduces them and a
 epilogue.
 """
 
-from typing import Optional
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
 from specgen.runtime import matmul as matmul_rt
 
@@ -98,7 +94,6 @@ def _addmm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     if INDEX_64:
@@ -272,9 +267,9 @@ def _launch(problem, a, b, c, beta, alpha, out):
     ]
     ab_strides = [*space.strides("a", "mk", batched=False),
                   *space.strides("b", "kn", batched=False)]
-    common = dict(LAYOUT=layout, INDEX_64=index_64,
-                  INPUT_PRECISION=precision,
-                  EVEN_K=matmul_rt.even_k(space.k, [config["BLOCK_K"]] if config else BLOCK_KS))
+    block_ks = [config["BLOCK_K"]] if config else BLOCK_KS
+    common = {"LAYOUT": layout, "INDEX_64": index_64, "INPUT_PRECISION": precision,
+              "EVEN_K": matmul_rt.even_k(space.k, block_ks)}
 
     def grid(meta):
         tiles = triton.cdiv(space.m, meta["BLOCK_M"]) * triton.cdiv(space.n, meta["BLOCK_N"])

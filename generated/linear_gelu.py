@@ -352,9 +352,9 @@ def _launch(problem, x, weight, bias, out):
     ]
     ab_strides = [*space.strides("x", "mk"),
                   *space.strides("weight", "kn", batched=False)]
-    common = dict(LAYOUT=layout, INDEX_64=index_64,
-                  INPUT_PRECISION=precision,
-                  EVEN_K=matmul_rt.even_k(space.k, [config["BLOCK_K"]] if config else BLOCK_KS))
+    block_ks = [config["BLOCK_K"]] if config else BLOCK_KS
+    common = {"LAYOUT": layout, "INDEX_64": index_64, "INPUT_PRECISION": precision,
+              "EVEN_K": matmul_rt.even_k(space.k, block_ks)}
 
     def grid(meta):
         tiles = triton.cdiv(space.m, meta["BLOCK_M"]) * triton.cdiv(space.n, meta["BLOCK_N"])

@@ -9,15 +9,12 @@ programs that write float32 partial sums, and a second kernel reduces them and a
 epilogue.
 """
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
 from specgen.runtime import matmul as matmul_rt
 
@@ -326,9 +323,9 @@ def _launch(problem, x, weight, bias, residual, out):
     ]
     ab_strides = [*space.strides("x", "mk"),
                   *space.strides("weight", "kn", batched=False)]
-    common = dict(LAYOUT=layout, INDEX_64=index_64,
-                  INPUT_PRECISION=precision,
-                  EVEN_K=matmul_rt.even_k(space.k, [config["BLOCK_K"]] if config else BLOCK_KS))
+    block_ks = [config["BLOCK_K"]] if config else BLOCK_KS
+    common = {"LAYOUT": layout, "INDEX_64": index_64, "INPUT_PRECISION": precision,
+              "EVEN_K": matmul_rt.even_k(space.k, block_ks)}
 
     def grid(meta):
         tiles = triton.cdiv(space.m, meta["BLOCK_M"]) * triton.cdiv(space.n, meta["BLOCK_N"])

@@ -64,10 +64,10 @@ CASES = [
     ("bad dims", 'dims = ["N"] }', 'dims = ["K"] }', "args.bias.dims", "expected one of"),
     ("two A operands", 'w = { kind = "tensor", dims = ["N", "K"] }',
      'w = { kind = "tensor", dims = ["M", "K"] }', "args.w", "a second A (M, K) operand"),
-    ("optional B", 'dims = ["N", "K"] }\nbias = { kind = "tensor", dims = ["N"] }\n'
-     'residual = { kind = "tensor", dims = ["...", "M", "N"] }',
-     'dims = ["N", "K"], optional = true }\nbias = { kind = "tensor", dims = ["N"], optional = '
-     'true }\nresidual = { kind = "tensor", dims = ["...", "M", "N"], optional = true }',
+    ("optional B", ('dims = ["N", "K"] }\nbias = { kind = "tensor", dims = ["N"] }\n'
+                    'residual = { kind = "tensor", dims = ["...", "M", "N"] }'),
+     ('dims = ["N", "K"], optional = true }\nbias = { kind = "tensor", dims = ["N"], optional = '
+      'true }\nresidual = { kind = "tensor", dims = ["...", "M", "N"], optional = true }'),
      "args.w.optional", "cannot be optional"),
     ("mixed batch", 'residual = { kind = "tensor", dims = ["...", "M", "N"] }',
      'residual = { kind = "tensor", dims = ["B", "M", "N"] }', "args", "all \"...\""),

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import Symbol, emit, parse_expr
-from specgen.families.common import CommonPlan, check_name, common_plan, power_of_two_list
+from specgen.families.common import (
+    CommonPlan,
+    check_name,
+    common_plan,
+    power_of_two_list,
+)
 from specgen.families.pointwise import symbols_of
 from specgen.model import DTYPES, OpSpec, Output, TensorArg
 from specgen.table import Table, check_type, parse_list
@@ -301,6 +306,10 @@ class MatmulPlan(CommonPlan):
     @property
     def out_params(self) -> str:
         return ", ".join(f"{o.name}: torch.Tensor" for o in self.outputs)
+
+    @property
+    def uses_lib(self) -> bool:
+        return any("lib." in o.code for o in self.outputs)
 
     @property
     def out_dtype_code(self) -> str:

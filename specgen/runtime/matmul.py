@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import torch
 import triton
@@ -86,7 +86,7 @@ class Problem:
     views: Mapping[str, View]
     m_operands: frozenset[str]      # the inputs indexed by M (A, column vectors, residuals)
 
-    def space(self, outputs: Mapping[str, torch.Tensor], rank: int) -> "Space":
+    def space(self, outputs: Mapping[str, torch.Tensor], rank: int) -> Space:
         """Folds batch dims into M where every operand allows it, collapses the rest to ``rank``."""
         views = dict(self.views)
         for name, out in outputs.items():
@@ -148,7 +148,7 @@ class Space:
         return ",".join(parts + [f"{o}:{unit(o, 'mn')}" for o in outputs])
 
 
-def check_same_dtype(op: str, tensors: Mapping[str, Optional[torch.Tensor]]) -> torch.dtype:
+def check_same_dtype(op: str, tensors: Mapping[str, torch.Tensor | None]) -> torch.dtype:
     """torch's matmuls take one dtype for all operands (no promotion)."""
     (first_name, first), *rest = [(n, t) for n, t in tensors.items() if t is not None]
     for name, tensor in rest:
@@ -183,7 +183,7 @@ def _batch_strides(tensor: torch.Tensor, batch_t: tuple[int, ...], batch: tuple[
                                in zip(batch_t, tensor.stride()[:len(batch_t)], batch[lead:]))
 
 
-def problem(op: str, tensors: Mapping[str, Optional[torch.Tensor]],
+def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             dims: Mapping[str, tuple[str, ...]]) -> Problem:
     """Sizes, result shape and operand strides, with a ValueError naming the argument at fault."""
     a = next(name for name, d in dims.items() if "M" in d and "K" in d)
@@ -231,7 +231,7 @@ def problem(op: str, tensors: Mapping[str, Optional[torch.Tensor]],
 # --- launch decisions ------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -283,7 +283,7 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
     return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
 
 
-def input_precision(dtype: torch.dtype) -> Optional[str]:
+def input_precision(dtype: torch.dtype) -> str | None:
     """tl.dot's input_precision: float32 follows torch's matmul precision setting (tf32 or ieee;
     ieee under the interpreter). 16-bit operands keep Triton's default (None), which is what
     every tuned Triton matmul compiles with: the setting only concerns float32 operands."""
@@ -300,7 +300,7 @@ def even_k(k: int, block_ks: Sequence[int]) -> bool:
     return k % max(block_ks) == 0
 
 
-def forced_config() -> Optional[Mapping[str, int]]:
+def forced_config() -> Mapping[str, int] | None:
     """A config the test suite forces (small tiles on small inputs), or None to autotune."""
     return overrides().config
 
@@ -311,7 +311,7 @@ def _shared_memory_limit(device: torch.device) -> int:
     return _device_smem(device.index or 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_smem(device_index: int) -> int:
     props = triton.runtime.driver.active.utils.get_device_properties(device_index)
     return props["max_shared_mem"]
@@ -358,7 +358,7 @@ def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.devi
     return torch.empty((batch, strategy.factor, m, n), dtype=torch.float32, device=device)
 
 
-def launch(kernel, grid, config: Optional[Mapping[str, int]], *args, **meta) -> None:
+def launch(kernel, grid, config: Mapping[str, int] | None, *args, **meta) -> None:
     """Launches an autotuned ``kernel``, or its plain jit function with a forced ``config``."""
     if config is None:
         wrap_triton(kernel)[grid](*args, **meta)

@@ -14,8 +14,15 @@ import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
-from specgen.testing.core import (Case, broadcast_operand, knobs, layouts, make_tensor,
-                                  scalar_value, sizes)
+from specgen.testing.core import (
+    Case,
+    broadcast_operand,
+    knobs,
+    layouts,
+    make_tensor,
+    scalar_value,
+    sizes,
+)
 
 # Small tiles reach every code path on small inputs; on the GPU they also keep the number of
 # distinct compilations (and no autotuning) per example low.
