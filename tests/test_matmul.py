@@ -244,3 +244,18 @@ def test_scaffold_renders_a_module_that_compiles():
     source = render_op(spec)
     compile(source, "my_linear_relu.py", "exec")
     assert "def _my_linear_relu_kernel(" in source and "lib.relu(acc + bias)" in source
+
+
+@pytest.mark.parametrize("op, kind", [("linear_gelu", "two_stage"), ("bmm", "atomic")])
+def test_auto_split_k_end_to_end(op, kind):
+    # off the GPU the launcher assumes 4 multiprocessors: one 5 x 7 tile with K = 2048 splits
+    x, w = torch.randn(5, 2048), torch.randn(7, 2048)
+    with runtime.record_launches() as log:
+        if op == "linear_gelu":
+            out = generated.linear_gelu(x, w)
+            want = torch.nn.functional.gelu(x.double() @ w.double().t(), approximate="tanh")
+        else:
+            out = generated.bmm(x[None], w.t()[None])
+            want = (x.double() @ w.double().t())[None]
+    assert [(launch.kernel, launch.details["split_k"]) for launch in log] == [(kind, 4)]
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * 2048)
