@@ -12,7 +12,7 @@ epilogue.
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specgen import runtime as rt
 from specgen.runtime import matmul as matmul_rt
@@ -266,70 +266,57 @@ def _bmm_reduce_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(problem, a, b, out):
-    outputs = {"out": out}
-    space = problem.space(outputs, BATCH_RANK)
-    batch = space.batch_count
-    if space.m == 0 or space.n == 0 or batch == 0:
+# what plan_launch needs to know about the kernels' arguments
+OP = matmul_rt.OpLayout(
+    name=NAME, dtypes=DTYPES, indexing=INDEXING, a="a", b="b",
+    epilogue=(
+        ("out", "mn", True),
+    ),
+    batched_ab=(True, True), rank=BATCH_RANK, split_k=SPLIT_K,
+    split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
+
+
+def _launch(plan, a, b, out):
+    if plan.empty:
         return
-    device = out.device
-    strategy = matmul_rt.strategy(SPLIT_K, space.m, space.n, space.k, batch, device, SPLIT_FACTORS)
+    rt.note_launch(NAME, plan.strategy.kind, plan.index_64, **plan.details)
     config = matmul_rt.forced_config()
-    workspace = None if strategy.kind == "direct" else \
-        matmul_rt.workspace(strategy, batch, space.m, space.n, device)
-    tensors = {"a": a, "b": b, "out": out, "workspace": workspace}
-    # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
-    index_64 = rt.use_int64(NAME, INDEXING, {name: t for name, t in tensors.items() if t is not None}, 0)
-    layout = space.layout("a", "b", list(outputs))
-    precision = matmul_rt.input_precision(a.dtype)
-    rt.note_launch(NAME, strategy.kind, index_64, split_k=strategy.factor, layout=layout,
-                   m=space.m, n=space.n, k=space.k, batch=space.batch, precision=precision)
-    sizes = (space.m, space.n, space.k, batch, *space.batch[1:])
     scalars = ()
     flags = {}
-    epilogue_strides = [
-        *space.strides("out", "mn"),
-    ]
-    ab_strides = [*space.strides("a", "mk"),
-                  *space.strides("b", "kn")]
-    block_ks = [config["BLOCK_K"]] if config else BLOCK_KS
-    common = {"LAYOUT": layout, "INDEX_64": index_64, "INPUT_PRECISION": precision,
-              "EVEN_K": matmul_rt.even_k(space.k, block_ks)}
+    common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
+              "EVEN_K": plan.even_k}
+    m, n, batch = plan.m, plan.n, plan.batch
 
     def grid(meta):
-        rows = triton.cdiv(space.m, meta["BLOCK_M"]) * meta.get("SPLIT_K", 1)
-        return (rows, min(triton.cdiv(space.n, meta["BLOCK_N"]), 65535), min(batch, 65535))
+        rows = triton.cdiv(m, meta["BLOCK_M"]) * meta.get("SPLIT_K", 1)
+        return (rows, min(triton.cdiv(n, meta["BLOCK_N"]), 65535), min(batch, 65535))
 
-    if strategy.kind == "direct":
-        matmul_rt.launch(_bmm_kernel, grid, config,
-                         a, b, out, *sizes,
-                         *ab_strides, *epilogue_strides, *scalars, **flags, **common)
+    if plan.strategy.kind == "direct":
+        matmul_rt.launch(plan, _bmm_kernel, grid, config,
+                         a, b, out, *plan.sizes,
+                         *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
         return
-    matmul_rt.launch(_bmm_split_kernel, grid, config,
-                     a, b, workspace, *sizes, *ab_strides,
-                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
-    reduce_grid = (triton.cdiv(space.m, REDUCE_BLOCK_M) * triton.cdiv(space.n, REDUCE_BLOCK_N), min(batch, 65535))
-    wrap_triton(_bmm_reduce_kernel)[reduce_grid](
-        workspace, out, *sizes[:2], *sizes[3:],
-        *epilogue_strides, *scalars, **flags, INDEX_64=index_64,
+    workspace = matmul_rt.workspace(plan.strategy, batch, m, n, plan.device)
+    matmul_rt.launch(plan, _bmm_split_kernel, grid, config,
+                     a, b, workspace, *plan.sizes, *plan.ab_strides,
+                     SPLIT_K=plan.strategy.factor, ATOMIC=plan.strategy.kind == "atomic", **common)
+    reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N), min(batch, 65535))
+    matmul_rt.launch_plain(
+        _bmm_reduce_kernel, reduce_grid,
+        workspace, out, *plan.sizes[:2], *plan.sizes[3:],
+        *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
         SLICES=workspace.shape[1], BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4)
 
 
-def _check_inputs(a, b):
+def _bmm_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     tensors = {"a": a, "b": b}
-    present = {name: t for name, t in tensors.items() if t is not None}
-    device = rt.check_tensors(NAME, present, DTYPES)
-    dtype = matmul_rt.check_same_dtype(NAME, present)
-    return matmul_rt.problem(NAME, tensors, DIMS), device, dtype
-
-
-@triton_op("specgen::bmm", mutates_args=())
-def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    problem, device, dtype = _check_inputs(a, b)
-    # torch allocates matmul results contiguous
-    out = torch.empty(problem.shape, dtype=dtype, device=device)
-    _launch(problem, a, b, out)
+    plan = matmul_rt.cached_plan(OP, tensors, DIMS, OUTPUTS, None)
+    out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    _launch(plan, a, b, out)
     return out
+
+
+_bmm_op = triton_op("specgen::bmm", mutates_args=())(_bmm_impl)
 
 
 def bmm(a, b):
@@ -338,6 +325,9 @@ def bmm(a, b):
     Same as ``torch.bmm(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
+    if matmul_rt.runs_eagerly(a, b):
+        # nothing traces or differentiates this call: skip the dispatcher
+        return _bmm_impl(a, b)
     return torch.ops.specgen.bmm(a, b)
 
 

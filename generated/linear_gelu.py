@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specgen import kernel_lib as lib
 from specgen import runtime as rt
@@ -325,71 +325,58 @@ def _linear_gelu_reduce_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(problem, x, weight, bias, out):
-    outputs = {"out": out}
-    space = problem.space(outputs, BATCH_RANK)
-    batch = space.batch_count
-    if space.m == 0 or space.n == 0 or batch == 0:
+# what plan_launch needs to know about the kernels' arguments
+OP = matmul_rt.OpLayout(
+    name=NAME, dtypes=DTYPES, indexing=INDEXING, a="x", b="weight",
+    epilogue=(
+        ("bias", "n", False),
+        ("out", "mn", True),
+    ),
+    batched_ab=(True, False), rank=BATCH_RANK, split_k=SPLIT_K,
+    split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
+
+
+def _launch(plan, x, weight, bias, out):
+    if plan.empty:
         return
-    device = out.device
-    strategy = matmul_rt.strategy(SPLIT_K, space.m, space.n, space.k, batch, device, SPLIT_FACTORS)
+    rt.note_launch(NAME, plan.strategy.kind, plan.index_64, **plan.details)
     config = matmul_rt.forced_config()
-    workspace = None if strategy.kind == "direct" else \
-        matmul_rt.workspace(strategy, batch, space.m, space.n, device)
-    tensors = {"x": x, "weight": weight, "bias": bias, "out": out, "workspace": workspace}
-    # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
-    index_64 = rt.use_int64(NAME, INDEXING, {name: t for name, t in tensors.items() if t is not None}, 0)
-    layout = space.layout("x", "weight", list(outputs))
-    precision = matmul_rt.input_precision(x.dtype)
-    rt.note_launch(NAME, strategy.kind, index_64, split_k=strategy.factor, layout=layout,
-                   m=space.m, n=space.n, k=space.k, batch=space.batch, precision=precision)
-    sizes = (space.m, space.n, space.k, batch, *space.batch[1:])
     scalars = ()
     flags = {"HAS_BIAS": bias is not None, }
-    epilogue_strides = [
-        *(space.strides("bias", "n", batched=False) if bias is not None else (0,) * 1),
-        *space.strides("out", "mn"),
-    ]
-    ab_strides = [*space.strides("x", "mk"),
-                  *space.strides("weight", "kn", batched=False)]
-    block_ks = [config["BLOCK_K"]] if config else BLOCK_KS
-    common = {"LAYOUT": layout, "INDEX_64": index_64, "INPUT_PRECISION": precision,
-              "EVEN_K": matmul_rt.even_k(space.k, block_ks)}
+    common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
+              "EVEN_K": plan.even_k}
+    m, n, batch = plan.m, plan.n, plan.batch
 
     def grid(meta):
-        tiles = triton.cdiv(space.m, meta["BLOCK_M"]) * triton.cdiv(space.n, meta["BLOCK_N"])
+        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
         return (tiles * meta.get("SPLIT_K", 1), min(batch, 65535))
 
-    if strategy.kind == "direct":
-        matmul_rt.launch(_linear_gelu_kernel, grid, config,
-                         x, weight, bias, out, *sizes,
-                         *ab_strides, *epilogue_strides, *scalars, **flags, **common)
+    if plan.strategy.kind == "direct":
+        matmul_rt.launch(plan, _linear_gelu_kernel, grid, config,
+                         x, weight, bias, out, *plan.sizes,
+                         *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
         return
-    matmul_rt.launch(_linear_gelu_split_kernel, grid, config,
-                     x, weight, workspace, *sizes, *ab_strides,
-                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
-    reduce_grid = (triton.cdiv(space.m, REDUCE_BLOCK_M) * triton.cdiv(space.n, REDUCE_BLOCK_N), min(batch, 65535))
-    wrap_triton(_linear_gelu_reduce_kernel)[reduce_grid](
-        workspace, bias, out, *sizes[:2], *sizes[3:],
-        *epilogue_strides, *scalars, **flags, INDEX_64=index_64,
+    workspace = matmul_rt.workspace(plan.strategy, batch, m, n, plan.device)
+    matmul_rt.launch(plan, _linear_gelu_split_kernel, grid, config,
+                     x, weight, workspace, *plan.sizes, *plan.ab_strides,
+                     SPLIT_K=plan.strategy.factor, ATOMIC=plan.strategy.kind == "atomic", **common)
+    reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N), min(batch, 65535))
+    matmul_rt.launch_plain(
+        _linear_gelu_reduce_kernel, reduce_grid,
+        workspace, bias, out, *plan.sizes[:2], *plan.sizes[3:],
+        *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
         SLICES=workspace.shape[1], BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4)
 
 
-def _check_inputs(x, weight, bias):
+def _linear_gelu_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     tensors = {"x": x, "weight": weight, "bias": bias}
-    present = {name: t for name, t in tensors.items() if t is not None}
-    device = rt.check_tensors(NAME, present, DTYPES)
-    dtype = matmul_rt.check_same_dtype(NAME, present)
-    return matmul_rt.problem(NAME, tensors, DIMS), device, dtype
-
-
-@triton_op("specgen::linear_gelu", mutates_args=())
-def _linear_gelu_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    problem, device, dtype = _check_inputs(x, weight, bias)
-    # torch allocates matmul results contiguous
-    out = torch.empty(problem.shape, dtype=dtype, device=device)
-    _launch(problem, x, weight, bias, out)
+    plan = matmul_rt.cached_plan(OP, tensors, DIMS, OUTPUTS, None)
+    out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    _launch(plan, x, weight, bias, out)
     return out
+
+
+_linear_gelu_op = triton_op("specgen::linear_gelu", mutates_args=())(_linear_gelu_impl)
 
 
 def linear_gelu(x, weight, bias=None):
@@ -398,6 +385,9 @@ def linear_gelu(x, weight, bias=None):
     Same as ``F.gelu(F.linear(x, weight, bias), approximate='tanh')``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
+    if matmul_rt.runs_eagerly(x, weight, bias):
+        # nothing traces or differentiates this call: skip the dispatcher
+        return _linear_gelu_impl(x, weight, bias)
     return torch.ops.specgen.linear_gelu(x, weight, bias)
 
 

@@ -12,7 +12,7 @@ epilogue.
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specgen import runtime as rt
 from specgen.runtime import matmul as matmul_rt
@@ -254,70 +254,57 @@ def _mm_reduce_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(problem, a, b, out):
-    outputs = {"out": out}
-    space = problem.space(outputs, BATCH_RANK)
-    batch = space.batch_count
-    if space.m == 0 or space.n == 0 or batch == 0:
+# what plan_launch needs to know about the kernels' arguments
+OP = matmul_rt.OpLayout(
+    name=NAME, dtypes=DTYPES, indexing=INDEXING, a="a", b="b",
+    epilogue=(
+        ("out", "mn", False),
+    ),
+    batched_ab=(False, False), rank=BATCH_RANK, split_k=SPLIT_K,
+    split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
+
+
+def _launch(plan, a, b, out):
+    if plan.empty:
         return
-    device = out.device
-    strategy = matmul_rt.strategy(SPLIT_K, space.m, space.n, space.k, batch, device, SPLIT_FACTORS)
+    rt.note_launch(NAME, plan.strategy.kind, plan.index_64, **plan.details)
     config = matmul_rt.forced_config()
-    workspace = None if strategy.kind == "direct" else \
-        matmul_rt.workspace(strategy, batch, space.m, space.n, device)
-    tensors = {"a": a, "b": b, "out": out, "workspace": workspace}
-    # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
-    index_64 = rt.use_int64(NAME, INDEXING, {name: t for name, t in tensors.items() if t is not None}, 0)
-    layout = space.layout("a", "b", list(outputs))
-    precision = matmul_rt.input_precision(a.dtype)
-    rt.note_launch(NAME, strategy.kind, index_64, split_k=strategy.factor, layout=layout,
-                   m=space.m, n=space.n, k=space.k, batch=space.batch, precision=precision)
-    sizes = (space.m, space.n, space.k)
     scalars = ()
     flags = {}
-    epilogue_strides = [
-        *space.strides("out", "mn", batched=False),
-    ]
-    ab_strides = [*space.strides("a", "mk", batched=False),
-                  *space.strides("b", "kn", batched=False)]
-    block_ks = [config["BLOCK_K"]] if config else BLOCK_KS
-    common = {"LAYOUT": layout, "INDEX_64": index_64, "INPUT_PRECISION": precision,
-              "EVEN_K": matmul_rt.even_k(space.k, block_ks)}
+    common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
+              "EVEN_K": plan.even_k}
+    m, n, batch = plan.m, plan.n, plan.batch
 
     def grid(meta):
-        tiles = triton.cdiv(space.m, meta["BLOCK_M"]) * triton.cdiv(space.n, meta["BLOCK_N"])
+        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
         return (tiles * meta.get("SPLIT_K", 1),)
 
-    if strategy.kind == "direct":
-        matmul_rt.launch(_mm_kernel, grid, config,
-                         a, b, out, *sizes,
-                         *ab_strides, *epilogue_strides, *scalars, **flags, **common)
+    if plan.strategy.kind == "direct":
+        matmul_rt.launch(plan, _mm_kernel, grid, config,
+                         a, b, out, *plan.sizes,
+                         *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
         return
-    matmul_rt.launch(_mm_split_kernel, grid, config,
-                     a, b, workspace, *sizes, *ab_strides,
-                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
-    reduce_grid = (triton.cdiv(space.m, REDUCE_BLOCK_M) * triton.cdiv(space.n, REDUCE_BLOCK_N),)
-    wrap_triton(_mm_reduce_kernel)[reduce_grid](
-        workspace, out, *sizes[:2], *sizes[3:],
-        *epilogue_strides, *scalars, **flags, INDEX_64=index_64,
+    workspace = matmul_rt.workspace(plan.strategy, batch, m, n, plan.device)
+    matmul_rt.launch(plan, _mm_split_kernel, grid, config,
+                     a, b, workspace, *plan.sizes, *plan.ab_strides,
+                     SPLIT_K=plan.strategy.factor, ATOMIC=plan.strategy.kind == "atomic", **common)
+    reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N),)
+    matmul_rt.launch_plain(
+        _mm_reduce_kernel, reduce_grid,
+        workspace, out, *plan.sizes[:2], *plan.sizes[3:],
+        *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
         SLICES=workspace.shape[1], BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4)
 
 
-def _check_inputs(a, b):
+def _mm_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     tensors = {"a": a, "b": b}
-    present = {name: t for name, t in tensors.items() if t is not None}
-    device = rt.check_tensors(NAME, present, DTYPES)
-    dtype = matmul_rt.check_same_dtype(NAME, present)
-    return matmul_rt.problem(NAME, tensors, DIMS), device, dtype
-
-
-@triton_op("specgen::mm", mutates_args=())
-def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    problem, device, dtype = _check_inputs(a, b)
-    # torch allocates matmul results contiguous
-    out = torch.empty(problem.shape, dtype=dtype, device=device)
-    _launch(problem, a, b, out)
+    plan = matmul_rt.cached_plan(OP, tensors, DIMS, OUTPUTS, None)
+    out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    _launch(plan, a, b, out)
     return out
+
+
+_mm_op = triton_op("specgen::mm", mutates_args=())(_mm_impl)
 
 
 def mm(a, b):
@@ -326,6 +313,9 @@ def mm(a, b):
     Same as ``torch.mm(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
+    if matmul_rt.runs_eagerly(a, b):
+        # nothing traces or differentiates this call: skip the dispatcher
+        return _mm_impl(a, b)
     return torch.ops.specgen.mm(a, b)
 
 

@@ -32,10 +32,11 @@ SPLIT_K_MODES = ("auto", "atomic", "off")
 # batch dims after folding and collapsing that a "..." kernel walks (torch.matmul broadcasting
 # leaves at most this many that cannot be merged in practice; more is a clear error at launch)
 BROADCAST_BATCH_RANK = 3
-# names the kernels use for themselves; an argument with one of them would shadow it
+# names the kernels and the launcher use for themselves; an argument with one would shadow it
 KERNEL_NAMES = frozenset({
-    "acc", "k", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
-    "group_rows", "programs_in_group", "k_start", "ws", "slot", "split",
+    "acc", "k", "m", "n", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
+    "group_rows", "programs_in_group", "k_start", "ws", "slot", "split", "plan", "config",
+    "flags", "common", "workspace", "reduce_grid",
 })
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")
@@ -300,7 +301,7 @@ class MatmulPlan(CommonPlan):
     @property
     def launch_params(self) -> str:
         scalars = [a.name for a in self.args if a.kind != "tensor"]
-        return ", ".join(["problem"] + [o.name for o in self.inputs] + scalars
+        return ", ".join(["plan"] + [o.name for o in self.inputs] + scalars
                          + [o.name for o in self.outputs])
 
     @property
@@ -311,9 +312,6 @@ class MatmulPlan(CommonPlan):
     def uses_lib(self) -> bool:
         return any("lib." in o.code for o in self.outputs)
 
-    @property
-    def out_dtype_code(self) -> str:
-        return "dtype" if self.out_dtype is None else f"torch.{self.out_dtype}"
 
 
 def plan(spec: OpSpec) -> MatmulPlan:

@@ -27,10 +27,10 @@ class Overrides:
     """Knobs the test suite turns to reach every specialization on small inputs."""
 
     indexing: str | None = None      # force "int32" or "int64" over the spec's choice
+    tiles: Mapping[str, int] | None = None  # force one tiling config, in the spec's space or not
     launch: str | None = None        # force "flat" or "persistent"
     max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
     strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
-    config: Mapping[str, int] | None = None  # force one tiling config instead of autotuning
 
 
 _overrides = Overrides()

@@ -12,14 +12,15 @@ Everything here reads sizes and strides only, so it runs unchanged on the fake t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import torch
 import triton
 from torch.library import wrap_triton
 
-from specgen.runtime.launch import interpreting, overrides
+from specgen.runtime.checks import check_tensors
+from specgen.runtime.launch import Overrides, interpreting, overrides, use_int64
 from specgen.runtime.layout import broadcast_strides, collapse
 
 BATCH = ("...", "B")
@@ -302,7 +303,7 @@ def even_k(k: int, block_ks: Sequence[int]) -> bool:
 
 def forced_config() -> Mapping[str, int] | None:
     """A config the test suite forces (small tiles on small inputs), or None to autotune."""
-    return overrides().config
+    return overrides().tiles
 
 
 def _shared_memory_limit(device: torch.device) -> int:
@@ -358,11 +359,159 @@ def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.devi
     return torch.empty((batch, strategy.factor, m, n), dtype=torch.float32, device=device)
 
 
-def launch(kernel, grid, config: Mapping[str, int] | None, *args, **meta) -> None:
-    """Launches an autotuned ``kernel``, or its plain jit function with a forced ``config``."""
-    if config is None:
-        wrap_triton(kernel)[grid](*args, **meta)
+# --- launch plans: every decision a call's tensor metadata fixes, made once -----------------------
+
+
+@dataclass
+class LaunchPlan:
+    """What a launch needs besides data pointers, decided from shapes, strides and dtypes."""
+
+    shape: tuple[int, ...]          # the result's
+    dtype: torch.dtype              # the result's
+    device: torch.device
+    empty: bool                     # nothing to compute
+    strategy: Strategy
+    index_64: bool
+    layout: str
+    precision: str | None
+    even_k: bool
+    m: int
+    n: int
+    batch: int                      # batch elements the grid covers
+    sizes: tuple[int, ...]          # kernel size arguments: M, N, K (, batch, inner batch sizes)
+    ab_strides: tuple[int, ...]     # A's then B's stride arguments
+    epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
+    details: dict                   # what note_launch records
+    tuned: dict = field(default_factory=dict)  # kernel -> config autotuning chose (eager calls)
+
+
+@dataclass(frozen=True)
+class OpLayout:
+    """What a generated module tells ``plan_launch`` about its kernels' arguments."""
+
+    name: str
+    dtypes: tuple[torch.dtype, ...]
+    indexing: str
+    a: str
+    b: str
+    epilogue: tuple[tuple[str, str, bool], ...]   # (name, letters, has batch strides), then outputs
+    batched_ab: tuple[bool, bool]
+    rank: int
+    split_k: str
+    split_factors: tuple[int, ...]
+    block_ks: tuple[int, ...]
+
+
+def plan_launch(op: OpLayout, tensors: Mapping[str, torch.Tensor | None],
+                dims: Mapping[str, tuple[str, ...]], outputs: Sequence[str],
+                out_dtype: torch.dtype | None) -> LaunchPlan:
+    """Checks the arguments and makes every launch decision their metadata fixes."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    device = check_tensors(op.name, present, op.dtypes)
+    dtype = check_same_dtype(op.name, present)
+    prob = problem(op.name, tensors, dims)
+    # outputs are allocated contiguous, as torch allocates matmul results
+    stand_in = torch.empty(prob.shape, device="meta")
+    space = prob.space({name: stand_in for name in outputs}, op.rank)
+    batch = space.batch_count
+    strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors)
+    config = forced_config()
+    spans = dict(present)
+    spans.update({name: stand_in for name in outputs})
+    if strategy_.kind != "direct":
+        slices = 1 if strategy_.kind == "atomic" else strategy_.factor
+        spans["workspace"] = torch.empty((batch, slices, space.m, space.n), device="meta")
+    # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
+    index_64 = use_int64(op.name, op.indexing, spans, 0)
+    layout = space.layout(op.a, op.b, list(outputs))
+    precision = input_precision(dtype)
+    sizes = (space.m, space.n, space.k) + ((batch, *space.batch[1:]) if op.rank else ())
+    ab = space.strides(op.a, "mk", op.batched_ab[0]) + space.strides(op.b, "kn", op.batched_ab[1])
+    epilogue: list[int] = []
+    for name, letters, batched in op.epilogue:
+        if name in space.views:
+            epilogue += space.strides(name, letters, batched)
+        else:   # an omitted optional operand
+            epilogue += [0] * ((op.rank if batched else 0) + len(letters))
+    return LaunchPlan(
+        shape=prob.shape, dtype=out_dtype or dtype, device=device,
+        empty=space.m == 0 or space.n == 0 or batch == 0, strategy=strategy_,
+        index_64=index_64, layout=layout, precision=precision,
+        even_k=even_k(space.k, [config["BLOCK_K"]] if config else op.block_ks),
+        m=space.m, n=space.n, batch=batch, sizes=sizes, ab_strides=ab,
+        epilogue_strides=tuple(epilogue),
+        details=dict(split_k=strategy_.factor, layout=layout, m=space.m, n=space.n, k=space.k,
+                     batch=space.batch, precision=precision))
+
+
+_plans: dict[tuple, LaunchPlan] = {}
+_NO_OVERRIDES = Overrides()
+# a bound on cached plans: one per distinct argument metadata seen
+MAX_PLANS = 4096
+
+
+def cached_plan(op: OpLayout, tensors: Mapping[str, torch.Tensor | None], dims, outputs,
+                out_dtype) -> LaunchPlan:
+    """``plan_launch``, reused for calls whose tensors have the same metadata.
+
+    A call on plain tensors repeats the decisions of the last call of that shape, layout and
+    dtype; the cache turns them into one dictionary lookup (a decode-sized matmul runs in about
+    10 us, less than the Python that decides it). Traced calls and forced test knobs decide anew.
+    """
+    values = list(tensors.values())
+    if overrides() != _NO_OVERRIDES or not untraced(values):
+        return plan_launch(op, tensors, dims, outputs, out_dtype)
+    key = (op.name, torch.backends.cuda.matmul.allow_tf32, *(
+        None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in values))
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = plan_launch(op, tensors, dims, outputs, out_dtype)
+    return plan
+
+
+def untraced(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """Plain tensors, and nothing tracing: no torch.compile/export, no dispatch or function mode."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    return all(type(t) is torch.Tensor for t in tensors if t is not None)
+
+
+def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
+    """True when nothing traces or differentiates the call: the generated function may then run
+    its op's implementation directly and skip the dispatcher (some 40 us a call)."""
+    if not untraced(tensors):
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
+
+
+def launch(plan: LaunchPlan, kernel, grid, config: Mapping[str, int] | None, *args, **meta) -> None:
+    """Starts an autotuned ``kernel``.
+
+    A forced ``config`` runs the plain jit function with it. On plain tensors the kernel starts
+    directly (``wrap_triton`` exists for tracing; its eager dispatch costs about a millisecond),
+    and once autotuning has chosen a config for the plan, later calls run it without the
+    autotuner's per-call work.
+    """
+    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    if config is not None:
+        tiles = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+        fn = kernel.fn if direct else wrap_triton(kernel.fn)
+        fn[grid](*args, **meta, **tiles, num_warps=config.get("num_warps", 4),
+                 num_stages=config.get("num_stages", 2))
         return
-    tiles = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-    wrap_triton(kernel.fn)[grid](*args, **meta, **tiles, num_warps=config.get("num_warps", 4),
-                                 num_stages=config.get("num_stages", 2))
+    tuned = plan.tuned.get(kernel) if direct else None
+    if tuned is not None:
+        kernel.fn[grid](*args, **meta, **tuned.all_kwargs())
+        return
+    (kernel if direct else wrap_triton(kernel))[grid](*args, **meta)
+    if direct:
+        plan.tuned[kernel] = kernel.best_config
+
+
+def launch_plain(kernel, grid, *args, **meta) -> None:
+    """Starts a kernel that is not autotuned, directly on plain tensors."""
+    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    (kernel if direct else wrap_triton(kernel))[grid](*args, **meta)

@@ -118,7 +118,7 @@ def matmul_cases(draw, info: OpInfo) -> Case:
     if strategy is not None:
         overrides["strategy"] = strategy
     if config is not None:
-        overrides["config"] = config
+        overrides["tiles"] = config
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=matmul_tolerances(k))
 
 
