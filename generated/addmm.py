@@ -254,7 +254,12 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, a, b, c, beta, alpha, out):
     if plan.empty:
         return
-    rt.note_launch(NAME, plan.strategy.kind, plan.index_64, **plan.details)
+    strategy = matmul_rt.settle(plan, lambda strategy: _run(strategy, plan, a, b, c, beta, alpha, out))
+    rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
+    _run(strategy, plan, a, b, c, beta, alpha, out)
+
+
+def _run(strategy, plan, a, b, c, beta, alpha, out):
     config = matmul_rt.forced_config()
     scalars = (beta, alpha, )
     flags = {}
@@ -266,15 +271,15 @@ def _launch(plan, a, b, c, beta, alpha, out):
         tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
         return (tiles * meta.get("SPLIT_K", 1),)
 
-    if plan.strategy.kind == "direct":
+    if strategy.kind == "direct":
         matmul_rt.launch(plan, _addmm_kernel, grid, config,
                          a, b, c, out, *plan.sizes,
                          *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
         return
-    workspace = matmul_rt.workspace(plan.strategy, batch, m, n, plan.device)
+    workspace = matmul_rt.workspace(strategy, batch, m, n, plan.device)
     matmul_rt.launch(plan, _addmm_split_kernel, grid, config,
                      a, b, workspace, *plan.sizes, *plan.ab_strides,
-                     SPLIT_K=plan.strategy.factor, ATOMIC=plan.strategy.kind == "atomic", **common)
+                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
     reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N),)
     matmul_rt.launch_plain(
         _addmm_reduce_kernel, reduce_grid,

@@ -339,7 +339,12 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, x, weight, bias, out):
     if plan.empty:
         return
-    rt.note_launch(NAME, plan.strategy.kind, plan.index_64, **plan.details)
+    strategy = matmul_rt.settle(plan, lambda strategy: _run(strategy, plan, x, weight, bias, out))
+    rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
+    _run(strategy, plan, x, weight, bias, out)
+
+
+def _run(strategy, plan, x, weight, bias, out):
     config = matmul_rt.forced_config()
     scalars = ()
     flags = {"HAS_BIAS": bias is not None, }
@@ -351,15 +356,15 @@ def _launch(plan, x, weight, bias, out):
         tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
         return (tiles * meta.get("SPLIT_K", 1), min(batch, 65535))
 
-    if plan.strategy.kind == "direct":
+    if strategy.kind == "direct":
         matmul_rt.launch(plan, _linear_gelu_kernel, grid, config,
                          x, weight, bias, out, *plan.sizes,
                          *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
         return
-    workspace = matmul_rt.workspace(plan.strategy, batch, m, n, plan.device)
+    workspace = matmul_rt.workspace(strategy, batch, m, n, plan.device)
     matmul_rt.launch(plan, _linear_gelu_split_kernel, grid, config,
                      x, weight, workspace, *plan.sizes, *plan.ab_strides,
-                     SPLIT_K=plan.strategy.factor, ATOMIC=plan.strategy.kind == "atomic", **common)
+                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
     reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N), min(batch, 65535))
     matmul_rt.launch_plain(
         _linear_gelu_reduce_kernel, reduce_grid,

@@ -291,7 +291,12 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, a, b, out):
     if plan.empty:
         return
-    rt.note_launch(NAME, plan.strategy.kind, plan.index_64, **plan.details)
+    strategy = matmul_rt.settle(plan, lambda strategy: _run(strategy, plan, a, b, out))
+    rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
+    _run(strategy, plan, a, b, out)
+
+
+def _run(strategy, plan, a, b, out):
     config = matmul_rt.forced_config()
     scalars = ()
     flags = {}
@@ -303,15 +308,15 @@ def _launch(plan, a, b, out):
         rows = triton.cdiv(m, meta["BLOCK_M"]) * meta.get("SPLIT_K", 1)
         return (rows, min(triton.cdiv(n, meta["BLOCK_N"]), 65535), min(batch, 65535))
 
-    if plan.strategy.kind == "direct":
+    if strategy.kind == "direct":
         matmul_rt.launch(plan, _matmul_kernel, grid, config,
                          a, b, out, *plan.sizes,
                          *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
         return
-    workspace = matmul_rt.workspace(plan.strategy, batch, m, n, plan.device)
+    workspace = matmul_rt.workspace(strategy, batch, m, n, plan.device)
     matmul_rt.launch(plan, _matmul_split_kernel, grid, config,
                      a, b, workspace, *plan.sizes, *plan.ab_strides,
-                     SPLIT_K=plan.strategy.factor, ATOMIC=plan.strategy.kind == "atomic", **common)
+                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
     reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N), min(batch, 65535))
     matmul_rt.launch_plain(
         _matmul_reduce_kernel, reduce_grid,

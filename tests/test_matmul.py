@@ -259,3 +259,19 @@ def test_auto_split_k_end_to_end(op, kind):
             want = (x.double() @ w.double().t())[None]
     assert [(launch.kernel, launch.details["split_k"]) for launch in log] == [(kind, 4)]
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * 2048)
+
+
+def test_settle_keeps_the_faster_candidate(monkeypatch):
+    plan = matmul.LaunchPlan(
+        shape=(16, 64), dtype=torch.float16, device=torch.device("cpu"), empty=False,
+        strategy=matmul.Strategy("two_stage", 8), index_64=False, layout="", precision=None,
+        even_k=True, m=16, n=64, batch=1, sizes=(), ab_strides=(), epilogue_strides=(),
+        details={}, candidates=(matmul.Strategy("direct"), matmul.Strategy("two_stage", 8)))
+    ran = []
+    monkeypatch.setattr(matmul.triton.testing, "do_bench", lambda fn, **_: fn() or ran[-1][1])
+
+    def run(strategy):
+        ran.append((strategy, 3.0 if strategy.kind == "direct" else 2.0))
+    assert matmul.settle(plan, run) == matmul.Strategy("two_stage", 8)
+    assert plan.candidates == () and len(ran) == 2
+    assert matmul.settle(plan, run) == matmul.Strategy("two_stage", 8) and len(ran) == 2

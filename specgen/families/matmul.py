@@ -36,7 +36,7 @@ BROADCAST_BATCH_RANK = 3
 KERNEL_NAMES = frozenset({
     "acc", "k", "m", "n", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
     "group_rows", "programs_in_group", "k_start", "ws", "slot", "split", "plan", "config",
-    "flags", "common", "workspace", "reduce_grid",
+    "flags", "common", "workspace", "reduce_grid", "strategy",
 })
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")

@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 import torch
 import triton
+import triton.testing
 from torch.library import wrap_triton
 
 from specgen.runtime.checks import check_tensors
@@ -382,6 +383,8 @@ class LaunchPlan:
     ab_strides: tuple[int, ...]     # A's then B's stride arguments
     epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
     details: dict                   # what note_launch records
+    # strategies to time against each other before the first launch (auto split-K, eager calls)
+    candidates: tuple[Strategy, ...] = ()
     tuned: dict = field(default_factory=dict)  # kernel -> config autotuning chose (eager calls)
 
 
@@ -440,8 +443,8 @@ def plan_launch(op: OpLayout, tensors: Mapping[str, torch.Tensor | None],
         even_k=even_k(space.k, [config["BLOCK_K"]] if config else op.block_ks),
         m=space.m, n=space.n, batch=batch, sizes=sizes, ab_strides=ab,
         epilogue_strides=tuple(epilogue),
-        details=dict(split_k=strategy_.factor, layout=layout, m=space.m, n=space.n, k=space.k,
-                     batch=space.batch, precision=precision))
+        details=dict(layout=layout, m=space.m, n=space.n, k=space.k, batch=space.batch,
+                     precision=precision))
 
 
 _plans: dict[tuple, LaunchPlan] = {}
@@ -468,7 +471,21 @@ def cached_plan(op: OpLayout, tensors: Mapping[str, torch.Tensor | None], dims, 
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
         plan = _plans[key] = plan_launch(op, tensors, dims, outputs, out_dtype)
+        if plan.strategy.kind != "direct" and plan.device.type == "cuda" and not interpreting():
+            plan.candidates = (Strategy("direct"), plan.strategy)
     return plan
+
+
+def settle(plan: LaunchPlan, run) -> Strategy:
+    """The strategy to launch. When split-K is a candidate (few output tiles, long K), the first
+    eager call times it against the direct kernel, each autotuned, end to end (launch overhead
+    included: a decode-sized matmul takes about as long as starting it), and keeps the faster."""
+    if plan.candidates:
+        times = {s: triton.testing.do_bench(lambda s=s: run(s), return_mode="median")
+                 for s in plan.candidates}
+        plan.strategy = min(times, key=times.get)
+        plan.candidates = ()
+    return plan.strategy
 
 
 def untraced(tensors: Sequence[torch.Tensor | None]) -> bool:
