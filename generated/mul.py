@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specgen import kernel_lib as lib
 from specgen import runtime as rt
@@ -150,8 +150,8 @@ def _launch(x, y, out):
         rt.note_launch(NAME, "dense", index_64)
         numel = space.numel
         grid = lambda meta: (rt.grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),)
-        wrap_triton(_mul_dense_kernel)[grid](
-            x, y, out, numel, *scalars, **constexprs, INDEX_64=index_64)
+        rt.launch(_mul_dense_kernel, grid,
+                  x, y, out, numel, *scalars, **constexprs, INDEX_64=index_64)
         return
     space = space.padded(RANK)
     rt.note_launch(NAME, "tiled", index_64, rank=RANK)
@@ -165,8 +165,8 @@ def _launch(x, y, out):
         return (rt.grid_size(outer * tiles, cap),)
 
     strides = [stride for operand in space.strides for stride in operand]
-    wrap_triton(_mul_tiled_kernel)[grid](
-        x, y, out, *space.sizes, *strides, *scalars, **constexprs, INDEX_64=index_64)
+    rt.launch(_mul_tiled_kernel, grid,
+              x, y, out, *space.sizes, *strides, *scalars, **constexprs, INDEX_64=index_64)
 
 
 def _check_inputs(x, y):

@@ -10,6 +10,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 import triton
+from torch.library import wrap_triton
 
 from specgen.runtime.layout import storage_span
 
@@ -30,6 +31,7 @@ class Overrides:
     launch: str | None = None        # force "flat" or "persistent"
     max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
     strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
+    config: int | None = None        # run config number k of an autotuned kernel, no tuning
 
 
 _overrides = Overrides()
@@ -129,3 +131,16 @@ def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
         configs.append(triton.Config(meta, num_warps=point.get("num_warps", 4),
                                      num_stages=point.get("num_stages", 1)))
     return configs
+
+
+def launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
+    """Starts an autotuned kernel; when the tests force a config, that config without tuning.
+
+    Forcing lets the property suite check every point of a config space, as fast as one launch.
+    """
+    if _overrides.config is None:
+        wrap_triton(kernel)[grid](*args, **kwargs)
+        return
+    config = kernel.configs[_overrides.config % len(kernel.configs)]
+    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    wrap_triton(kernel.fn)[grid](*args, **kwargs, **meta)
