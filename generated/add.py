@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
 from specgen.runtime import pointwise
 

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
+from specgen.kernel_lib import gelu_f32, gelu_tanh_f32
 from specgen.runtime import pointwise
 
 NAME = "gelu"
@@ -76,7 +76,7 @@ def _gelu_dense_kernel(
         offsets = tile * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < numel
         x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-        out = lib.gelu_tanh(x) if APPROXIMATE == 'tanh' else lib.gelu(x)
+        out = gelu_tanh_f32(x) if APPROXIMATE == 'tanh' else gelu_f32(x)
         tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -129,7 +129,7 @@ def _gelu_tiled_kernel(
         out_offsets = out_base + rows[:, None] * out_stride_m + cols[None, :] * out_stride_n
         x_offsets = x_base + rows[:, None] * x_stride_m + cols[None, :] * x_stride_n
         x = tl.load(x_ptr + x_offsets, mask=mask).to(tl.float32)
-        out = lib.gelu_tanh(x) if APPROXIMATE == 'tanh' else lib.gelu(x)
+        out = gelu_tanh_f32(x) if APPROXIMATE == 'tanh' else gelu_f32(x)
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
+from specgen.kernel_lib import relu_f32
 from specgen.runtime import pointwise
 
 NAME = "relu"
@@ -74,7 +74,7 @@ def _relu_dense_kernel(
         offsets = tile * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < numel
         x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-        out = lib.relu(x)
+        out = relu_f32(x)
         tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -126,7 +126,7 @@ def _relu_tiled_kernel(
         out_offsets = out_base + rows[:, None] * out_stride_m + cols[None, :] * out_stride_n
         x_offsets = x_base + rows[:, None] * x_stride_m + cols[None, :] * x_stride_n
         x = tl.load(x_ptr + x_offsets, mask=mask).to(tl.float32)
-        out = lib.relu(x)
+        out = relu_f32(x)
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
+from specgen.kernel_lib import silu_f32
 from specgen.runtime import pointwise
 
 NAME = "swiglu"
@@ -76,7 +76,7 @@ def _swiglu_dense_kernel(
         mask = offsets < numel
         a = tl.load(a_ptr + offsets, mask=mask).to(tl.float32)
         b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
-        out = lib.silu(a) * b
+        out = silu_f32(a) * b
         tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -133,7 +133,7 @@ def _swiglu_tiled_kernel(
         b_offsets = b_base + rows[:, None] * b_stride_m + cols[None, :] * b_stride_n
         a = tl.load(a_ptr + a_offsets, mask=mask).to(tl.float32)
         b = tl.load(b_ptr + b_offsets, mask=mask).to(tl.float32)
-        out = lib.silu(a) * b
+        out = silu_f32(a) * b
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

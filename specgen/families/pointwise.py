@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from specgen.expr import Symbol, emit, parse_expr
+from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      wrap)
 from specgen.model import OpSpec, Output, TensorArg
@@ -123,6 +123,7 @@ class PointwisePlan(CommonPlan):
     dense_configs: tuple[dict, ...] = ()
     tiled_configs: tuple[dict, ...] = ()
     outer_rank: int = OUTER_RANK
+    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:
@@ -198,7 +199,8 @@ def plan(spec: OpSpec) -> PointwisePlan:
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return PointwisePlan(**common.__dict__, inputs=tuple(Tensor(t.name) for t in spec.tensors),
                          outputs=outputs, launch=body.launch, dense_configs=dense,
-                         tiled_configs=tiled)
+                         tiled_configs=tiled,
+                         helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))
 
 
 def scaffold(name: str) -> str:
