@@ -158,6 +158,13 @@ class CommonPlan:
         return tuple(a for a in self.args if a.kind == "choice")
 
     @property
+    def scalar_checks(self) -> tuple[str, ...]:
+        """Launcher lines that check scalar and choice arguments (types, allowed values)."""
+        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.type})' for a in self.scalars]
+        checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
+        return tuple(checks)
+
+    @property
     def signature_no_out(self) -> str:
         return ", ".join(a.param for a in self.args)
 

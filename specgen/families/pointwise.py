@@ -172,8 +172,12 @@ class PointwisePlan(CommonPlan):
         return ", ".join(f'"{t.name}": {t.name}' for t in self.inputs)
 
     @property
-    def tensor_dict(self) -> str:
-        return ", ".join(f'"{t.name}": {t.name}' for t in self.tensors)
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors)
+
+    @property
+    def tensor_list(self) -> str:
+        return ", ".join(self.tensor_names)
 
     @property
     def launch_params(self) -> str:

@@ -81,6 +81,11 @@ def note_launch(op: str, kernel: str, index_64: bool, **details) -> None:
 
 
 def use_int64(op: str, indexing: str, tensors: Mapping[str, torch.Tensor], max_tile: int) -> bool:
+    """Whether a launch over ``tensors`` needs the int64 specialization (see ``choose_int64``)."""
+    return choose_int64(op, indexing, {n: storage_span(t) for n, t in tensors.items()}, max_tile)
+
+
+def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int) -> bool:
     """Whether a launch needs the int64 specialization.
 
     The int32 one is safe while every offset a program forms fits: the storage span of each
@@ -88,13 +93,30 @@ def use_int64(op: str, indexing: str, tensors: Mapping[str, torch.Tensor], max_t
     "int32" or "int64"), possibly overridden by the test suite.
     """
     mode = _overrides.indexing or indexing
-    name, span = max(((n, storage_span(t)) for n, t in tensors.items()), key=lambda item: item[1])
+    name, span = max(spans.items(), key=lambda item: item[1])
     needs_64 = span + max_tile > INT32_MAX
     if mode == "int32" and needs_64:
         raise ValueError(
             f"{op}: indexing is forced to int32, but '{name}' spans {span:,} elements, "
             f"more than 2**31 - 1 can address; set indexing = \"auto\" or \"int64\" in the spec")
     return mode == "int64" or needs_64
+
+
+def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
+    """True when nothing traces or transforms this call, so a generated function may run its
+    op's implementation directly and skip the dispatcher (some 40 us a call).
+
+    torch.compile and export, dispatch and function modes, tensor subclasses (fake tensors among
+    them) and autograd all go through ``torch.ops.specgen.*`` instead.
+    """
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    grad = torch.is_grad_enabled()
+    for tensor in tensors:
+        if tensor is not None and (type(tensor) is not torch.Tensor or grad and tensor.requires_grad):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)
