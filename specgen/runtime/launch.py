@@ -102,21 +102,24 @@ def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int
     return mode == "int64" or needs_64
 
 
+def untraced(tensors) -> bool:
+    """Plain tensors, and nothing tracing: no torch.compile/export, no dispatch or function mode."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    return all(type(t) is torch.Tensor for t in tensors if t is not None)
+
+
 def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
-    """True when nothing traces or transforms this call, so a generated function may run its
+    """True when nothing traces or differentiates this call, so a generated function may run its
     op's implementation directly and skip the dispatcher (some 40 us a call).
 
     torch.compile and export, dispatch and function modes, tensor subclasses (fake tensors among
     them) and autograd all go through ``torch.ops.specgen.*`` instead.
     """
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._is_torch_function_mode_enabled()):
+    if not untraced(tensors):
         return False
-    grad = torch.is_grad_enabled()
-    for tensor in tensors:
-        if tensor is not None and (type(tensor) is not torch.Tensor or grad and tensor.requires_grad):
-            return False
-    return True
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,10 +162,13 @@ def launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
     """Starts an autotuned kernel; when the tests force a config, that config without tuning.
 
     Forcing lets the property suite check every point of a config space, as fast as one launch.
+    On plain tensors the kernel starts directly: ``wrap_triton`` exists for tracing, and its
+    eager dispatch costs about a millisecond a call.
     """
-    if _overrides.config is None:
-        wrap_triton(kernel)[grid](*args, **kwargs)
-        return
-    config = kernel.configs[_overrides.config % len(kernel.configs)]
-    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    wrap_triton(kernel.fn)[grid](*args, **kwargs, **meta)
+    meta = {}
+    if _overrides.config is not None:
+        config = kernel.configs[_overrides.config % len(kernel.configs)]
+        meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        kernel = kernel.fn
+    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs, **meta)
