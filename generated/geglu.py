@@ -144,7 +144,9 @@ def _launch(a, b, out):
         return  # some dimension is 0: nothing to compute
     rt.note_launch(NAME, "dense" if plan.dense else "tiled", plan.index_64)
     kernel = _geglu_dense_kernel if plan.dense else _geglu_tiled_kernel
-    rt.launch(kernel, plan.grid, a, b, out, *plan.args, INDEX_64=plan.index_64)
+    dtypes = (a.dtype, b.dtype, out.dtype,)
+    rt.launch(kernel, plan.grid, a, b, out, *plan.args, INDEX_64=plan.index_64,
+              tune_key=(plan, dtypes))
 
 
 def _check_inputs(a, b):

@@ -140,7 +140,9 @@ def _launch(x, approximate, out):
         return  # some dimension is 0: nothing to compute
     rt.note_launch(NAME, "dense" if plan.dense else "tiled", plan.index_64)
     kernel = _gelu_dense_kernel if plan.dense else _gelu_tiled_kernel
-    rt.launch(kernel, plan.grid, x, out, *plan.args, APPROXIMATE=approximate, INDEX_64=plan.index_64)
+    dtypes = (x.dtype, out.dtype,)
+    rt.launch(kernel, plan.grid, x, out, *plan.args, APPROXIMATE=approximate, INDEX_64=plan.index_64,
+              tune_key=(plan, dtypes))
 
 
 def _check_inputs(x, approximate):

@@ -143,7 +143,9 @@ def _launch(x, y, out):
         return  # some dimension is 0: nothing to compute
     rt.note_launch(NAME, "dense" if plan.dense else "tiled", plan.index_64)
     kernel = _mul_dense_kernel if plan.dense else _mul_tiled_kernel
-    rt.launch(kernel, plan.grid, x, y, out, *plan.args, INDEX_64=plan.index_64)
+    dtypes = (x.dtype, y.dtype, out.dtype,)
+    rt.launch(kernel, plan.grid, x, y, out, *plan.args, INDEX_64=plan.index_64,
+              tune_key=(plan, dtypes))
 
 
 def _check_inputs(x, y):

@@ -172,6 +172,11 @@ class PointwisePlan(CommonPlan):
         return ", ".join(f'"{t.name}": {t.name}' for t in self.inputs)
 
     @property
+    def dtype_list(self) -> str:
+        """The dtypes autotuning depends on, as a tuple expression."""
+        return "".join(f"{t.name}.dtype, " for t in self.inputs + self.outputs).rstrip(" ")
+
+    @property
     def tensor_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)
 

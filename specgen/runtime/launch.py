@@ -158,17 +158,31 @@ def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
     return configs
 
 
-def launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
-    """Starts an autotuned kernel; when the tests force a config, that config without tuning.
+# (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner
+_tuned: dict[tuple, triton.Config] = {}
 
-    Forcing lets the property suite check every point of a config space, as fast as one launch.
-    On plain tensors the kernel starts directly: ``wrap_triton`` exists for tracing, and its
-    eager dispatch costs about a millisecond a call.
+
+def launch(kernel: triton.runtime.Autotuner, grid, *args, tune_key: tuple = (), **kwargs) -> None:
+    """Starts an autotuned kernel.
+
+    ``tune_key`` identifies what autotuning depends on (the launcher passes its cached launch plan
+    and the tensors' dtypes); once a key is tuned, launches call the chosen config directly, which
+    saves the autotuner's per-call bookkeeping. When the tests force a config, that config runs
+    without tuning, so the property suite checks every point of a config space. On plain tensors
+    the kernel starts directly: ``wrap_triton`` exists for tracing, and its eager dispatch costs
+    about a millisecond a call.
     """
-    meta = {}
+    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    key = (kernel, tune_key, tuple(sorted(kwargs.items())))
     if _overrides.config is not None:
         config = kernel.configs[_overrides.config % len(kernel.configs)]
-        meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-        kernel = kernel.fn
-    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
-    (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs, **meta)
+    elif direct and key in _tuned:
+        config = _tuned[key]
+    else:
+        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
+        if direct:
+            _tuned[key] = kernel.best_config
+        return
+    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    fn = kernel.fn
+    (fn if direct else wrap_triton(fn))[grid](*args, **kwargs, **meta)
