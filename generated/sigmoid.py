@@ -43,13 +43,17 @@ TILED_CONFIGS = (
     {'TILE_M': 32, 'TILE_N': 32, 'num_warps': 8},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 4},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 8},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 4},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 8},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 4},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 8},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 4},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 8},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 4},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 8},
 )
 # the widest tile a program may cover: masked lanes past the end still form offsets
-MAX_TILE = 4096
+MAX_TILE = 8192
 # collapsed dimensions the tiled kernel walks: 6 outer ones, then rows and columns
 RANK = 8
 

@@ -82,7 +82,7 @@ def _parse_tiles(tuning: Table) -> tuple[tuple[int, int], ...]:
     if raw is None:
         # square tiles move a transposed operand through shared memory; 1-row tiles serve a
         # collapsed space whose rows are single elements
-        return ((32, 32), (64, 64), (1, 1024), (16, 128))
+        return ((32, 32), (64, 64), (64, 128), (128, 64), (1, 1024), (16, 128))
     where = tuning.where.child("TILE")
     tiles = []
     for item in parse_list(raw, list, where):
