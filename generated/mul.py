@@ -7,10 +7,7 @@ Two kernels: a flat one when every tensor is dense in the same memory order, and
 any strides (broadcast, transposed, sliced), which tiles the two innermost collapsed dimensions.
 """
 
-import math
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import triton_op

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import keyword
 import re
 from dataclasses import dataclass
@@ -140,6 +141,15 @@ class CommonPlan:
     args: tuple[ArgPlan, ...]
     arg_infos: tuple[str, ...]
     output_names: tuple[str, ...]
+
+    @property
+    def reference_imports(self) -> tuple[str, ...]:
+        """The imports the reference expression needs besides torch."""
+        names = {n.id for n in ast.walk(ast.parse(self.reference, mode="eval"))
+                 if isinstance(n, ast.Name)}
+        return tuple(line for name, line in (("math", "import math"),
+                                              ("F", "import torch.nn.functional as F"))
+                     if name in names)
 
     @property
     def dtypes_code(self) -> str:
