@@ -1,0 +1,120 @@
+"""Triton helpers of the reduce and cross_entropy families (``rlib.<name>`` in generated code).
+
+Combine functions serve both the element-wise accumulation inside a tile loop and the final
+``tl.reduce`` across a tile. Core ``tl`` operations only, so the interpreter runs them.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sum_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def max_combine(a, b):
+    # torch.amax propagates NaN; tl.max and a plain a > b would drop it
+    return tl.where((a != a) | (a > b), a, b)
+
+
+@triton.jit
+def min_combine(a, b):
+    return tl.where((a != a) | (a < b), a, b)
+
+
+@triton.jit
+def argmax_combine(a, a_index, b, b_index):
+    # torch.argmax: NaN counts as the largest value, and ties go to the first index
+    a_nan = a != a
+    b_nan = b != b
+    a_first = a_index < b_index
+    pick_a = (a > b) | ((a == b) & a_first) | (a_nan & ~b_nan) | (a_nan & b_nan & a_first)
+    return tl.where(pick_a, a, b), tl.where(pick_a, a_index, b_index)
+
+
+@triton.jit
+def argmin_combine(a, a_index, b, b_index):
+    a_nan = a != a
+    b_nan = b != b
+    a_first = a_index < b_index
+    pick_a = (a < b) | ((a == b) & a_first) | (a_nan & ~b_nan) | (a_nan & b_nan & a_first)
+    return tl.where(pick_a, a, b), tl.where(pick_a, a_index, b_index)
+
+
+@triton.jit
+def offsets(index, size_1, size_2, size_3, stride_0, stride_1, stride_2, stride_3,
+            DIMS: tl.constexpr):
+    """Offsets of a flat ``index`` over up to 4 dims (slowest 0 to fastest 3; the DIMS fastest used).
+
+    DIMS is a constexpr so that the common one-dim case is a plain multiply: no division, and the
+    compiler sees the contiguity it needs to vectorize loads.
+    """
+    if DIMS == 1:
+        result = index * stride_3
+    else:
+        result = (index % size_3) * stride_3
+        rest = index // size_3
+        if DIMS == 2:
+            result += rest * stride_2
+        else:
+            result += (rest % size_2) * stride_2
+            rest = rest // size_2
+            if DIMS == 3:
+                result += rest * stride_1
+            else:
+                result += (rest % size_1) * stride_1 + (rest // size_1) * stride_0
+    return result
+
+
+# Reductions of a tile along one axis. Built-in reductions where possible (the interpreter runs
+# tl.reduce with a custom combine one element at a time); prod needs the custom combine.
+@triton.jit
+def sum_reduce(acc, AXIS: tl.constexpr):
+    return tl.sum(acc, AXIS)
+
+
+@triton.jit
+def prod_reduce(acc, AXIS: tl.constexpr):
+    return tl.reduce(acc, AXIS, prod_combine)
+
+
+@triton.jit
+def max_reduce(acc, AXIS: tl.constexpr):
+    # tl.max need not propagate NaN: count NaNs on the side so that one does, as in torch.amax
+    nans = tl.sum((acc != acc).to(tl.int32), AXIS)
+    return tl.where(nans > 0, float("nan"), tl.max(acc, AXIS))
+
+
+@triton.jit
+def min_reduce(acc, AXIS: tl.constexpr):
+    nans = tl.sum((acc != acc).to(tl.int32), AXIS)
+    return tl.where(nans > 0, float("nan"), tl.min(acc, AXIS))
+
+
+@triton.jit
+def _first_index_of(acc, acc_index, best, AXIS: tl.constexpr):
+    # each lane holds the first index of its best value: the smallest among lanes holding the
+    # overall best is the first index overall (NaN matches NaN)
+    hit = (acc == tl.expand_dims(best, AXIS)) | ((acc != acc) & tl.expand_dims(best != best, AXIS))
+    return tl.min(tl.where(hit, acc_index, 2**63 - 1), AXIS)
+
+
+@triton.jit
+def argmax_reduce(acc, acc_index, AXIS: tl.constexpr):
+    # two built-in reductions instead of tl.reduce over (value, index) pairs, which the
+    # interpreter runs one element at a time
+    best = max_reduce(acc, AXIS)
+    return best, _first_index_of(acc, acc_index, best, AXIS)
+
+
+@triton.jit
+def argmin_reduce(acc, acc_index, AXIS: tl.constexpr):
+    best = min_reduce(acc, AXIS)
+    return best, _first_index_of(acc, acc_index, best, AXIS)
