@@ -11,6 +11,7 @@ from generated import amax as _amax
 from generated import amin as _amin
 from generated import argmax as _argmax
 from generated import argmin as _argmin
+from generated import cross_entropy as _cross_entropy
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
@@ -30,6 +31,7 @@ amax = _amax.amax
 amin = _amin.amin
 argmax = _argmax.argmax
 argmin = _argmin.argmin
+cross_entropy = _cross_entropy.cross_entropy
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
@@ -53,6 +55,6 @@ def _info(module) -> OpInfo:
         function=getattr(module, module.NAME), reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _amax, _amin, _argmax, _argmin, _div, _geglu, _gelu, _mean, _mul, _prod, _relu, _sigmoid, _silu, _sub, _sum, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _amax, _amin, _argmax, _argmin, _cross_entropy, _div, _geglu, _gelu, _mean, _mul, _prod, _relu, _sigmoid, _silu, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "amax", "amin", "argmax", "argmin", "div", "geglu", "gelu", "mean", "mul", "prod", "relu", "sigmoid", "silu", "sub", "sum", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "amax", "amin", "argmax", "argmin", "cross_entropy", "div", "geglu", "gelu", "mean", "mul", "prod", "relu", "sigmoid", "silu", "sub", "sum", "swiglu", "tanh", ]
