@@ -53,7 +53,7 @@ CONFIGS = (
 # masked lanes past the end of a row still form offsets
 MAX_TILE = 16384
 REDUCTIONS = ("none", "mean", "sum")
-TARGET_DTYPES = (torch.int64, torch.int32)
+TARGET_DTYPES = (torch.int64,)  # as torch: class indices are int64
 # rows per step of the kernel that reduces the per-row losses
 FINISH_BLOCK = 1024
 
@@ -219,7 +219,7 @@ def _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothi
         raise ValueError(f"{NAME}: argument 'logits' must be 2-D (rows, classes), "
                          f"got shape {tuple(logits.shape)}")
     if target.dtype not in TARGET_DTYPES:
-        raise TypeError(f"{NAME}: argument 'target' must hold class indices (int64 or int32), "
+        raise TypeError(f"{NAME}: argument 'target' must hold class indices (int64), "
                         f"got {target.dtype}")
     if target.shape != logits.shape[:1]:
         raise ValueError(f"{NAME}: argument 'target' must have shape ({logits.shape[0]},), "
