@@ -4,6 +4,8 @@
 Importing this package compiles nothing: kernels compile on their first call.
 """
 
+import torch
+
 from specgen.runtime import OpInfo
 
 from generated import add as _add
@@ -52,7 +54,8 @@ def _info(module) -> OpInfo:
         name=module.NAME, family=module.FAMILY, spec_path=module.SPEC_PATH,
         spec_sha256=module.SPEC_SHA256, doc=module.DOC, args=module.ARGS,
         outputs=module.OUTPUTS, dtypes=module.DTYPES, indexing=module.INDEXING,
-        function=getattr(module, module.NAME), reference=module.reference)
+        function=getattr(module, module.NAME), op=getattr(torch.ops.specgen, module.NAME),
+        reference=module.reference)
 
 
 REGISTRY = {info.name: info for info in map(_info, [_add, _amax, _amin, _argmax, _argmin, _cross_entropy, _div, _geglu, _gelu, _mean, _mul, _prod, _relu, _sigmoid, _silu, _sub, _sum, _swiglu, _tanh, ])}

@@ -162,8 +162,8 @@ def scalar_value(draw, arg) -> Any:
 
 @st.composite
 def knobs(draw) -> dict[str, Any]:
-    """Forced launch choices: int64 indexing and small persistent grids on any input."""
-    forced: dict[str, Any] = {}
+    """Forced launch choices: int64 indexing, small persistent grids, any config of the space."""
+    forced: dict[str, Any] = {"config": draw(st.integers(0, 63))}
     if draw(st.booleans()):
         forced["indexing"] = "int64"
     if draw(st.booleans()):
