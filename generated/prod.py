@@ -13,11 +13,10 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from specgen import kernel_lib as lib
-from specgen import reduce_lib as rlib
 from specgen import runtime as rt
+from specgen.reduce_lib import prod_combine_f32, prod_reduce_f32, strided_offsets
 from specgen.runtime import reduce as reduction
 
 NAME = "prod"
@@ -64,8 +63,8 @@ MAX_TILE = 4096
 KEY = ["num_kept", "num_red", "num_splits", "KEPT_DIMS", "RED_DIMS", "STAGE", "LEVEL", "INDEX_64"]
 
 # what a program does with its tile's result
-FINAL = tl.constexpr(0)      # finish it and store it to out
-PARTIAL = tl.constexpr(1)    # store it to row `split` of the float32 partials
+FINAL = tl.constexpr(reduction.FINAL)      # finish it and store it to out
+PARTIAL = tl.constexpr(reduction.PARTIAL)  # store it to row `split` of the float32 partials
 IDENTITY = tl.constexpr(1.0)
 
 
@@ -100,25 +99,25 @@ def _prod_kernel(
         split = tile // kept_tiles
         kept = kept_tile * BLOCK_K + tl.arange(0, BLOCK_K)
         kept_mask = kept < num_kept
-        x_kept = rlib.offsets(kept, kept_size_1, kept_size_2, kept_size_3, x_kept_stride_0,
-                              x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
+        x_kept = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3, x_kept_stride_0,
+                                 x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
         red_start = split * split_size
         red_end = tl.minimum(red_start + split_size, num_red)
         acc = tl.full([BLOCK_K, BLOCK_R], IDENTITY, tl.float32)
         for red_block in range(red_start, red_end, BLOCK_R):
             red = red_block + tl.arange(0, BLOCK_R)
             red_mask = red < red_end
-            x_red = rlib.offsets(red, red_size_1, red_size_2, red_size_3, x_red_stride_0,
-                                 x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
+            x_red = strided_offsets(red, red_size_1, red_size_2, red_size_3, x_red_stride_0,
+                                    x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
             x_offsets = x_kept[:, None] + x_red[None, :]
             mask = kept_mask[:, None] & red_mask[None, :]
             x = tl.load(x_ptr + x_offsets, mask=mask, other=IDENTITY).to(tl.float32)
-            acc = rlib.prod_combine(acc, x)
-        result = rlib.prod_reduce(acc, 1)
+            acc = prod_combine_f32(acc, x)
+        result = prod_reduce_f32(acc, 1)
         if STAGE == FINAL:
-            out_offsets = rlib.offsets(kept, kept_size_1, kept_size_2, kept_size_3,
-                                       out_kept_stride_0, out_kept_stride_1, out_kept_stride_2,
-                                       out_kept_stride_3, KEPT_DIMS)
+            out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
+                                          out_kept_stride_0, out_kept_stride_1, out_kept_stride_2,
+                                          out_kept_stride_3, KEPT_DIMS)
             result = result
             tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty), mask=kept_mask)
         else:
@@ -132,43 +131,29 @@ outer_kernel = triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY)(_prod
 KERNELS = {"inner": inner_kernel, "outer": outer_kernel}
 
 
-def _run(kernel, prob, pointers, splits, split_size, count, stage, level, index_64, cap):
-    """One launch over ``prob``; ``pointers`` fill the kernel's pointer arguments, in order."""
-    num_kept, num_red = prob.kept.numel, prob.reduced.numel
-    grid = lambda meta: (rt.grid_size(triton.cdiv(num_kept, meta["BLOCK_K"]) * splits, cap),)
-    wrap_triton(kernel)[grid](
-        *pointers, num_kept, num_red, splits, split_size, count,
-        *reduction.kept_args(prob.kept), *reduction.reduced_args(prob.reduced),
-        KEPT_DIMS=reduction.dims_of(prob.kept), RED_DIMS=reduction.dims_of(prob.reduced),
-        STAGE=stage, LEVEL=level, INDEX_64=index_64)
-
-
 def _launch(x, dims, keepdim, out):
-    prob = reduction.problem(x, out, dims, keepdim, logical=False)
-    if prob.kept.numel == 0:
+    plan = reduction.plan_launch(NAME, INDEXING, LAUNCH, COMBINE, False, MAX_BLOCK_K,
+                                 MAX_TILE, x, out, dims, keepdim)
+    if plan is None:
+        return  # the output is empty: nothing to compute
+    strategy = plan.strategy
+    dtypes = (x.dtype, out.dtype)
+    if plan.second is None:
+        rt.note_launch(NAME, strategy.name, plan.index_64)
+        _run(KERNELS[strategy.tiles], plan.first, (x, out, out), plan, dtypes)
         return
-    count = float(prob.reduced.numel)
-    strategy = reduction.choose(NAME, prob, x.device, LAUNCH, COMBINE, MAX_BLOCK_K)
-    cap = rt.max_programs(x.device, LAUNCH)
-    if strategy.name in ("inner", "outer"):
-        index_64 = rt.use_int64(NAME, INDEXING, {"x": x, "out": out}, MAX_TILE)
-        rt.note_launch(NAME, strategy.name, index_64)
-        pointers = (x, out, out)
-        _run(KERNELS[strategy.tiles], prob, pointers, 1, max(prob.reduced.numel, 1), count,
-             FINAL.value, 1, index_64, cap)
-        return
-    rows = strategy.splits
-    part = torch.empty((rows, prob.kept.numel), dtype=torch.float32, device=x.device)
-    index_64 = rt.use_int64(NAME, INDEXING, {"x": x, "out": out, "part": part}, MAX_TILE)
-    rt.note_launch(NAME, strategy.name, index_64, splits=rows)
-    pointers = (x, out, part)
-    _run(KERNELS[strategy.tiles], prob, pointers, rows, strategy.split_size, count, PARTIAL.value,
-         1, index_64, cap)
+    part = torch.empty((plan.part_rows, plan.num_kept), dtype=torch.float32, device=x.device)
+    rt.note_launch(NAME, strategy.name, plan.index_64, splits=plan.part_rows)
+    _run(KERNELS[strategy.tiles], plan.first, (x, out, part), plan, dtypes)
     second_pointers = (part, out, part)
-    # second level: the partials, a dense (rows, kept) float32 buffer, reduced over its rows
-    second = reduction.partials_problem(prob, rows)
-    _run(KERNELS["inner" if second.inner else "outer"], second, second_pointers, 1, rows, count,
-         FINAL.value, 2, index_64, cap)
+    _run(KERNELS[plan.second.tiles], plan.second, second_pointers, plan, dtypes)
+
+
+def _run(kernel, level, pointers, plan, dtypes):
+    """One launch of ``level``; ``pointers`` fill the kernel's pointer arguments, in order."""
+    rt.launch(kernel, level.grid, *pointers, *level.args, KEPT_DIMS=level.kept_dims,
+              RED_DIMS=level.red_dims, STAGE=level.stage, LEVEL=level.level,
+              INDEX_64=plan.index_64, tune_key=(plan, level, dtypes))
 
 
 def _check_inputs(x, dim, keepdim):
@@ -178,14 +163,16 @@ def _check_inputs(x, dim, keepdim):
     return device, dims
 
 
-@triton_op("specgen::prod", mutates_args=())
-def _prod_op(x: torch.Tensor, dim: Optional[list[int]] = None, keepdim: bool = False) -> torch.Tensor:
+def _prod(x: torch.Tensor, dim: Optional[list[int]] = None, keepdim: bool = False) -> torch.Tensor:
     device, dims = _check_inputs(x, dim, keepdim)
     shape = reduction.output_shape(x.shape, dims, keepdim)
     # torch returns reductions contiguous
     out = torch.empty(shape, dtype=x.dtype, device=device)
     _launch(x, dims, keepdim, out)
     return out
+
+
+triton_op("specgen::prod", mutates_args=())(_prod)
 
 
 def prod(x, dim=None, keepdim=False):
@@ -195,8 +182,12 @@ def prod(x, dim=None, keepdim=False):
     """
     rt.check_tensor_types(NAME, {"x": x})
     # the registered op takes a list of ints: check and spell out an int or a tuple here
-    dims = None if dim is None else list(reduction.normalize_dims(NAME, dim, x.dim()))
-    return torch.ops.specgen.prod(x, dims, keepdim)
+    dim = None if dim is None else list(reduction.normalize_dims(NAME, dim, x.dim()))
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    if rt.runs_eagerly(x):
+        return _prod(x, dim, keepdim)
+    return torch.ops.specgen.prod(x, dim, keepdim)
 
 
 def reference(x, dim=None, keepdim=False):

@@ -125,6 +125,17 @@ def test_argument_errors():
     assert (generated.sum(torch.randn(0, 3), 0) == 0).all()
 
 
+def test_dim_as_int_tuple_or_list():
+    # the property suite draws lists (what the registered op takes); the public functions also
+    # take an int or a tuple, as torch does
+    x = torch.randn(3, 4, 5)
+    for dim in (1, -1, (0, 2), [2, 0]):
+        want = torch.sum(x.double(), dim).float()
+        torch.testing.assert_close(generated.sum(x, dim), want)
+        torch.testing.assert_close(generated.sum(x, dim, keepdim=True),
+                                   torch.sum(x.double(), dim, keepdim=True).float())
+
+
 @pytest.mark.parametrize("strategy", [None, "inner", "outer", "split"])
 def test_prod_of_signed_values_matches_torch(strategy):
     x = torch.randn(6, 129)  # signs and magnitudes torch.prod must agree on

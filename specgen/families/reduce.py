@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from specgen.expr import Symbol, emit, parse_expr
+from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import ArgPlan, CommonPlan, common_plan, power_of_two_list
 from specgen.model import OpSpec, TensorArg
+from specgen.reduce_lib import HELPERS
 from specgen.table import Table, parse_list
 
 # combine -> (identity as Triton source, result kind)
@@ -50,6 +51,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     if len(spec_args) != 1 or len(tensors) != 1:
         raise args_where.error("a reduce op takes exactly one tensor argument (the family adds "
                                "'dim' and 'keepdim')")
+    if name in HELPERS:
+        # the generated module imports the specgen.reduce_lib helper of that name
+        raise top.where.child("op").child("name").error(
+            f"'{name}' is the name of a reduce_lib helper the generated module imports")
     x = tensors[0]
     if x.optional or x.dims:
         raise args_where.child(x.name).error("a reduce op's tensor takes no 'optional' or 'dims'")
@@ -122,10 +127,22 @@ class ReducePlan(CommonPlan):
     outer_configs: tuple[dict, ...] = ()
     launch: str = "flat"
 
+    helpers: tuple[str, ...] = ()   # specgen.kernel_lib functions the map and finish call
+
     @property
     def combine_fn(self) -> str:
         """The jit helper that combines two accumulators (NaN-propagating for max and min)."""
-        return f"rlib.{self.combine}_combine"
+        return f"{self.combine}_combine_f32"
+
+    @property
+    def reduce_fn(self) -> str:
+        """The jit helper that reduces a tile of accumulators along one axis."""
+        return f"{self.combine}_reduce_f32"
+
+    @property
+    def reduce_helpers(self) -> tuple[str, ...]:
+        """The specgen.reduce_lib functions the kernel calls, imported by name."""
+        return (self.combine_fn, self.reduce_fn, "strided_offsets")
 
     @property
     def max_block_k(self) -> dict[str, int]:
@@ -163,7 +180,11 @@ def plan(spec: OpSpec) -> ReducePlan:
     dim_info += ", optional=True)" if body.dim == "optional" else ")"
     infos = common.arg_infos + (dim_info, 'rt.ArgInfo("keepdim", "bool", default=False)')
     fields = {**common.__dict__, "args": common.args + extra, "arg_infos": infos}
-    return ReducePlan(**fields, combine=body.combine, identity=identity, index=index, x=x,
+    called = set()
+    for expr in (body.map_expr, body.finish_expr):
+        if expr is not None:
+            called |= helpers(expr)
+    return ReducePlan(**fields, helpers=tuple(sorted(called)), combine=body.combine, identity=identity, index=index, x=x,
                       map_code=map_code, finish_code=finish_code,
                       dim_required=body.dim == "required", inner_configs=configs(body.inner_tiles),
                       outer_configs=configs(body.outer_tiles),

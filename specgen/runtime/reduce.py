@@ -8,17 +8,25 @@ sizes and strides only, so it also runs on the fake tensors torch.compile traces
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import triton
 
-from specgen.runtime.launch import max_programs, overrides
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.layout import Shape, span
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
 MAX_DIMS = 4
 STRATEGIES = ("inner", "outer", "split", "atomic")
+# what a program does with its tile's result (the kernel's STAGE)
+FINAL = 0      # finish it and store it to out
+PARTIAL = 1    # store it to row `split` of the float32 partials
+ATOMIC = 2     # add it to the float32 partials with an atomic (sum-like reductions)
 # a split never hands a program fewer reduced elements than this
 MIN_SPLIT_CHUNK = 64
 # auto splits when the output tiles fill less than this share of a persistent grid
@@ -117,12 +125,18 @@ class Problem:
 
 def problem(x: torch.Tensor, out: torch.Tensor, dims: Sequence[int], keepdim: bool,
             logical: bool) -> Problem:
-    shape, strides = tuple(x.shape), tuple(x.stride())
-    kept_dims = [d for d in range(x.dim()) if d not in dims]
-    out_strides = out.stride()
+    return problem_of(tuple(x.shape), tuple(x.stride()), tuple(out.stride()), dims, keepdim,
+                      logical)
+
+
+def problem_of(shape: Shape, strides: Shape, out_strides: Shape, dims: Sequence[int],
+               keepdim: bool, logical: bool) -> Problem:
+    """``problem`` from x's sizes and strides and out's strides."""
+    ndim = len(shape)
+    kept_dims = [d for d in range(ndim) if d not in dims]
     if not keepdim:  # out has only the kept dims: spread its strides back over x's dims
         spread = dict(zip(kept_dims, out_strides))
-        out_strides = tuple(spread.get(d, 0) for d in range(x.dim()))
+        out_strides = tuple(spread.get(d, 0) for d in range(ndim))
     kept = collapse_space([shape[d] for d in kept_dims],
                           [[strides[d] for d in kept_dims], [out_strides[d] for d in kept_dims]],
                           logical=False)
@@ -205,3 +219,87 @@ def partials_problem(prob: Problem, splits: int) -> Problem:
     dense = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
     kept = Space(sizes, (tuple(dense), prob.kept.strides[1]))
     return Problem(kept, Space((splits,), ((max(prob.kept.numel, 1),),)))
+
+
+@dataclass(frozen=True)
+class Level:
+    """One launch of the reduce kernel: its scalar arguments, constexprs and grid."""
+
+    tiles: str                # which config list tiles it: "inner" or "outer"
+    args: tuple[int | float, ...]   # num_kept ... count, then the kept and reduced space arguments
+    kept_dims: int
+    red_dims: int
+    stage: int
+    level: int                # 1: reads x; 2: reads the partials of a split launch
+    num_kept: int
+    splits: int
+    cap: int
+
+    def grid(self, meta: dict) -> tuple[int]:
+        return (grid_size(triton.cdiv(self.num_kept, meta["BLOCK_K"]) * self.splits, self.cap),)
+
+
+@dataclass(frozen=True)
+class ReduceLaunch:
+    """Everything a reduction's launches need beyond the tensors, cached on sizes and strides."""
+
+    strategy: Strategy
+    index_64: bool
+    part_rows: int            # rows of the float32 partials buffer (0: none)
+    num_kept: int
+    first: Level
+    second: Level | None      # the combine of the partials (split and atomic)
+
+
+def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool,
+                max_block_k: dict[str, int], max_tile: int, x: torch.Tensor, out: torch.Tensor,
+                dims: tuple[int, ...], keepdim: bool) -> ReduceLaunch | None:
+    """The launches of a reduction of ``x`` into ``out`` (None: the output is empty).
+
+    Cached on sizes and strides (and the test suite's overrides), so repeated calls on one layout
+    skip collapsing, the strategy choice and the index-width arithmetic.
+    """
+    key = (op, indexing, launch, combine, logical, tuple(sorted(max_block_k.items())), max_tile,
+           tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
+           dataclasses.astuple(overrides()), x.device)
+    try:
+        return _cached_plan(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
+        return _plan(*key)
+
+
+def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, strides,
+          out_shape, out_strides, dims, keepdim, _overrides, device) -> ReduceLaunch | None:
+    prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
+    num_kept, num_red = prob.kept.numel, prob.reduced.numel
+    if num_kept == 0:
+        return None
+    count = float(num_red)
+    strategy = choose(op, prob, device, launch, combine, dict(max_block_k))
+    cap = max_programs(device, launch)
+    spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
+
+    def level(problem: Problem, tiles: str, splits: int, split_size: int, stage: int,
+              number: int) -> Level:
+        args = (problem.kept.numel, problem.reduced.numel, splits, split_size, count,
+                *kept_args(problem.kept), *reduced_args(problem.reduced))
+        return Level(tiles, args, dims_of(problem.kept), dims_of(problem.reduced), stage, number,
+                     problem.kept.numel, splits, cap)
+
+    if strategy.name in ("inner", "outer"):
+        index_64 = choose_int64(op, indexing, spans, max_tile)
+        first = level(prob, strategy.tiles, 1, max(num_red, 1), FINAL, 1)
+        return ReduceLaunch(strategy, index_64, 0, num_kept, first, None)
+    atomic = strategy.name == "atomic"
+    # atomics add every split into one row; a split writes a row per split
+    rows = 1 if atomic else strategy.splits
+    index_64 = choose_int64(op, indexing, {**spans, "part": rows * num_kept}, max_tile)
+    first = level(prob, strategy.tiles, strategy.splits, strategy.split_size,
+                  ATOMIC if atomic else PARTIAL, 1)
+    # second level: the partials, a dense (rows, kept) float32 buffer, reduced over its rows
+    second_prob = partials_problem(prob, rows)
+    second = level(second_prob, "inner" if second_prob.inner else "outer", 1, rows, FINAL, 2)
+    return ReduceLaunch(strategy, index_64, rows, num_kept, first, second)
+
+
+_cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
