@@ -7,7 +7,10 @@ keeping a running max and sum of exponentials per lane (an online logsumexp), in
 float16/bfloat16 logits without a float32 copy. It writes the row's loss, its logsumexp (saved
 for the backward) and the row's weight; a one-program kernel reduces the rows for "mean"/"sum".
 Backward: one more pass over the logits recomputes the softmax from the saved logsumexp and writes
-the gradient. Targets are checked in the kernel; a bad one is reported after the launch.
+the gradient. Targets are checked in the forward kernel: it flags the first bad row, and the host
+reads the flag after every kernel is queued (one small read, never before the loss kernel
+starts). A traced call (torch.compile) cannot read it; there a bad row's loss and gradient are
+NaN, so the error still shows.
 """
 
 from typing import Optional
@@ -16,9 +19,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specgen import runtime as rt
+from specgen.runtime.cross_entropy import plan_rows
 
 NAME = "cross_entropy"
 FAMILY = "cross_entropy"
@@ -78,9 +82,11 @@ def _cross_entropy_forward_kernel(
         target = tl.load(target_ptr + row * target_stride)
         ignored = target == ignore_index
         bad = (target < 0) | (target >= n_classes)
-        if bad & ~ignored:
+        invalid = bad & ~ignored
+        if invalid:
             # reported on the host after the launch: row + 1, so that 0 means none
             tl.store(error_ptr, row + 1)
+        # a valid class to read; the loss of an invalid row is NaN below
         target = tl.where(bad, 0, target)
         row_start = logits_ptr + row * logits_stride_row
         # per-lane running max and sum of exp(x - max): one read of the row
@@ -119,11 +125,14 @@ def _cross_entropy_forward_kernel(
             smooth = tl.sum(weight_sum, 0) * lse - tl.sum(smooth_sum, 0)
             loss += label_smoothing / n_classes * smooth
         loss = tl.where(ignored, 0.0, loss)
+        loss = tl.where(invalid, float("nan"), loss)
         tl.store(loss_ptr + row * loss_stride, loss.to(loss_ptr.dtype.element_ty))
         tl.store(lse_ptr + row, lse)
         tl.store(row_weight_ptr + row, tl.where(ignored, 0.0, w_target))
 
 
+# one config: launched like the others (rt.launch), never tuned
+@triton.autotune(configs=[triton.Config({"BLOCK": FINISH_BLOCK}, num_warps=4)], key=[])
 @triton.jit
 def _cross_entropy_finish_kernel(
     row_loss_ptr, row_weight_ptr, loss_ptr, denom_ptr, n_rows,
@@ -178,7 +187,9 @@ def _cross_entropy_backward_kernel(
     for row in range(pid, n_rows, tl.num_programs(0)):
         target = tl.load(target_ptr + row * target_stride)
         ignored = target == ignore_index
-        target = tl.where((target < 0) | (target >= n_classes), 0, target)
+        bad = (target < 0) | (target >= n_classes)
+        invalid = bad & ~ignored
+        target = tl.where(bad, 0, target)
         lse = tl.load(lse_ptr + row)
         if HAS_WEIGHT:
             w_target = tl.load(weight_ptr + target * weight_stride).to(tl.float32)
@@ -187,6 +198,7 @@ def _cross_entropy_backward_kernel(
         # d loss / d x_c = scale * ((1 - eps) * w_t * (p_c - [c == t]) + eps / C * (W * p_c - w_c))
         scale = tl.load(grad_loss_ptr + row * grad_loss_stride).to(tl.float32) / denom
         scale = tl.where(ignored, 0.0, scale)
+        scale = tl.where(invalid, float("nan"), scale)  # as the forward's loss
         row_start = logits_ptr + row * logits_stride_row
         grad_start = grad_ptr + row * grad_stride_row
         for col_start in range(0, n_classes, BLOCK_V):
@@ -203,10 +215,6 @@ def _cross_entropy_backward_kernel(
                 grad += label_smoothing / n_classes * (weight_total * p - w)
             tl.store(grad_start + cols * grad_stride_col, (grad * scale).to(grad_ptr.dtype.element_ty),
                      mask=mask)
-
-
-def _grid(n_rows, cap):
-    return (rt.grid_size(n_rows, cap),)
 
 
 def _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothing):
@@ -240,9 +248,14 @@ def _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothi
 
 
 def _check_targets(error, target, n_classes, ignore_index):
-    """Raises for an out-of-range target the forward kernel flagged (a device sync)."""
-    if torch.compiler.is_compiling() or error.device.type == "meta":
-        return  # no data to read while tracing
+    """Raises for an out-of-range target the forward kernel flagged.
+
+    Called after every kernel is queued: the read waits for them to finish (a device sync, but
+    the loss kernel never waits for the check). Traced calls skip it: there is no data to read,
+    and a compiled graph must not sync; a bad row's loss is NaN there.
+    """
+    if not rt.runs_eagerly(error):
+        return
     row = int(error.item()) - 1
     if row >= 0:
         value = int(target[row].item())
@@ -250,8 +263,7 @@ def _check_targets(error, target, n_classes, ignore_index):
                          f"ignore_index ({ignore_index})")
 
 
-@triton_op("specgen::cross_entropy", mutates_args=())
-def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss, and what the backward needs: each row's logsumexp and the loss's denominator."""
     device = _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothing)
     n_rows, n_classes = logits.shape
@@ -266,45 +278,49 @@ def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, weight: Option
         return loss, lse, denom
     row_weight = torch.empty(n_rows, dtype=torch.float32, device=device)
     error = torch.zeros(1, dtype=torch.int64, device=device)
-    tensors = {"logits": logits, "target": target, "weight": weight if weight is not None else logits}
-    index_64 = rt.use_int64(NAME, INDEXING, tensors, MAX_TILE)
-    rt.note_launch(NAME, "forward", index_64)
-    cap = rt.max_programs(device, "persistent")
-    wrap_triton(_cross_entropy_forward_kernel)[_grid(n_rows, cap)](
-        logits, target, weight if weight is not None else logits, row_loss, lse, row_weight, error,
-        n_rows, n_classes, logits.stride(0), logits.stride(1), target.stride(0),
-        weight.stride(0) if weight is not None else 0, row_loss.stride(0), ignore_index,
-        float(label_smoothing), HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0.0,
-        INDEX_64=index_64)
+    plan = plan_rows(NAME, INDEXING, MAX_TILE, n_rows,
+                     {"logits": logits, "target": target, "weight": weight})
+    rt.note_launch(NAME, "forward", plan.index_64)
+    smooth = label_smoothing > 0.0
+    rt.launch(_cross_entropy_forward_kernel, plan.grid,
+              logits, target, weight if weight is not None else logits, row_loss, lse, row_weight,
+              error, n_rows, n_classes, logits.stride(0), logits.stride(1), target.stride(0),
+              weight.stride(0) if weight is not None else 0, row_loss.stride(0), ignore_index,
+              float(label_smoothing), HAS_WEIGHT=weight is not None, SMOOTH=smooth,
+              INDEX_64=plan.index_64, tune_key=(plan, n_classes, logits.dtype, row_loss.dtype))
     if reduction != "none":
-        wrap_triton(_cross_entropy_finish_kernel)[(1,)](
-            row_loss, row_weight, loss, denom, n_rows, MEAN=reduction == "mean", BLOCK=FINISH_BLOCK)
+        rt.launch(_cross_entropy_finish_kernel, (1,), row_loss, row_weight, loss, denom, n_rows,
+                  MEAN=reduction == "mean")
     _check_targets(error, target, n_classes, ignore_index)
     return loss, lse, denom
 
 
-@triton_op("specgen::cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward_op(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor,
-                                 weight: Optional[torch.Tensor], lse: torch.Tensor,
-                                 denom: torch.Tensor, ignore_index: int, reduction: str,
-                                 label_smoothing: float) -> torch.Tensor:
+_cross_entropy_op = triton_op("specgen::cross_entropy", mutates_args=())(_cross_entropy)
+
+
+def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor,
+                            weight: Optional[torch.Tensor], lse: torch.Tensor, denom: torch.Tensor,
+                            ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     n_rows, n_classes = logits.shape
     if grad.numel() == 0:
         return grad
-    tensors = {"logits": logits, "grad": grad, "target": target}
-    index_64 = rt.use_int64(NAME, INDEXING, tensors, MAX_TILE)
-    rt.note_launch(NAME, "backward", index_64)
-    cap = rt.max_programs(logits.device, "persistent")
+    plan = plan_rows(NAME, INDEXING, MAX_TILE, n_rows,
+                     {"logits": logits, "grad": grad, "target": target, "weight": weight})
+    rt.note_launch(NAME, "backward", plan.index_64)
     # "none" has a gradient per row; "mean" and "sum" one for the whole loss (stride 0)
     grad_loss_stride = grad_loss.stride(0) if reduction == "none" else 0
-    wrap_triton(_cross_entropy_backward_kernel)[_grid(n_rows, cap)](
-        grad, grad_loss, logits, target, weight if weight is not None else logits, lse, denom,
-        n_rows, n_classes, logits.stride(0), logits.stride(1), grad.stride(0), grad.stride(1),
-        target.stride(0), weight.stride(0) if weight is not None else 0, grad_loss_stride,
-        ignore_index, float(label_smoothing), HAS_WEIGHT=weight is not None,
-        SMOOTH=label_smoothing > 0.0, INDEX_64=index_64)
+    rt.launch(_cross_entropy_backward_kernel, plan.grid,
+              grad, grad_loss, logits, target, weight if weight is not None else logits, lse, denom,
+              n_rows, n_classes, logits.stride(0), logits.stride(1), grad.stride(0), grad.stride(1),
+              target.stride(0), weight.stride(0) if weight is not None else 0, grad_loss_stride,
+              ignore_index, float(label_smoothing), HAS_WEIGHT=weight is not None,
+              SMOOTH=label_smoothing > 0.0, INDEX_64=plan.index_64,
+              tune_key=(plan, n_classes, logits.dtype, grad_loss.dtype))
     return grad
+
+
+triton_op("specgen::cross_entropy_backward", mutates_args=())(_cross_entropy_backward)
 
 
 def _setup_context(ctx, inputs, output):
@@ -333,9 +349,12 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mea
     """
     rt.check_tensor_types(NAME, {"logits": logits, "target": target, "weight": weight})
     rt.check_scalar(NAME, "label_smoothing", label_smoothing, float)
-    loss, _, _ = torch.ops.specgen.cross_entropy(logits, target, weight, ignore_index, reduction,
-                                                   float(label_smoothing))
-    return loss
+    args = (logits, target, weight, ignore_index, reduction, float(label_smoothing))
+    # eager calls run the implementation directly; traced or differentiated ones (torch.compile,
+    # autograd, modes) go through the registered op, whose autograd formula is the backward kernel
+    if rt.runs_eagerly(logits, target, weight):
+        return _cross_entropy(*args)[0]
+    return torch.ops.specgen.cross_entropy(*args)[0]
 
 
 def reference(logits, target, weight=None, ignore_index=-100, reduction='mean', label_smoothing=0.0):
