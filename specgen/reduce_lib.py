@@ -126,5 +126,9 @@ def argmin_reduce_f32(acc, acc_index, AXIS: tl.constexpr):
 
 
 # every jit helper above: a generated module's public function must not shadow one of them
-HELPERS = frozenset(name for name, value in list(globals().items())
-                    if isinstance(value, triton.runtime.JITFunction))
+HELPERS = frozenset({
+    "sum_combine_f32", "prod_combine_f32", "max_combine_f32", "min_combine_f32",
+    "argmax_combine_f32", "argmin_combine_f32", "strided_offsets", "sum_reduce_f32",
+    "prod_reduce_f32", "max_reduce_f32", "min_reduce_f32", "first_index_of_f32",
+    "argmax_reduce_f32", "argmin_reduce_f32",
+})

@@ -47,6 +47,9 @@ def parse(text):
      "expected [kept, reduced] pairs of powers of two"),
     ('reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"', 'reference = "torch.sum(x, dims)"',
      "op.reference", "name 'dims' is used but not declared"),
+    ('name = "sumsq"', 'name = "strided_offsets"', "op.name",
+     "'strided_offsets' is the name of a reduce_lib helper"),
+    ('name = "sumsq"', 'name = "sum_combine_f32"', "op.name", "reduce_lib helper"),
 ])
 def test_reduce_spec_errors(old, new, key, words):
     assert old in SUM
@@ -185,3 +188,12 @@ def test_cross_entropy_gradient_matches_torch(data):
     rtol, atol = {torch.float32: (1e-4, 1e-6), torch.float16: (1e-2, 1e-4),
                   torch.bfloat16: (5e-2, 1e-3)}[logits.dtype]
     torch.testing.assert_close(grad.double(), ref_grad, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def test_reduce_lib_helpers_are_listed():
+    # HELPERS guards op names against the helpers a generated module imports by name
+    from specgen import reduce_lib
+    # jit and interpreted functions both keep the decorated function as `fn`
+    jitted = {name for name, value in vars(reduce_lib).items()
+              if getattr(getattr(value, "fn", None), "__module__", None) == reduce_lib.__name__}
+    assert jitted == reduce_lib.HELPERS
