@@ -9,26 +9,42 @@ import torch
 from specgen.runtime import OpInfo
 
 from generated import add as _add
+from generated import amax as _amax
+from generated import amin as _amin
+from generated import argmax as _argmax
+from generated import argmin as _argmin
+from generated import cross_entropy as _cross_entropy
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
+from generated import mean as _mean
 from generated import mul as _mul
+from generated import prod as _prod
 from generated import relu as _relu
 from generated import sigmoid as _sigmoid
 from generated import silu as _silu
 from generated import sub as _sub
+from generated import sum as _sum
 from generated import swiglu as _swiglu
 from generated import tanh as _tanh
 
 add = _add.add
+amax = _amax.amax
+amin = _amin.amin
+argmax = _argmax.argmax
+argmin = _argmin.argmin
+cross_entropy = _cross_entropy.cross_entropy
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
+mean = _mean.mean
 mul = _mul.mul
+prod = _prod.prod
 relu = _relu.relu
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
 sub = _sub.sub
+sum = _sum.sum
 swiglu = _swiglu.swiglu
 tanh = _tanh.tanh
 
@@ -42,6 +58,6 @@ def _info(module) -> OpInfo:
         reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _div, _geglu, _gelu, _mul, _relu, _sigmoid, _silu, _sub, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _amax, _amin, _argmax, _argmin, _cross_entropy, _div, _geglu, _gelu, _mean, _mul, _prod, _relu, _sigmoid, _silu, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "div", "geglu", "gelu", "mul", "relu", "sigmoid", "silu", "sub", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "amax", "amin", "argmax", "argmin", "cross_entropy", "div", "geglu", "gelu", "mean", "mul", "prod", "relu", "sigmoid", "silu", "sub", "sum", "swiglu", "tanh", ]

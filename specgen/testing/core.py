@@ -143,7 +143,9 @@ class Case:
 
 def reference64(info: OpInfo, args: dict[str, Any]) -> Any:
     """The op's torch reference evaluated on the same values upcast to float64."""
-    upcast = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    # floating tensors only: index tensors (class targets) keep their dtype
+    upcast = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in args.items()}
     return info.reference(**upcast)
 
 
