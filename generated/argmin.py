@@ -65,7 +65,6 @@ KEY = ["num_kept", "num_red", "num_splits", "KEPT_DIMS", "RED_DIMS", "STAGE", "L
 # what a program does with its tile's result
 FINAL = tl.constexpr(reduction.FINAL)      # finish it and store it to out
 PARTIAL = tl.constexpr(reduction.PARTIAL)  # store it to row `split` of the float32 partials
-IDENTITY = tl.constexpr(float("inf"))
 # larger than any index: masked lanes and fresh accumulators lose every tie with a real element
 NO_INDEX = tl.constexpr(2**63 - 1)
 
@@ -105,7 +104,7 @@ def _argmin_kernel(
                                  x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
         red_start = split * split_size
         red_end = tl.minimum(red_start + split_size, num_red)
-        acc = tl.full([BLOCK_K, BLOCK_R], IDENTITY, tl.float32)
+        acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
         # start past every real index, so that a real element wins a tie with the identity
         acc_index = tl.full([BLOCK_K, BLOCK_R], NO_INDEX, tl.int64)
         for red_block in range(red_start, red_end, BLOCK_R):
@@ -115,7 +114,7 @@ def _argmin_kernel(
                                     x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
             x_offsets = x_kept[:, None] + x_red[None, :]
             mask = kept_mask[:, None] & red_mask[None, :]
-            x = tl.load(x_ptr + x_offsets, mask=mask, other=IDENTITY).to(tl.float32)
+            x = tl.load(x_ptr + x_offsets, mask=mask, other=float("inf")).to(tl.float32)
             if LEVEL == 1:
                 x_index = tl.broadcast_to(red[None, :].to(tl.int64), [BLOCK_K, BLOCK_R])
             else:

@@ -66,7 +66,6 @@ KEY = ["num_kept", "num_red", "num_splits", "KEPT_DIMS", "RED_DIMS", "STAGE", "L
 FINAL = tl.constexpr(reduction.FINAL)      # finish it and store it to out
 PARTIAL = tl.constexpr(reduction.PARTIAL)  # store it to row `split` of the float32 partials
 ATOMIC = tl.constexpr(reduction.ATOMIC)    # add it to the float32 partials with an atomic
-IDENTITY = tl.constexpr(0.0)
 
 
 @triton.jit
@@ -104,7 +103,7 @@ def _sum_kernel(
                                  x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
         red_start = split * split_size
         red_end = tl.minimum(red_start + split_size, num_red)
-        acc = tl.full([BLOCK_K, BLOCK_R], IDENTITY, tl.float32)
+        acc = tl.full([BLOCK_K, BLOCK_R], 0.0, tl.float32)
         for red_block in range(red_start, red_end, BLOCK_R):
             red = red_block + tl.arange(0, BLOCK_R)
             red_mask = red < red_end
@@ -112,7 +111,7 @@ def _sum_kernel(
                                     x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
             x_offsets = x_kept[:, None] + x_red[None, :]
             mask = kept_mask[:, None] & red_mask[None, :]
-            x = tl.load(x_ptr + x_offsets, mask=mask, other=IDENTITY).to(tl.float32)
+            x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
             acc = sum_combine_f32(acc, x)
         result = sum_reduce_f32(acc, 1)
         if STAGE == FINAL:

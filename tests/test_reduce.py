@@ -31,6 +31,13 @@ map = "x * x"
 """
 
 
+@pytest.fixture(autouse=True)
+def on_test_device():
+    """Tensors made here live where the tier runs kernels: CPU (interpreter) or CUDA."""
+    with torch.device(testing.device()):
+        yield
+
+
 def parse(text):
     return parse_spec(text, Source("specs/bad.toml", "0" * 64, text))
 

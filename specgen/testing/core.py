@@ -136,6 +136,10 @@ class Case:
     # per-dtype (rtol, atol) replacing TOLERANCES, for ops whose error grows with a size
     # (a reduction's length, a matmul's K); None keeps the element-wise bounds
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    # what the output layout must match: "eager" (the eager reference's result), a tensor whose
+    # layout torch defines for this call (when the reference composes several ops, each with its
+    # own layout rule), or None where torch has no single answer
+    layout_reference: Any = "eager"
 
     def call(self, info: OpInfo, **extra) -> Any:
         return info.function(**self.args, **extra)
