@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, matmul, pointwise
+from bench import harness, matmul, pointwise, reduce
 
 # family -> cases(quick) -> list[harness.Case]. Each family gets its own `## family` section.
 FAMILIES = {
     "pointwise": pointwise.cases,
+    "reduce": reduce.cases,
     "matmul": matmul.cases,
 }
 

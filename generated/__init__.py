@@ -4,11 +4,18 @@
 Importing this package compiles nothing: kernels compile on their first call.
 """
 
+import torch
+
 from specgen.runtime import OpInfo
 
 from generated import add as _add
 from generated import addmm as _addmm
+from generated import amax as _amax
+from generated import amin as _amin
+from generated import argmax as _argmax
+from generated import argmin as _argmin
 from generated import bmm as _bmm
+from generated import cross_entropy as _cross_entropy
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
@@ -16,18 +23,26 @@ from generated import linear as _linear
 from generated import linear_gelu as _linear_gelu
 from generated import linear_residual as _linear_residual
 from generated import matmul as _matmul
+from generated import mean as _mean
 from generated import mm as _mm
 from generated import mul as _mul
+from generated import prod as _prod
 from generated import relu as _relu
 from generated import sigmoid as _sigmoid
 from generated import silu as _silu
 from generated import sub as _sub
+from generated import sum as _sum
 from generated import swiglu as _swiglu
 from generated import tanh as _tanh
 
 add = _add.add
 addmm = _addmm.addmm
+amax = _amax.amax
+amin = _amin.amin
+argmax = _argmax.argmax
+argmin = _argmin.argmin
 bmm = _bmm.bmm
+cross_entropy = _cross_entropy.cross_entropy
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
@@ -35,12 +50,15 @@ linear = _linear.linear
 linear_gelu = _linear_gelu.linear_gelu
 linear_residual = _linear_residual.linear_residual
 matmul = _matmul.matmul
+mean = _mean.mean
 mm = _mm.mm
 mul = _mul.mul
+prod = _prod.prod
 relu = _relu.relu
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
 sub = _sub.sub
+sum = _sum.sum
 swiglu = _swiglu.swiglu
 tanh = _tanh.tanh
 
@@ -50,9 +68,10 @@ def _info(module) -> OpInfo:
         name=module.NAME, family=module.FAMILY, spec_path=module.SPEC_PATH,
         spec_sha256=module.SPEC_SHA256, doc=module.DOC, args=module.ARGS,
         outputs=module.OUTPUTS, dtypes=module.DTYPES, indexing=module.INDEXING,
-        function=getattr(module, module.NAME), reference=module.reference)
+        function=getattr(module, module.NAME), op=getattr(torch.ops.specgen, module.NAME),
+        reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _addmm, _bmm, _div, _geglu, _gelu, _linear, _linear_gelu, _linear_residual, _matmul, _mm, _mul, _relu, _sigmoid, _silu, _sub, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _linear, _linear_gelu, _linear_residual, _matmul, _mean, _mm, _mul, _prod, _relu, _sigmoid, _silu, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "addmm", "bmm", "div", "geglu", "gelu", "linear", "linear_gelu", "linear_residual", "matmul", "mm", "mul", "relu", "sigmoid", "silu", "sub", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "linear", "linear_gelu", "linear_residual", "matmul", "mean", "mm", "mul", "prod", "relu", "sigmoid", "silu", "sub", "sum", "swiglu", "tanh", ]

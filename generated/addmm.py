@@ -32,8 +32,6 @@ ARGS = (
     rt.ArgInfo("alpha", "float", default=1.0),
 )
 OUTPUTS = ('out',)
-# operands by their dims: "M, K" is A, "K, N" or "N, K" is B, the others feed the epilogue
-DIMS = {"a": ('M', 'K'), "b": ('K', 'N'), "c": ('M', 'N')}
 CONFIGS = (
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
@@ -68,8 +66,7 @@ SPLIT_FACTORS = (1, 2, 4, 8, 16)
 # batch dims the kernels walk after folding into M and collapsing
 BATCH_RANK = 0
 # the tile the split-K reduction kernel covers per program
-REDUCE_BLOCK_M = 32
-REDUCE_BLOCK_N = 64
+REDUCE_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64}
 _KEY = ["M", "N", "K", "LAYOUT", "INDEX_64", "INPUT_PRECISION"]
 
 
@@ -204,6 +201,8 @@ def _addmm_split_kernel(
         tl.store(ws_ptrs, acc, mask=mask)
 
 
+# one config: launched like the others (rt.launch), never tuned
+@triton.autotune(configs=[triton.Config(REDUCE_CONFIG, num_warps=4)], key=[])
 @triton.jit
 def _addmm_reduce_kernel(
     ws_ptr, c_ptr, out_ptr,
@@ -240,66 +239,64 @@ def _addmm_reduce_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# what plan_launch needs to know about the kernels' arguments
+# what launch_plan needs to know about the op and its kernels' arguments
 OP = matmul_rt.OpLayout(
-    name=NAME, dtypes=DTYPES, indexing=INDEXING, a="a", b="b",
+    name=NAME, dtypes=DTYPES, indexing=INDEXING,
+    # operands by their dims: "M, K" is A, "K, N" or "N, K" is B, the others feed the epilogue
+    dims=(('a', ('M', 'K')), ('b', ('K', 'N')), ('c', ('M', 'N'))),
+    outputs=OUTPUTS, out_dtype=None,
+    a="a", b="b",
     epilogue=(
         ("c", "mn", False),
         ("out", "mn", False),
     ),
-    batched_ab=(False, False), rank=BATCH_RANK, split_k=SPLIT_K,
-    split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
+    batched_ab=(False, False), rank=BATCH_RANK, swizzle=SWIZZLE,
+    split_k=SPLIT_K, split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
 
 
 def _launch(plan, a, b, c, beta, alpha, out):
     if plan.empty:
         return
-    strategy = matmul_rt.settle(plan, lambda strategy: _run(strategy, plan, a, b, c, beta, alpha, out))
+    strategy = matmul_rt.settle(plan, (a, b, c,),
+                                lambda strategy: _run(strategy, plan, a, b, c, beta, alpha, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, a, b, c, beta, alpha, out)
 
 
 def _run(strategy, plan, a, b, c, beta, alpha, out):
-    config = matmul_rt.forced_config()
     scalars = (beta, alpha, )
     flags = {}
     common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
               "EVEN_K": plan.even_k}
-    m, n, batch = plan.m, plan.n, plan.batch
-
-    def grid(meta):
-        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (tiles * meta.get("SPLIT_K", 1),)
-
+    # autotuning depends on the plan (sizes, layout) and the operands' dtype
+    tune_key = (plan, a.dtype)
     if strategy.kind == "direct":
-        matmul_rt.launch(plan, _addmm_kernel, grid, config,
-                         a, b, c, out, *plan.sizes,
-                         *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
+        rt.launch(_addmm_kernel, plan.grid,
+                  a, b, c, out, *plan.sizes,
+                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
+                  tune_key=tune_key)
         return
-    workspace = matmul_rt.workspace(strategy, batch, m, n, plan.device)
-    matmul_rt.launch(plan, _addmm_split_kernel, grid, config,
-                     a, b, workspace, *plan.sizes, *plan.ab_strides,
-                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
-    reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N),)
-    matmul_rt.launch_plain(
-        _addmm_reduce_kernel, reduce_grid,
-        workspace, c, out, *plan.sizes[:2], *plan.sizes[3:],
-        *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
-        SLICES=workspace.shape[1], BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4)
+    # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
+    workspace = matmul_rt.workspace(strategy, plan.batch, plan.m, plan.n, a.device)
+    rt.launch(_addmm_split_kernel, plan.grid,
+              a, b, workspace, *plan.sizes, *plan.ab_strides,
+              SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
+    rt.launch(_addmm_reduce_kernel, plan.reduce_grid,
+              workspace, c, out, *plan.sizes[:2], *plan.sizes[3:],
+              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
+              SLICES=workspace.shape[1], tune_key=tune_key)
 
 
-def _addmm_impl(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.0, alpha: float = 1.0) -> torch.Tensor:
-    tensors = {"a": a, "b": b, "c": c}
+def _addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.0, alpha: float = 1.0) -> torch.Tensor:
     rt.check_scalar(NAME, "beta", beta, float)
     rt.check_scalar(NAME, "alpha", alpha, float)
-
-    plan = matmul_rt.cached_plan(OP, tensors, DIMS, OUTPUTS, None)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    plan = matmul_rt.launch_plan(OP, a, b, c)
+    out = torch.empty(plan.shape, dtype=plan.dtype, device=a.device)
     _launch(plan, a, b, c, beta, alpha, out)
     return out
 
 
-_addmm_op = triton_op("specgen::addmm", mutates_args=())(_addmm_impl)
+triton_op("specgen::addmm", mutates_args=())(_addmm)
 
 
 def addmm(c, a, b, beta=1.0, alpha=1.0):
@@ -310,10 +307,10 @@ def addmm(c, a, b, beta=1.0, alpha=1.0):
     rt.check_tensor_types(NAME, {"a": a, "b": b, "c": c})
     rt.check_scalar(NAME, "beta", beta, float)
     rt.check_scalar(NAME, "alpha", alpha, float)
-
-    if matmul_rt.runs_eagerly(a, b, c):
-        # nothing traces or differentiates this call: skip the dispatcher
-        return _addmm_impl(c, a, b, beta, alpha)
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    if rt.runs_eagerly(a, b, c):
+        return _addmm(c, a, b, beta, alpha)
     return torch.ops.specgen.addmm(c, a, b, beta, alpha)
 
 

@@ -32,8 +32,6 @@ ARGS = (
     rt.ArgInfo("residual", "tensor", dims=('...', 'M', 'N')),
 )
 OUTPUTS = ('out',)
-# operands by their dims: "M, K" is A, "K, N" or "N, K" is B, the others feed the epilogue
-DIMS = {"x": ('...', 'M', 'K'), "weight": ('N', 'K'), "bias": ('N',), "residual": ('...', 'M', 'N')}
 CONFIGS = (
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
@@ -68,8 +66,7 @@ SPLIT_FACTORS = (1, 2, 4, 8, 16)
 # batch dims the kernels walk after folding into M and collapsing
 BATCH_RANK = 3
 # the tile the split-K reduction kernel covers per program
-REDUCE_BLOCK_M = 32
-REDUCE_BLOCK_N = 64
+REDUCE_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64}
 _KEY = ["M", "N", "K", "batch", "LAYOUT", "INDEX_64", "INPUT_PRECISION"]
 
 
@@ -245,6 +242,8 @@ def _linear_residual_split_kernel(
             tl.store(ws_ptrs, acc, mask=mask)
 
 
+# one config: launched like the others (rt.launch), never tuned
+@triton.autotune(configs=[triton.Config(REDUCE_CONFIG, num_warps=4)], key=[])
 @triton.jit
 def _linear_residual_reduce_kernel(
     ws_ptr, bias_ptr, residual_ptr, out_ptr,
@@ -295,64 +294,63 @@ def _linear_residual_reduce_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# what plan_launch needs to know about the kernels' arguments
+# what launch_plan needs to know about the op and its kernels' arguments
 OP = matmul_rt.OpLayout(
-    name=NAME, dtypes=DTYPES, indexing=INDEXING, a="x", b="weight",
+    name=NAME, dtypes=DTYPES, indexing=INDEXING,
+    # operands by their dims: "M, K" is A, "K, N" or "N, K" is B, the others feed the epilogue
+    dims=(('x', ('...', 'M', 'K')), ('weight', ('N', 'K')), ('bias', ('N',)), ('residual', ('...', 'M', 'N'))),
+    outputs=OUTPUTS, out_dtype=None,
+    a="x", b="weight",
     epilogue=(
         ("bias", "n", False),
         ("residual", "mn", True),
         ("out", "mn", True),
     ),
-    batched_ab=(True, False), rank=BATCH_RANK, split_k=SPLIT_K,
-    split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
+    batched_ab=(True, False), rank=BATCH_RANK, swizzle=SWIZZLE,
+    split_k=SPLIT_K, split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
 
 
 def _launch(plan, x, weight, bias, residual, out):
     if plan.empty:
         return
-    strategy = matmul_rt.settle(plan, lambda strategy: _run(strategy, plan, x, weight, bias, residual, out))
+    strategy = matmul_rt.settle(plan, (x, weight, bias, residual,),
+                                lambda strategy: _run(strategy, plan, x, weight, bias, residual, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, x, weight, bias, residual, out)
 
 
 def _run(strategy, plan, x, weight, bias, residual, out):
-    config = matmul_rt.forced_config()
     scalars = ()
     flags = {}
     common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
               "EVEN_K": plan.even_k}
-    m, n, batch = plan.m, plan.n, plan.batch
-
-    def grid(meta):
-        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (tiles * meta.get("SPLIT_K", 1), min(batch, 65535))
-
+    # autotuning depends on the plan (sizes, layout) and the operands' dtype
+    tune_key = (plan, x.dtype)
     if strategy.kind == "direct":
-        matmul_rt.launch(plan, _linear_residual_kernel, grid, config,
-                         x, weight, bias, residual, out, *plan.sizes,
-                         *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
+        rt.launch(_linear_residual_kernel, plan.grid,
+                  x, weight, bias, residual, out, *plan.sizes,
+                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
+                  tune_key=tune_key)
         return
-    workspace = matmul_rt.workspace(strategy, batch, m, n, plan.device)
-    matmul_rt.launch(plan, _linear_residual_split_kernel, grid, config,
-                     x, weight, workspace, *plan.sizes, *plan.ab_strides,
-                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
-    reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N), min(batch, 65535))
-    matmul_rt.launch_plain(
-        _linear_residual_reduce_kernel, reduce_grid,
-        workspace, bias, residual, out, *plan.sizes[:2], *plan.sizes[3:],
-        *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
-        SLICES=workspace.shape[1], BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4)
+    # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
+    workspace = matmul_rt.workspace(strategy, plan.batch, plan.m, plan.n, x.device)
+    rt.launch(_linear_residual_split_kernel, plan.grid,
+              x, weight, workspace, *plan.sizes, *plan.ab_strides,
+              SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
+    rt.launch(_linear_residual_reduce_kernel, plan.reduce_grid,
+              workspace, bias, residual, out, *plan.sizes[:2], *plan.sizes[3:],
+              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
+              SLICES=workspace.shape[1], tune_key=tune_key)
 
 
-def _linear_residual_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    tensors = {"x": x, "weight": weight, "bias": bias, "residual": residual}
-    plan = matmul_rt.cached_plan(OP, tensors, DIMS, OUTPUTS, None)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+def _linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    plan = matmul_rt.launch_plan(OP, x, weight, bias, residual)
+    out = torch.empty(plan.shape, dtype=plan.dtype, device=x.device)
     _launch(plan, x, weight, bias, residual, out)
     return out
 
 
-_linear_residual_op = triton_op("specgen::linear_residual", mutates_args=())(_linear_residual_impl)
+triton_op("specgen::linear_residual", mutates_args=())(_linear_residual)
 
 
 def linear_residual(x, weight, bias, residual):
@@ -361,9 +359,10 @@ def linear_residual(x, weight, bias, residual):
     Same as ``F.linear(x, weight, bias) + residual``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias, "residual": residual})
-    if matmul_rt.runs_eagerly(x, weight, bias, residual):
-        # nothing traces or differentiates this call: skip the dispatcher
-        return _linear_residual_impl(x, weight, bias, residual)
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    if rt.runs_eagerly(x, weight, bias, residual):
+        return _linear_residual(x, weight, bias, residual)
     return torch.ops.specgen.linear_residual(x, weight, bias, residual)
 
 

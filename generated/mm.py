@@ -29,8 +29,6 @@ ARGS = (
     rt.ArgInfo("b", "tensor", dims=('K', 'N')),
 )
 OUTPUTS = ('out',)
-# operands by their dims: "M, K" is A, "K, N" or "N, K" is B, the others feed the epilogue
-DIMS = {"a": ('M', 'K'), "b": ('K', 'N')}
 CONFIGS = (
     {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
@@ -77,8 +75,7 @@ SPLIT_FACTORS = (1, 2, 4, 8, 16)
 # batch dims the kernels walk after folding into M and collapsing
 BATCH_RANK = 0
 # the tile the split-K reduction kernel covers per program
-REDUCE_BLOCK_M = 32
-REDUCE_BLOCK_N = 64
+REDUCE_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64}
 _KEY = ["M", "N", "K", "LAYOUT", "INDEX_64", "INPUT_PRECISION"]
 
 
@@ -222,6 +219,8 @@ def _mm_split_kernel(
         tl.store(ws_ptrs, acc, mask=mask)
 
 
+# one config: launched like the others (rt.launch), never tuned
+@triton.autotune(configs=[triton.Config(REDUCE_CONFIG, num_warps=4)], key=[])
 @triton.jit
 def _mm_reduce_kernel(
     ws_ptr, out_ptr,
@@ -254,62 +253,61 @@ def _mm_reduce_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# what plan_launch needs to know about the kernels' arguments
+# what launch_plan needs to know about the op and its kernels' arguments
 OP = matmul_rt.OpLayout(
-    name=NAME, dtypes=DTYPES, indexing=INDEXING, a="a", b="b",
+    name=NAME, dtypes=DTYPES, indexing=INDEXING,
+    # operands by their dims: "M, K" is A, "K, N" or "N, K" is B, the others feed the epilogue
+    dims=(('a', ('M', 'K')), ('b', ('K', 'N'))),
+    outputs=OUTPUTS, out_dtype=None,
+    a="a", b="b",
     epilogue=(
         ("out", "mn", False),
     ),
-    batched_ab=(False, False), rank=BATCH_RANK, split_k=SPLIT_K,
-    split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
+    batched_ab=(False, False), rank=BATCH_RANK, swizzle=SWIZZLE,
+    split_k=SPLIT_K, split_factors=SPLIT_FACTORS, block_ks=BLOCK_KS)
 
 
 def _launch(plan, a, b, out):
     if plan.empty:
         return
-    strategy = matmul_rt.settle(plan, lambda strategy: _run(strategy, plan, a, b, out))
+    strategy = matmul_rt.settle(plan, (a, b,),
+                                lambda strategy: _run(strategy, plan, a, b, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, a, b, out)
 
 
 def _run(strategy, plan, a, b, out):
-    config = matmul_rt.forced_config()
     scalars = ()
     flags = {}
     common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
               "EVEN_K": plan.even_k}
-    m, n, batch = plan.m, plan.n, plan.batch
-
-    def grid(meta):
-        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (tiles * meta.get("SPLIT_K", 1),)
-
+    # autotuning depends on the plan (sizes, layout) and the operands' dtype
+    tune_key = (plan, a.dtype)
     if strategy.kind == "direct":
-        matmul_rt.launch(plan, _mm_kernel, grid, config,
-                         a, b, out, *plan.sizes,
-                         *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common)
+        rt.launch(_mm_kernel, plan.grid,
+                  a, b, out, *plan.sizes,
+                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
+                  tune_key=tune_key)
         return
-    workspace = matmul_rt.workspace(strategy, batch, m, n, plan.device)
-    matmul_rt.launch(plan, _mm_split_kernel, grid, config,
-                     a, b, workspace, *plan.sizes, *plan.ab_strides,
-                     SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common)
-    reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M) * triton.cdiv(n, REDUCE_BLOCK_N),)
-    matmul_rt.launch_plain(
-        _mm_reduce_kernel, reduce_grid,
-        workspace, out, *plan.sizes[:2], *plan.sizes[3:],
-        *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
-        SLICES=workspace.shape[1], BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4)
+    # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
+    workspace = matmul_rt.workspace(strategy, plan.batch, plan.m, plan.n, a.device)
+    rt.launch(_mm_split_kernel, plan.grid,
+              a, b, workspace, *plan.sizes, *plan.ab_strides,
+              SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
+    rt.launch(_mm_reduce_kernel, plan.reduce_grid,
+              workspace, out, *plan.sizes[:2], *plan.sizes[3:],
+              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
+              SLICES=workspace.shape[1], tune_key=tune_key)
 
 
-def _mm_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    tensors = {"a": a, "b": b}
-    plan = matmul_rt.cached_plan(OP, tensors, DIMS, OUTPUTS, None)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    plan = matmul_rt.launch_plan(OP, a, b)
+    out = torch.empty(plan.shape, dtype=plan.dtype, device=a.device)
     _launch(plan, a, b, out)
     return out
 
 
-_mm_op = triton_op("specgen::mm", mutates_args=())(_mm_impl)
+triton_op("specgen::mm", mutates_args=())(_mm)
 
 
 def mm(a, b):
@@ -318,9 +316,10 @@ def mm(a, b):
     Same as ``torch.mm(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
-    if matmul_rt.runs_eagerly(a, b):
-        # nothing traces or differentiates this call: skip the dispatcher
-        return _mm_impl(a, b)
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    if rt.runs_eagerly(a, b):
+        return _mm(a, b)
     return torch.ops.specgen.mm(a, b)
 
 

@@ -4,17 +4,20 @@ Values are checked by tests/test_ops.py (the property suite); this file pins the
 the property suite forces or cannot see: auto split-K, batch folding, precision, config pruning.
 """
 
+import sys
+
 import pytest
 import torch
 import triton
 
 import generated
-from specgen import runtime
+from specgen import runtime, testing
 from specgen.errors import SpecError
 from specgen.families import matmul as family
 from specgen.model import Source
 from specgen.parse import parse_spec
 from specgen.runtime import matmul
+from specgen.runtime.launch import forced_config
 
 GOOD = """
 [op]
@@ -40,6 +43,16 @@ split_k = "auto"
 BLOCK_M = [64, 128]
 num_stages = [3]
 """
+
+
+def randn(*shape, **kwargs):
+    """Tensors live where the tier runs kernels: CPU (interpreter) or CUDA. (Not through a
+    ``torch.device`` context: that is a function mode, which turns off the eager paths.)"""
+    return torch.randn(*shape, device=testing.device(), **kwargs)
+
+
+def empty(*shape, **kwargs):
+    return torch.empty(*shape, device=testing.device(), **kwargs)
 
 
 def parse(text: str):
@@ -137,14 +150,15 @@ def test_strategy_follows_the_spec_mode():
 
 
 def test_input_precision_follows_torch(monkeypatch):
-    assert matmul.input_precision(torch.float16) is None    # Triton's default: 16-bit tensor cores
+    # 16-bit operands: "tf32", what Triton's default (None) means; a string, never None
+    assert matmul.input_precision(torch.float16) == "tf32"
     assert matmul.input_precision(torch.float32) == "ieee"  # the interpreter
     monkeypatch.setattr(matmul, "interpreting", lambda: False)
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
         assert matmul.input_precision(torch.float32) == "tf32"
-        assert matmul.input_precision(torch.bfloat16) is None
+        assert matmul.input_precision(torch.bfloat16) == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = False
         assert matmul.input_precision(torch.float32) == "ieee"
     finally:
@@ -160,7 +174,7 @@ def test_even_k_needs_every_block_k_to_divide_k():
 def test_prune_fits_tiles_to_small_problems():
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8},
                              num_warps=8, num_stages=3) for bm in (64, 128) for bn in (128, 256)]
-    args = {"a_ptr": torch.empty(1, dtype=torch.float16), "M": 16, "N": 4096, "K": 4096}
+    args = {"a_ptr": empty(1, dtype=torch.float16), "M": 16, "N": 4096, "K": 4096}
     pruned = matmul.prune_configs(configs, args)
     assert {c.kwargs["BLOCK_M"] for c in pruned} == {16}          # clamped and merged
     assert {c.kwargs["BLOCK_N"] for c in pruned} == {128, 256}
@@ -175,52 +189,52 @@ def _space(op, *tensors):
     info = generated.REGISTRY[op]
     dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
     problem = matmul.problem(op, dict(zip(dims, tensors)), dims)
-    out = torch.empty(problem.shape)
+    out = empty(problem.shape)
     return problem, problem.space({"out": out}, 3 if "..." in sum(dims.values(), ()) else 1)
 
 
 def test_batch_dims_fold_into_m_when_strides_allow():
-    problem, space = _space("linear", torch.randn(2, 5, 7), torch.randn(3, 7))
+    problem, space = _space("linear", randn(2, 5, 7), randn(3, 7))
     assert problem.shape == (2, 5, 3)
     assert (space.m, space.batch) == (10, (1, 1, 1))            # one 10 x 3 GEMM
     # a transposed batch cannot step over M rows: it stays a batch dim
-    _, space = _space("linear", torch.randn(5, 2, 7).transpose(0, 1), torch.randn(3, 7))
+    _, space = _space("linear", randn(5, 2, 7).transpose(0, 1), randn(3, 7))
     assert (space.m, space.batch) == (5, (1, 1, 2))
     # matmul of a batch by one matrix folds; a batch of B matrices does not
-    _, space = _space("matmul", torch.randn(4, 6, 7), torch.randn(7, 3))
+    _, space = _space("matmul", randn(4, 6, 7), randn(7, 3))
     assert (space.m, space.batch_count) == (24, 1)
-    _, space = _space("matmul", torch.randn(6, 7), torch.randn(4, 7, 3))
+    _, space = _space("matmul", randn(6, 7), randn(4, 7, 3))
     assert (space.m, space.batch_count) == (6, 4)
 
 
 def test_broadcast_batch_strides_are_zero():
-    _, space = _space("matmul", torch.randn(2, 1, 6, 7), torch.randn(3, 7, 4))
+    _, space = _space("matmul", randn(2, 1, 6, 7), randn(3, 7, 4))
     assert space.batch_count == 6
     assert 0 in space.views["b"].batch and 0 in space.views["a"].batch
 
 
 def test_matmul_vectors_drop_their_dim():
-    assert _space("matmul", torch.randn(7), torch.randn(2, 7, 4))[0].shape == (2, 4)
-    assert _space("matmul", torch.randn(3, 7), torch.randn(7))[0].shape == (3,)
-    assert _space("matmul", torch.randn(7), torch.randn(7))[0].shape == ()
+    assert _space("matmul", randn(7), randn(2, 7, 4))[0].shape == (2, 4)
+    assert _space("matmul", randn(3, 7), randn(7))[0].shape == (3,)
+    assert _space("matmul", randn(7), randn(7))[0].shape == ()
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda: generated.mm(torch.randn(2, 3, 4), torch.randn(4, 5)), ValueError,
+    (lambda: generated.mm(randn(2, 3, 4), randn(4, 5)), ValueError,
      "argument 'a' must be 2-D"),
-    (lambda: generated.mm(torch.randn(3, 4), torch.randn(5, 6)), ValueError, "K is 4 and 5"),
-    (lambda: generated.bmm(torch.randn(2, 3, 4), torch.randn(3, 4, 5)), ValueError,
+    (lambda: generated.mm(randn(3, 4), randn(5, 6)), ValueError, "K is 4 and 5"),
+    (lambda: generated.bmm(randn(2, 3, 4), randn(3, 4, 5)), ValueError,
      "same batch size"),
-    (lambda: generated.matmul(torch.randn(2, 3, 4), torch.randn(3, 4, 5)), ValueError,
+    (lambda: generated.matmul(randn(2, 3, 4), randn(3, 4, 5)), ValueError,
      "do not broadcast"),
-    (lambda: generated.mm(torch.randn(3, 4), torch.randn(4, 5, dtype=torch.float16)), TypeError,
+    (lambda: generated.mm(randn(3, 4), randn(4, 5, dtype=torch.float16)), TypeError,
      "same dtype"),
-    (lambda: generated.linear(torch.randn(3, 4), torch.randn(5, 4), torch.randn(6)), ValueError,
+    (lambda: generated.linear(randn(3, 4), randn(5, 4), randn(6)), ValueError,
      "argument 'bias' has shape (6,)"),
-    (lambda: generated.addmm(torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5), beta="x"),
+    (lambda: generated.addmm(randn(3, 5), randn(3, 4), randn(4, 5), beta="x"),
      TypeError, "argument 'beta' must be float"),
-    (lambda: generated.mm(torch.randn(3, 4), [[1.0]]), TypeError, "must be a torch.Tensor"),
-    (lambda: generated.matmul(torch.tensor(1.0), torch.randn(3)), ValueError, "at least 1 dim"),
+    (lambda: generated.mm(randn(3, 4), [[1.0]]), TypeError, "must be a torch.Tensor"),
+    (lambda: generated.matmul(torch.tensor(1.0, device=testing.device()), randn(3)), ValueError, "at least 1 dim"),
 ])
 def test_bad_input_is_refused_before_launch(call, error, words):
     with runtime.record_launches() as log, pytest.raises(error, match=words.replace("(", r"\(")
@@ -230,7 +244,7 @@ def test_bad_input_is_refused_before_launch(call, error, words):
 
 
 def test_launch_records_strategy_layout_and_index_width():
-    a, b = torch.randn(40, 33), torch.randn(20, 33).t()     # b read K-major through its strides
+    a, b = randn(40, 33), randn(20, 33).t()     # b read K-major through its strides
     with runtime.record_launches() as log, runtime.override(indexing="int64"):
         generated.mm(a, b)
     (launch,) = log
@@ -243,13 +257,14 @@ def test_scaffold_renders_a_module_that_compiles():
     spec = parse(family.scaffold("my_linear_relu"))
     source = render_op(spec)
     compile(source, "my_linear_relu.py", "exec")
-    assert "def _my_linear_relu_kernel(" in source and "lib.relu(acc + bias)" in source
+    assert "def _my_linear_relu_kernel(" in source and "relu_f32(acc + bias)" in source
+    assert "from specgen.kernel_lib import relu_f32" in source     # by name: torch.compile
 
 
 @pytest.mark.parametrize("op, kind", [("linear_gelu", "two_stage"), ("bmm", "atomic")])
 def test_auto_split_k_end_to_end(op, kind):
     # off the GPU the launcher assumes 4 multiprocessors: one 5 x 7 tile with K = 2048 splits
-    x, w = torch.randn(5, 2048), torch.randn(7, 2048)
+    x, w = randn(5, 2048), randn(7, 2048)
     with runtime.record_launches() as log:
         if op == "linear_gelu":
             out = generated.linear_gelu(x, w)
@@ -257,21 +272,64 @@ def test_auto_split_k_end_to_end(op, kind):
         else:
             out = generated.bmm(x[None], w.t()[None])
             want = (x.double() @ w.double().t())[None]
-    assert [(launch.kernel, launch.details["split_k"]) for launch in log] == [(kind, 4)]
+    chosen = [(launch.kernel, launch.details["split_k"]) for launch in log]
+    if runtime.interpreting():
+        assert chosen == [(kind, 4)]
+    else:   # a GPU times split-K against the direct kernel on the first call
+        assert chosen in ([(kind, 4)], [("direct", 1)])
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * 2048)
 
 
+def _plan(**fields):
+    base = dict(shape=(16, 64), dtype=torch.float16, empty=False,
+                strategy=matmul.Strategy("two_stage", 8), index_64=False, layout="",
+                precision="tf32", even_k=True, m=16, n=64, k=4096, batch=1, batch_shape=(),
+                sizes=(), ab_strides=(), epilogue_strides=(), swizzle2d=False, batched=False,
+                candidates=(matmul.Strategy("direct"), matmul.Strategy("two_stage", 8)))
+    return matmul.LaunchPlan(**{**base, **fields})
+
+
 def test_settle_keeps_the_faster_candidate(monkeypatch):
-    plan = matmul.LaunchPlan(
-        shape=(16, 64), dtype=torch.float16, device=torch.device("cpu"), empty=False,
-        strategy=matmul.Strategy("two_stage", 8), index_64=False, layout="", precision=None,
-        even_k=True, m=16, n=64, batch=1, sizes=(), ab_strides=(), epilogue_strides=(),
-        details={}, candidates=(matmul.Strategy("direct"), matmul.Strategy("two_stage", 8)))
+    plan = _plan()
     ran = []
     monkeypatch.setattr(matmul.triton.testing, "do_bench", lambda fn, **_: fn() or ran[-1][1])
 
     def run(strategy):
         ran.append((strategy, 3.0 if strategy.kind == "direct" else 2.0))
-    assert matmul.settle(plan, run) == matmul.Strategy("two_stage", 8)
-    assert plan.candidates == () and len(ran) == 2
-    assert matmul.settle(plan, run) == matmul.Strategy("two_stage", 8) and len(ran) == 2
+    x = empty(1, dtype=torch.float16)
+    assert matmul.settle(plan, [x], run) == matmul.Strategy("two_stage", 8)
+    assert len(ran) == 2
+    # decided once per plan and dtype
+    assert matmul.settle(_plan(), [x], run) == matmul.Strategy("two_stage", 8) and len(ran) == 2
+    # no candidates: the plan's strategy, nothing timed
+    assert matmul.settle(_plan(candidates=(), m=17), [x], run).kind == "two_stage" and len(ran) == 2
+
+
+def test_launch_plans_are_cached_on_metadata():
+    op = sys.modules["generated.mm"].OP
+    a, b = randn(40, 33), randn(33, 20)
+    plan = matmul.launch_plan(op, a, b)
+    assert matmul.launch_plan(op, randn(40, 33), randn(33, 20)) is plan
+    transposed = matmul.launch_plan(op, a, randn(20, 33).t())
+    assert transposed is not plan and transposed.layout == "a:k,b:k,out:n"
+    with runtime.override(strategy="atomic:2"):
+        assert matmul.launch_plan(op, a, b).strategy == matmul.Strategy("atomic", 2)
+    assert (plan.shape, plan.m, plan.n, plan.k) == ((40, 20), 40, 20, 33)
+
+
+def test_forced_config_number_is_fitted_and_mapping_filtered():
+    module = sys.modules["generated.mm"]
+    a, b, out = randn(20, 24), randn(24, 10), empty(20, 10)
+    args = (a, b, out, 20, 10, 24, 24, 1, 10, 1, 10, 1)
+    kwargs = dict(LAYOUT="", EVEN_K=False, INDEX_64=False, INPUT_PRECISION="ieee")
+    # a number: a config of the space as autotuning would fit it (blocks clamped to the sizes;
+    # unfitted, every config of mm's space has 64 rows or more)
+    for number in range(8):
+        config = forced_config(module._mm_kernel, args, kwargs, number)
+        assert (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]) \
+            == (32, 16, 32)
+    # a mapping: the meta-parameters a kernel takes (the reduce kernel has no BLOCK_K, GROUP_M)
+    tiles = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 2,
+             "num_stages": 2}
+    config = forced_config(module._mm_reduce_kernel, (), {}, tiles)
+    assert config.kwargs == {"BLOCK_M": 16, "BLOCK_N": 32} and config.num_warps == 2

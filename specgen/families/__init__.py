@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from specgen.families import matmul, pointwise
+from specgen.families import cross_entropy, matmul, pointwise, reduce
 
 
 @dataclass(frozen=True)
@@ -22,4 +22,5 @@ class Family:
         return f"{self.name}.py.jinja"
 
 
-FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("matmul", matmul))}
+FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("reduce", reduce),
+                                 Family("cross_entropy", cross_entropy), Family("matmul", matmul))}

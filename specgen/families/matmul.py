@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.errors import Where
-from specgen.expr import Symbol, emit, parse_expr
+from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (
     CommonPlan,
     check_name,
@@ -36,7 +36,7 @@ BROADCAST_BATCH_RANK = 3
 KERNEL_NAMES = frozenset({
     "acc", "k", "m", "n", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
     "group_rows", "programs_in_group", "k_start", "ws", "slot", "split", "plan", "config",
-    "flags", "common", "workspace", "reduce_grid", "strategy",
+    "flags", "common", "workspace", "strategy", "tune_key",
 })
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")
@@ -234,10 +234,12 @@ class MatmulPlan(CommonPlan):
     configs: tuple[dict, ...] = ()
     split_factors: tuple[int, ...] = ()
 
+    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the epilogue calls
+
     @property
     def dims_code(self) -> str:
-        items = [f'"{o.name}": {o.dims!r}' for o in (self.a, self.b, *self.epilogue_inputs)]
-        return "{" + ", ".join(items) + "}"
+        """The inputs in call order with their dims, as a tuple of (name, dims) pairs."""
+        return repr(tuple((o.name, o.dims) for o in self.inputs))
 
     @property
     def tensors(self) -> tuple:
@@ -278,16 +280,16 @@ class MatmulPlan(CommonPlan):
         return tuple(o for o in self.epilogue_inputs if o.optional)
 
     @property
+    def input_list(self) -> str:
+        return ", ".join(o.name for o in self.inputs)
+
+    @property
     def input_dict(self) -> str:
         return ", ".join(f'"{o.name}": {o.name}' for o in self.inputs)
 
     @property
     def output_list(self) -> str:
         return ", ".join(o.name for o in self.outputs)
-
-    @property
-    def output_dict(self) -> str:
-        return ", ".join(f'"{o.name}": {o.name}' for o in self.outputs)
 
     @property
     def epilogue_params(self) -> str:
@@ -304,13 +306,6 @@ class MatmulPlan(CommonPlan):
         return ", ".join(["plan"] + [o.name for o in self.inputs] + scalars
                          + [o.name for o in self.outputs])
 
-    @property
-    def out_params(self) -> str:
-        return ", ".join(f"{o.name}: torch.Tensor" for o in self.outputs)
-
-    @property
-    def uses_lib(self) -> bool:
-        return any("lib." in o.code for o in self.outputs)
 
 
 
@@ -330,7 +325,8 @@ def plan(spec: OpSpec) -> MatmulPlan:
     return MatmulPlan(**common.__dict__, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
                       outputs=outputs, out_dtype=body.out_dtype, batch_rank=batch_rank,
                       swizzle=body.swizzle, split_k=body.split_k, configs=configs,
-                      split_factors=tuple(sorted(set(t["SPLIT_K"]))))
+                      split_factors=tuple(sorted(set(t["SPLIT_K"]))),
+                      helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))
 
 
 def scaffold(name: str) -> str:

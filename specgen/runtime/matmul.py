@@ -11,17 +11,17 @@ Everything here reads sizes and strides only, so it runs unchanged on the fake t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import torch
 import triton
 import triton.testing
-from torch.library import wrap_triton
 
 from specgen.runtime.checks import check_tensors
-from specgen.runtime.launch import Overrides, interpreting, overrides, use_int64
+from specgen.runtime.launch import Overrides, interpreting, overrides, untraced, use_int64
 from specgen.runtime.layout import broadcast_strides, collapse
 
 BATCH = ("...", "B")
@@ -185,6 +185,19 @@ def _batch_strides(tensor: torch.Tensor, batch_t: tuple[int, ...], batch: tuple[
                                in zip(batch_t, tensor.stride()[:len(batch_t)], batch[lead:]))
 
 
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """torch's broadcast of ``shapes`` (None where they do not broadcast), in plain Python."""
+    rank = max(len(shape) for shape in shapes)
+    result = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate(shape, start=rank - len(shape)):
+            if size != result[i] and size != 1:
+                if result[i] != 1:
+                    return None
+                result[i] = size
+    return tuple(result)
+
+
 def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             dims: Mapping[str, tuple[str, ...]]) -> Problem:
     """Sizes, result shape and operand strides, with a ValueError naming the argument at fault."""
@@ -203,11 +216,10 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
                              f"{batch_a[0]} and {batch_b[0]}")
         batch = batch_a
     else:
-        try:
-            batch = tuple(torch.broadcast_shapes(batch_a, batch_b))
-        except RuntimeError:
+        batch = _broadcast(batch_a, batch_b)
+        if batch is None:
             raise ValueError(f"{op}: the batch dims of '{a}' {batch_a} and '{b}' {batch_b} do not "
-                             f"broadcast") from None
+                             f"broadcast")
     keeps = (not vector_a, not vector_b)
     shape = batch + ((m,) if keeps[0] else ()) + ((n,) if keeps[1] else ())
     views = {
@@ -218,11 +230,7 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
         if name in (a, b) or tensor is None:
             continue
         target = _target(dims[name], batch, m, n, keeps)
-        try:
-            ok = tuple(torch.broadcast_shapes(tensor.shape, target)) == target
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if _broadcast(tuple(tensor.shape), target) != target:
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "
                              f"not broadcast to {target} ({' x '.join(dims[name])})")
         views[name] = _view(tensor, dims[name], batch, m, n, keeps)
@@ -285,12 +293,13 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
     return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
 
 
-def input_precision(dtype: torch.dtype) -> str | None:
-    """tl.dot's input_precision: float32 follows torch's matmul precision setting (tf32 or ieee;
-    ieee under the interpreter). 16-bit operands keep Triton's default (None), which is what
-    every tuned Triton matmul compiles with: the setting only concerns float32 operands."""
+def input_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision, a string constexpr (never None: torch.compile re-emits constexpr
+    arguments as source). float32 follows torch's matmul precision setting (tf32 or ieee; ieee
+    under the interpreter). 16-bit operands get "tf32", what Triton's default (None) means on
+    NVIDIA and what every tuned Triton matmul compiles with: the setting only concerns float32."""
     if dtype != torch.float32:
-        return None
+        return "tf32"
     if interpreting():
         return "ieee"
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
@@ -300,11 +309,6 @@ def even_k(k: int, block_ks: Sequence[int]) -> bool:
     """K is a multiple of every BLOCK_K that may run (powers of two: of the largest), so no tile
     of K is partial and the loads of the K loop need no mask."""
     return k % max(block_ks) == 0
-
-
-def forced_config() -> Mapping[str, int] | None:
-    """A config the test suite forces (small tiles on small inputs), or None to autotune."""
-    return overrides().tiles
 
 
 def _shared_memory_limit(device: torch.device) -> int:
@@ -363,71 +367,132 @@ def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.devi
 # --- launch plans: every decision a call's tensor metadata fixes, made once -----------------------
 
 
-@dataclass
-class LaunchPlan:
-    """What a launch needs besides data pointers, decided from shapes, strides and dtypes."""
-
-    shape: tuple[int, ...]          # the result's
-    dtype: torch.dtype              # the result's
-    device: torch.device
-    empty: bool                     # nothing to compute
-    strategy: Strategy
-    index_64: bool
-    layout: str
-    precision: str | None
-    even_k: bool
-    m: int
-    n: int
-    batch: int                      # batch elements the grid covers
-    sizes: tuple[int, ...]          # kernel size arguments: M, N, K (, batch, inner batch sizes)
-    ab_strides: tuple[int, ...]     # A's then B's stride arguments
-    epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
-    details: dict                   # what note_launch records
-    # strategies to time against each other before the first launch (auto split-K, eager calls)
-    candidates: tuple[Strategy, ...] = ()
-    tuned: dict = field(default_factory=dict)  # kernel -> config autotuning chose (eager calls)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpLayout:
-    """What a generated module tells ``plan_launch`` about its kernels' arguments."""
+    """What a generated module tells ``launch_plan`` about its op and its kernels' arguments.
+
+    Compared by identity: each generated module has one, and it keys the plan cache.
+    """
 
     name: str
     dtypes: tuple[torch.dtype, ...]
     indexing: str
+    dims: tuple[tuple[str, tuple[str, ...]], ...]   # the inputs in call order, with their dims
+    outputs: tuple[str, ...]
+    out_dtype: torch.dtype | None                   # None: the inputs' dtype
     a: str
     b: str
-    epilogue: tuple[tuple[str, str, bool], ...]   # (name, letters, has batch strides), then outputs
+    epilogue: tuple[tuple[str, str, bool], ...]     # (name, letters, has batch strides), then outputs
     batched_ab: tuple[bool, bool]
     rank: int
+    swizzle: str
     split_k: str
     split_factors: tuple[int, ...]
     block_ks: tuple[int, ...]
 
 
-def plan_launch(op: OpLayout, tensors: Mapping[str, torch.Tensor | None],
-                dims: Mapping[str, tuple[str, ...]], outputs: Sequence[str],
-                out_dtype: torch.dtype | None) -> LaunchPlan:
-    """Checks the arguments and makes every launch decision their metadata fixes."""
-    present = {name: t for name, t in tensors.items() if t is not None}
-    device = check_tensors(op.name, present, op.dtypes)
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch needs besides data pointers, decided from shapes, strides and dtypes."""
+
+    shape: tuple[int, ...]          # the result's
+    dtype: torch.dtype              # the result's
+    empty: bool                     # nothing to compute
+    strategy: Strategy
+    index_64: bool
+    layout: str
+    precision: str
+    even_k: bool
+    m: int
+    n: int
+    k: int
+    batch: int                      # batch elements the grid covers
+    batch_shape: tuple[int, ...]    # the batch dims the kernels walk, after folding
+    sizes: tuple[int, ...]          # kernel size arguments: M, N, K (, batch, inner batch sizes)
+    ab_strides: tuple[int, ...]     # A's then B's stride arguments
+    epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
+    swizzle2d: bool                 # column blocks on grid axis 1 (batch then on axis 2)
+    batched: bool                   # batch elements on a grid axis
+    # strategies to time against each other on the first eager call (auto split-K on a GPU)
+    candidates: tuple[Strategy, ...] = ()
+
+    @property
+    def details(self) -> dict:
+        """What ``note_launch`` records besides the strategy."""
+        return dict(layout=self.layout, m=self.m, n=self.n, k=self.k, batch=self.batch_shape,
+                    precision=self.precision)
+
+    def grid(self, meta: Mapping) -> tuple[int, ...]:
+        """The grid of the direct and split kernels (split: SPLIT_K programs per tile)."""
+        batch = (min(self.batch, 65535),) if self.batched else ()
+        rows = triton.cdiv(self.m, meta["BLOCK_M"])
+        cols = triton.cdiv(self.n, meta["BLOCK_N"])
+        splits = meta.get("SPLIT_K", 1)
+        if self.swizzle2d:
+            # column blocks past 65535 are looped over in the kernel
+            return (rows * splits, min(cols, 65535)) + batch
+        return (rows * cols * splits,) + batch
+
+    def reduce_grid(self, meta: Mapping) -> tuple[int, ...]:
+        """The grid of the split-K reduction kernel: one program per output tile."""
+        tiles = triton.cdiv(self.m, meta["BLOCK_M"]) * triton.cdiv(self.n, meta["BLOCK_N"])
+        return (tiles,) + ((min(self.batch, 65535),) if self.batched else ())
+
+
+_NO_OVERRIDES = Overrides()
+
+
+def launch_plan(op: OpLayout, *tensors: torch.Tensor | None) -> LaunchPlan:
+    """Checks the arguments (``tensors`` as in ``op.dims``) and returns their launch plan.
+
+    Plans are cached on sizes, strides and dtypes (and torch's TF32 setting and the test suite's
+    overrides): a call on tensors of a seen layout costs one lookup, which matters because a
+    decode-sized matmul runs in about 10 us, less than the Python that decides it.
+    """
+    device = check_tensors(op.name, {name: t for (name, _), t in zip(op.dims, tensors)
+                                     if t is not None}, op.dtypes)
+    forced = overrides()
+    key = (op, device, torch.backends.cuda.matmul.allow_tf32,
+           None if forced == _NO_OVERRIDES else dataclasses.astuple(forced),
+           *(None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors))
+    try:
+        return _cached_plan(key)
+    except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) or a mapping config
+        return _plan(op, tensors, device)
+
+
+def _plan_of_key(key: tuple) -> LaunchPlan:
+    op, device, _tf32, _forced, *metas = key
+    # the plan reads metadata only: meta tensors stand in for the arguments
+    tensors = [None if meta is None else torch.empty_strided(*meta[:2], dtype=meta[2], device="meta")
+               for meta in metas]
+    return _plan(op, tensors, device)
+
+
+def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.device) -> LaunchPlan:
+    """Every launch decision the arguments' metadata fixes."""
+    named = dict(zip((name for name, _ in op.dims), tensors))
+    dims = dict(op.dims)
+    present = {name: t for name, t in named.items() if t is not None}
     dtype = check_same_dtype(op.name, present)
-    prob = problem(op.name, tensors, dims)
+    prob = problem(op.name, named, dims)
     # outputs are allocated contiguous, as torch allocates matmul results
     stand_in = torch.empty(prob.shape, device="meta")
-    space = prob.space({name: stand_in for name in outputs}, op.rank)
+    space = prob.space({name: stand_in for name in op.outputs}, op.rank)
     batch = space.batch_count
+    forced = overrides()
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors)
-    config = forced_config()
     spans = dict(present)
-    spans.update({name: stand_in for name in outputs})
+    spans.update({name: stand_in for name in op.outputs})
     if strategy_.kind != "direct":
         slices = 1 if strategy_.kind == "atomic" else strategy_.factor
         spans["workspace"] = torch.empty((batch, slices, space.m, space.n), device="meta")
     # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
     index_64 = use_int64(op.name, op.indexing, spans, 0)
-    layout = space.layout(op.a, op.b, list(outputs))
+    layout = space.layout(op.a, op.b, list(op.outputs))
     precision = input_precision(dtype)
+    # a forced mapping config brings its own BLOCK_K; a forced config number picks from the space
+    block_ks = [forced.config["BLOCK_K"]] if isinstance(forced.config, Mapping) else op.block_ks
     sizes = (space.m, space.n, space.k) + ((batch, *space.batch[1:]) if op.rank else ())
     ab = space.strides(op.a, "mk", op.batched_ab[0]) + space.strides(op.b, "kn", op.batched_ab[1])
     epilogue: list[int] = []
@@ -436,99 +501,37 @@ def plan_launch(op: OpLayout, tensors: Mapping[str, torch.Tensor | None],
             epilogue += space.strides(name, letters, batched)
         else:   # an omitted optional operand
             epilogue += [0] * ((op.rank if batched else 0) + len(letters))
+    timed = (strategy_.kind != "direct" and forced == _NO_OVERRIDES and device.type == "cuda"
+             and not interpreting())
     return LaunchPlan(
-        shape=prob.shape, dtype=out_dtype or dtype, device=device,
+        shape=prob.shape, dtype=op.out_dtype or dtype,
         empty=space.m == 0 or space.n == 0 or batch == 0, strategy=strategy_,
         index_64=index_64, layout=layout, precision=precision,
-        even_k=even_k(space.k, [config["BLOCK_K"]] if config else op.block_ks),
-        m=space.m, n=space.n, batch=batch, sizes=sizes, ab_strides=ab,
-        epilogue_strides=tuple(epilogue),
-        details=dict(layout=layout, m=space.m, n=space.n, k=space.k, batch=space.batch,
-                     precision=precision))
+        even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
+        batch_shape=space.batch, sizes=sizes, ab_strides=ab, epilogue_strides=tuple(epilogue),
+        swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
+        candidates=(Strategy("direct"), strategy_) if timed else ())
 
 
-_plans: dict[tuple, LaunchPlan] = {}
-_NO_OVERRIDES = Overrides()
-# a bound on cached plans: one per distinct argument metadata seen
-MAX_PLANS = 4096
+_cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)
+# (plan, dtype) -> the strategy that timed fastest on the first eager call
+_settled: dict[tuple, Strategy] = {}
 
 
-def cached_plan(op: OpLayout, tensors: Mapping[str, torch.Tensor | None], dims, outputs,
-                out_dtype) -> LaunchPlan:
-    """``plan_launch``, reused for calls whose tensors have the same metadata.
-
-    A call on plain tensors repeats the decisions of the last call of that shape, layout and
-    dtype; the cache turns them into one dictionary lookup (a decode-sized matmul runs in about
-    10 us, less than the Python that decides it). Traced calls and forced test knobs decide anew.
-    """
-    values = list(tensors.values())
-    if overrides() != _NO_OVERRIDES or not untraced(values):
-        return plan_launch(op, tensors, dims, outputs, out_dtype)
-    key = (op.name, torch.backends.cuda.matmul.allow_tf32, *(
-        None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in values))
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        plan = _plans[key] = plan_launch(op, tensors, dims, outputs, out_dtype)
-        if plan.strategy.kind != "direct" and plan.device.type == "cuda" and not interpreting():
-            plan.candidates = (Strategy("direct"), plan.strategy)
-    return plan
-
-
-def settle(plan: LaunchPlan, run) -> Strategy:
+def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None],
+           run: Callable[[Strategy], None]) -> Strategy:
     """The strategy to launch. When split-K is a candidate (few output tiles, long K), the first
     eager call times it against the direct kernel, each autotuned, end to end (launch overhead
-    included: a decode-sized matmul takes about as long as starting it), and keeps the faster."""
-    if plan.candidates:
+    included: a decode-sized matmul takes about as long as starting it), and keeps the faster.
+    Traced calls cannot time: they take the choice made so far, else the heuristic's."""
+    if not plan.candidates:
+        return plan.strategy
+    key = (plan, next(t.dtype for t in tensors if t is not None))
+    chosen = _settled.get(key)
+    if chosen is None:
+        if not untraced(tensors):
+            return plan.strategy
         times = {s: triton.testing.do_bench(lambda s=s: run(s), return_mode="median")
                  for s in plan.candidates}
-        plan.strategy = min(times, key=times.get)
-        plan.candidates = ()
-    return plan.strategy
-
-
-def untraced(tensors: Sequence[torch.Tensor | None]) -> bool:
-    """Plain tensors, and nothing tracing: no torch.compile/export, no dispatch or function mode."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._is_torch_function_mode_enabled()):
-        return False
-    return all(type(t) is torch.Tensor for t in tensors if t is not None)
-
-
-def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
-    """True when nothing traces or differentiates the call: the generated function may then run
-    its op's implementation directly and skip the dispatcher (some 40 us a call)."""
-    if not untraced(tensors):
-        return False
-    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
-
-
-def launch(plan: LaunchPlan, kernel, grid, config: Mapping[str, int] | None, *args, **meta) -> None:
-    """Starts an autotuned ``kernel``.
-
-    A forced ``config`` runs the plain jit function with it. On plain tensors the kernel starts
-    directly (``wrap_triton`` exists for tracing; its eager dispatch costs about a millisecond),
-    and once autotuning has chosen a config for the plan, later calls run it without the
-    autotuner's per-call work.
-    """
-    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
-    if config is not None:
-        tiles = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-        fn = kernel.fn if direct else wrap_triton(kernel.fn)
-        fn[grid](*args, **meta, **tiles, num_warps=config.get("num_warps", 4),
-                 num_stages=config.get("num_stages", 2))
-        return
-    tuned = plan.tuned.get(kernel) if direct else None
-    if tuned is not None:
-        kernel.fn[grid](*args, **meta, **tuned.all_kwargs())
-        return
-    (kernel if direct else wrap_triton(kernel))[grid](*args, **meta)
-    if direct:
-        plan.tuned[kernel] = kernel.best_config
-
-
-def launch_plain(kernel, grid, *args, **meta) -> None:
-    """Starts a kernel that is not autotuned, directly on plain tensors."""
-    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
-    (kernel if direct else wrap_triton(kernel))[grid](*args, **meta)
+        chosen = _settled[key] = min(times, key=times.get)
+    return chosen

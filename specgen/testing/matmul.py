@@ -2,8 +2,10 @@
 
 The roles of an op's tensors come from their dims (A: M, K; B: K, N or N, K; the others feed the
 epilogue). Every case forces a strategy (direct, two-stage or atomic split-K with 1 to 4 splits)
-or leaves it to the launcher, and usually forces a small tile config so that a few dozen rows
-already span several tiles, partial tiles and grouped/swizzled orderings.
+or leaves it to the launcher, and forces a config: one of the spec's space by number (as
+autotuning would fit it to the sizes: the GPU tier checks every config without tuning each size),
+or a small tile config outside the space so that a few dozen rows already span several tiles,
+partial tiles and grouped/swizzled orderings.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from specgen.testing.core import (
 )
 
 # Small tiles reach every code path on small inputs; on the GPU they also keep the number of
-# distinct compilations (and no autotuning) per example low.
+# distinct compilations per example low.
 SMALL_CONFIGS = (
     {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
     {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2},
@@ -61,10 +63,15 @@ def _roles(info: OpInfo) -> tuple[str, str]:
 @st.composite
 def matmul_cases(draw, info: OpInfo) -> Case:
     a_name, b_name = _roles(info)
-    config = draw(st.sampled_from(SMALL_CONFIGS)) if not interpreting() or draw(st.booleans()) \
-        else None
-    # the interpreter runs every program in numpy: small tiles get small problems
-    limit = 300 if config is None else 96
+    # knobs(): a config number of the space, maybe int64 indexing; half the cases small tiles
+    overrides = draw(knobs())
+    small = draw(st.booleans())
+    if small:
+        overrides["config"] = draw(st.sampled_from(SMALL_CONFIGS))
+    config = overrides["config"]
+    # the interpreter runs every program in numpy: small tiles get small problems (the space's
+    # tiles are clamped to the problem, so large sizes stay few programs)
+    limit = 96 if small else 300
     # an empty M, N or K (torch allows each) in about one case of eight
     zero = draw(st.integers(0, 7)) == 0
     m, n, k = (draw(sizes(limit, allow_zero=zero)) for _ in range(3))
@@ -111,14 +118,11 @@ def matmul_cases(draw, info: OpInfo) -> Case:
         args[arg.name] = make_tensor(shape, dtype, layout, low=arg.low, high=arg.high,
                                      seed=seed + i)
         notes.append(f"{arg.name}: {shape} {dtype} {layout}")
-    overrides = {key: value for key, value in draw(knobs()).items() if key == "indexing"}
     strategy = draw(st.sampled_from([None, "direct", "two_stage", "atomic"]))
     if strategy in ("two_stage", "atomic"):
         strategy = f"{strategy}:{draw(st.integers(1, 4))}"
     if strategy is not None:
         overrides["strategy"] = strategy
-    if config is not None:
-        overrides["tiles"] = config
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=matmul_tolerances(k))
 
 

@@ -4,7 +4,8 @@ bfloat16 on every op (the interpreter computes bfloat16 tl.dot wrongly), autotun
 layout), both split-K variants with autotuning (atomic targets reset between trials), batches
 over the 65535 grid limit, column blocks over it (swizzle2d), int64 indexing on an operand of
 more than 2**31 elements, TF32 following torch's setting, and torch.compile of linear_gelu.
-Most tests force one small config so that the file compiles few kernels (about 3 minutes).
+Most tests force one small config (`override(config={...})`) so that the file compiles few kernels
+(about 3 minutes).
 """
 
 import gc
@@ -84,7 +85,7 @@ def test_every_op_bfloat16(m, n, k, layout):
     dtype = torch.bfloat16
     for op, (call, reference) in _cases(m, n, k, layout, dtype).items():
         for strategy in ("direct", "two_stage:3", "atomic:2"):
-            with runtime.override(tiles=CONFIG, strategy=strategy):
+            with runtime.override(config=CONFIG, strategy=strategy):
                 out = call()
             want = reference()
             assert out.dtype == dtype, op
@@ -125,7 +126,7 @@ def test_decode_shape_two_stage():
     x, w, bias = randn(16, 4096), randn(1024, 4096), randn(1024)
     want = F.gelu(F.linear(d(x), d(w), d(bias)), approximate="tanh")
     for factor in (2, 8, 16):
-        with runtime.override(strategy=f"two_stage:{factor}", tiles=TINY):
+        with runtime.override(strategy=f"two_stage:{factor}", config=TINY):
             check(generated.linear_gelu(x, w, bias), want, 4096)
 
 
@@ -133,7 +134,7 @@ def test_decode_shape_two_stage():
 def test_batch_over_grid_limit(strategy):
     # 70000 batch elements: grid axis 1 (or 2) holds 65535 programs, the rest are looped over
     a, b = randn(70000, 4, 40), randn(70000, 40, 4)
-    with runtime.override(tiles=TINY, strategy=strategy):
+    with runtime.override(config=TINY, strategy=strategy):
         check(generated.bmm(a, b), d(a) @ d(b), 40)
         # broadcast over two batch dims that cannot be folded into M
         a4, b4 = randn(350, 1, 4, 40), randn(200, 40, 4)
@@ -144,7 +145,7 @@ def test_column_blocks_over_grid_limit():
     # swizzle2d puts column blocks on grid axis 1: 65537 of them are looped over
     n = 16 * 65537
     a, b = randn(1, 16, 16), randn(1, 16, n)
-    with runtime.override(tiles=TINY, strategy="direct"):
+    with runtime.override(config=TINY, strategy="direct"):
         check(generated.bmm(a, b), d(a) @ d(b), 16)
 
 
@@ -152,7 +153,7 @@ def test_int64_indexing_over_two_billion_elements():
     k, n = 4096, 64
     m = 2**31 // k + 3                              # x spans 2**31 + 3 * 4096 elements (4 GiB)
     x, w = randn(m, k), randn(n, k)
-    with runtime.record_launches() as log, runtime.override(tiles=CONFIG):
+    with runtime.record_launches() as log, runtime.override(config=CONFIG):
         out = generated.linear(x, w)
     assert [launch.index_bits for launch in log] == [64]
     # the rows past element 2**31 are the ones an int32 offset would get wrong
@@ -168,7 +169,7 @@ def test_tf32_follows_torch_setting():
     try:
         for allow, precision in ((False, "ieee"), (True, "tf32")):
             torch.backends.cuda.matmul.allow_tf32 = allow
-            with runtime.record_launches() as log, runtime.override(tiles=CONFIG):
+            with runtime.record_launches() as log, runtime.override(config=CONFIG):
                 out = generated.mm(a, b)
             assert log[-1].details["precision"] == precision
             check(out, want, 1024, tf32=allow)
@@ -187,6 +188,6 @@ def test_torch_compile_linear_gelu():
     check(compiled(x, w, bias), want, 128)
     # a decode-like call goes through both split-K stages inside the compiled graph
     x1, w1 = randn(16, 4096), randn(256, 4096)
-    with runtime.override(strategy="two_stage:4", tiles=CONFIG):
+    with runtime.override(strategy="two_stage:4", config=CONFIG):
         out = torch.compile(fn, fullgraph=True, dynamic=False)(x1, w1, None)
     check(out, F.gelu(F.linear(d(x1), d(w1)), approximate="tanh") * 2.0, 4096)
