@@ -50,6 +50,22 @@ def power_of_two_list(table: Table, key: str, default: tuple[int, ...]) -> tuple
     return values
 
 
+def tile_pairs(table: Table, key: str, default: tuple[tuple[int, int], ...],
+               axes: str) -> tuple[tuple[int, int], ...]:
+    """``key = [[a, b], ...]``: pairs of powers of two, ``axes`` naming what a and b tile."""
+    raw = table.pop_any(key)
+    if raw is None:
+        return default
+    where = table.where.child(key)
+    tiles = []
+    for item in parse_list(raw, list, where):
+        pair = parse_list(item, int, where)
+        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair):
+            raise where.error(f"expected [{axes}] pairs of powers of two, got {item}")
+        tiles.append((pair[0], pair[1]))
+    return tuple(tiles)
+
+
 @dataclass(frozen=True)
 class ArgPlan:
     name: str

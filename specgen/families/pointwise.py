@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     wrap)
+                                     tile_pairs, wrap)
 from specgen.model import OpSpec, Output, TensorArg
-from specgen.table import Table, check_type, parse_list
+from specgen.table import Table, check_type
 
 LAUNCHES = ("flat", "persistent")
 # outer collapsed dims the tiled kernel walks besides its two tiled ones (rank 8 in all)
@@ -39,7 +39,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
     outputs = parse_outputs(top.pop_table("compute"), spec_args)
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     blocks = power_of_two_list(tuning, "BLOCK", (1024, 2048, 4096))
-    tiles = _parse_tiles(tuning)
+    # square tiles move a transposed operand through shared memory; 1-row tiles serve a
+    # collapsed space whose rows are single elements
+    tiles = tile_pairs(tuning, "TILE", ((32, 32), (64, 64), (64, 128), (128, 64), (1, 1024),
+                                        (16, 128)), "rows, cols")
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
@@ -75,22 +78,6 @@ def parse_outputs(compute: Table, spec_args: tuple) -> tuple[Output, ...]:
     if not outputs:
         raise compute.where.error("expected at least one output, as in out = \"x + y\"")
     return tuple(outputs)
-
-
-def _parse_tiles(tuning: Table) -> tuple[tuple[int, int], ...]:
-    raw = tuning.pop_any("TILE")
-    if raw is None:
-        # square tiles move a transposed operand through shared memory; 1-row tiles serve a
-        # collapsed space whose rows are single elements
-        return ((32, 32), (64, 64), (64, 128), (128, 64), (1, 1024), (16, 128))
-    where = tuning.where.child("TILE")
-    tiles = []
-    for item in parse_list(raw, list, where):
-        pair = parse_list(item, int, where)
-        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair):
-            raise where.error(f"expected [rows, cols] pairs of powers of two, got {item}")
-        tiles.append((pair[0], pair[1]))
-    return tuple(tiles)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
-from specgen.families.common import ArgPlan, CommonPlan, common_plan, power_of_two_list
+from specgen.families.common import (ArgPlan, CommonPlan, common_plan, power_of_two_list,
+                                     tile_pairs)
 from specgen.model import OpSpec, TensorArg
 from specgen.reduce_lib import HELPERS
-from specgen.table import Table, parse_list
+from specgen.table import Table
 
 # combine -> (identity as Triton source, result kind)
 COMBINES = {
@@ -85,9 +86,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     # rows x reduced elements per tile: many short rows, or a few long ones. The first config of
     # each list is the one the interpreter runs (see rt.configs): keep it small
-    inner = _parse_tiles(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256)))
+    inner = tile_pairs(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256)),
+                       "kept, reduced")
     # kept x reduced elements per tile: wide along the contiguous kept dim
-    outer = _parse_tiles(tuning, "OUTER", ((64, 64), (128, 32), (256, 16), (512, 8)))
+    outer = tile_pairs(tuning, "OUTER", ((64, 64), (128, 32), (256, 16), (512, 8)), "kept, reduced")
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
@@ -98,20 +100,6 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     schedule.finish()
     return ReduceBody(combine, map_source, map_expr, finish_expr, dim, inner, outer, num_warps,
                       launch)
-
-
-def _parse_tiles(tuning: Table, key: str, default) -> tuple[tuple[int, int], ...]:
-    raw = tuning.pop_any(key)
-    if raw is None:
-        return default
-    where = tuning.where.child(key)
-    tiles = []
-    for item in parse_list(raw, list, where):
-        pair = parse_list(item, int, where)
-        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair):
-            raise where.error(f"expected [kept, reduced] pairs of powers of two, got {item}")
-        tiles.append((pair[0], pair[1]))
-    return tuple(tiles)
 
 
 @dataclass(frozen=True)

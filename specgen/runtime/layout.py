@@ -101,9 +101,15 @@ class Collapsed:
 def collapse(shape: Shape, operand_strides: Sequence[Shape]) -> Collapsed:
     """Orders dims by memory, drops size-1 dims and merges dims that are contiguous in every operand."""
     order = [d for d in memory_order(shape, operand_strides) if shape[d] != 1]
+    return merge_dims(shape, operand_strides, order)
+
+
+def merge_dims(shape: Shape, operand_strides: Sequence[Shape], order: Sequence[int]) -> Collapsed:
+    """The dims in ``order`` (fastest first), each merged into the previous one where every operand
+    steps over it contiguously. Returns sizes and strides slowest first."""
     sizes: list[int] = []
     strides: list[list[int]] = [[] for _ in operand_strides]
-    for dim in order:  # fastest first
+    for dim in order:
         mergeable = sizes and all(s[dim] == merged[-1] * sizes[-1]
                                   for s, merged in zip(operand_strides, strides))
         if mergeable:

@@ -18,7 +18,7 @@ import torch
 import triton
 
 from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
-from specgen.runtime.layout import Shape, span
+from specgen.runtime.layout import Shape, merge_dims, span
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
 MAX_DIMS = 4
@@ -94,16 +94,8 @@ def collapse_space(sizes: Sequence[int], strides: Sequence[Sequence[int]],
     dims = [d for d, size in enumerate(sizes) if size != 1]
     if not logical:
         dims.sort(key=lambda d: [-abs(s[d]) for s in strides])
-    merged_sizes: list[int] = []
-    merged: list[list[int]] = [[] for _ in strides]
-    for d in reversed(dims):  # fastest first
-        if merged_sizes and all(s[d] == m[-1] * merged_sizes[-1] for s, m in zip(strides, merged)):
-            merged_sizes[-1] *= sizes[d]
-            continue
-        merged_sizes.append(sizes[d])
-        for s, m in zip(strides, merged):
-            m.append(s[d])
-    return Space(tuple(reversed(merged_sizes)), tuple(tuple(reversed(m)) for m in merged))
+    merged = merge_dims(tuple(sizes), strides, list(reversed(dims)))  # fastest first
+    return Space(merged.sizes, merged.strides)
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,13 @@ def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, layout: Layout, *,
     for dim in layout.broadcast:
         strides[dim] = 0
     span = layout.offset + running
-    generator = torch.Generator().manual_seed(seed)
+    # drawn on the CPU from a seeded generator whatever the default device, then moved
+    generator = torch.Generator(device="cpu").manual_seed(seed)
     if fill is None:
-        storage = torch.rand(span, generator=generator, dtype=torch.float64) * (high - low) + low
+        storage = torch.rand(span, generator=generator, dtype=torch.float64, device="cpu")
+        storage = storage * (high - low) + low
     else:
-        storage = torch.full((span,), fill, dtype=torch.float64)
+        storage = torch.full((span,), fill, dtype=torch.float64, device="cpu")
     storage = storage.to(dtype).to(device or globals()["device"]())
     return torch.as_strided(storage, shape, strides, layout.offset)
 

@@ -24,11 +24,11 @@ def cross_entropy_cases(draw, info: OpInfo) -> Case:
     seed = draw(st.integers(0, 2**31 - 1))
     logits = make_tensor((n_rows, n_classes), dtype, draw(layouts(2, allow_broadcast=False)),
                          low=-8.0, high=8.0, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    target = torch.randint(0, n_classes, (n_rows,), generator=generator)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    target = torch.randint(0, n_classes, (n_rows,), generator=generator, device="cpu")
     ignore_index = draw(st.sampled_from([-100, 0, 3]))
     if n_rows and draw(st.booleans()):
-        target[torch.rand(n_rows, generator=generator) < 0.3] = ignore_index
+        target[torch.rand(n_rows, generator=generator, device="cpu") < 0.3] = ignore_index
     weight = None
     if draw(st.booleans()):
         weight = make_tensor((n_classes,), dtype, draw(layouts(1, allow_broadcast=False)),
