@@ -7,25 +7,37 @@ Importing this package compiles nothing: kernels compile on their first call.
 from specgen.runtime import OpInfo
 
 from generated import add as _add
+from generated import add_rms_norm as _add_rms_norm
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
+from generated import layer_norm as _layer_norm
+from generated import log_softmax as _log_softmax
+from generated import logsumexp as _logsumexp
 from generated import mul as _mul
 from generated import relu as _relu
+from generated import rms_norm as _rms_norm
 from generated import sigmoid as _sigmoid
 from generated import silu as _silu
+from generated import softmax as _softmax
 from generated import sub as _sub
 from generated import swiglu as _swiglu
 from generated import tanh as _tanh
 
 add = _add.add
+add_rms_norm = _add_rms_norm.add_rms_norm
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
+layer_norm = _layer_norm.layer_norm
+log_softmax = _log_softmax.log_softmax
+logsumexp = _logsumexp.logsumexp
 mul = _mul.mul
 relu = _relu.relu
+rms_norm = _rms_norm.rms_norm
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
+softmax = _softmax.softmax
 sub = _sub.sub
 swiglu = _swiglu.swiglu
 tanh = _tanh.tanh
@@ -39,6 +51,6 @@ def _info(module) -> OpInfo:
         function=getattr(module, module.NAME), reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _div, _geglu, _gelu, _mul, _relu, _sigmoid, _silu, _sub, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _div, _geglu, _gelu, _layer_norm, _log_softmax, _logsumexp, _mul, _relu, _rms_norm, _sigmoid, _silu, _softmax, _sub, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "div", "geglu", "gelu", "mul", "relu", "sigmoid", "silu", "sub", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "add_rms_norm", "div", "geglu", "gelu", "layer_norm", "log_softmax", "logsumexp", "mul", "relu", "rms_norm", "sigmoid", "silu", "softmax", "sub", "swiglu", "tanh", ]

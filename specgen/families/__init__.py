@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from specgen.families import pointwise
+from specgen.families import pointwise, rowwise
 
 
 @dataclass(frozen=True)
@@ -22,4 +22,4 @@ class Family:
         return f"{self.name}.py.jinja"
 
 
-FAMILIES = {f.name: f for f in (Family("pointwise", pointwise),)}
+FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("rowwise", rowwise))}
