@@ -20,7 +20,7 @@ from torch.library import triton_op, wrap_triton
 
 from specgen import kernel_lib as lib
 from specgen import runtime as rt
-from specgen.runtime import rowwise
+from specgen.runtime import pointwise, rowwise
 
 NAME = "add_rms_norm"
 FAMILY = "rowwise"
@@ -571,7 +571,8 @@ def _check_inputs(x, residual, weight, eps):
 @triton_op("specgen::add_rms_norm", mutates_args=())
 def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     reduced = _check_inputs(x, residual, weight, eps)
-    hidden = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # reads no reduction: laid out as torch lays out an element-wise result
+    hidden = pointwise.empty_output(x.shape, x.dtype, x.device, [x, residual])
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(x, residual, weight, eps, hidden, out, reduced)
     return hidden, out

@@ -20,7 +20,7 @@ from torch.library import triton_op, wrap_triton
 
 from specgen import kernel_lib as lib
 from specgen import runtime as rt
-from specgen.runtime import rowwise
+from specgen.runtime import pointwise, rowwise
 
 NAME = "log_softmax"
 FAMILY = "rowwise"

@@ -48,6 +48,9 @@ class RowwiseBody:
     steps: tuple[Step, ...]
     outputs: tuple[Output, ...]
     row_outputs: tuple[str, ...]         # outputs with one value per row (they read no tensor)
+    pointwise_outputs: tuple[tuple[str, tuple[str, ...]], ...]  # outputs that read no reduction,
+                                         # with the tensors they read: laid out as torch's
+                                         # element-wise ops would lay them out
     chunks: tuple[int, ...]
     num_warps: tuple[int, ...]
     strategy: str
@@ -97,6 +100,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     elementwise = set(tensors)
     steps = _parse_steps(top.pop_table("reduce"), symbols, elementwise)
     outputs, row_outputs = _parse_outputs(top.pop_table("compute"), symbols, elementwise)
+    pointwise_outputs = _pointwise_outputs(outputs, row_outputs,
+                                           [n for n in tensors if n not in along])
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096))
@@ -113,7 +118,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             "expression the max reduces; this op's [reduce] has no such pair")
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, steps, outputs,
-                       row_outputs, chunks, num_warps, strategy)
+                       row_outputs, pointwise_outputs, chunks, num_warps, strategy)
 
 
 def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
@@ -216,6 +221,26 @@ def _parse_outputs(table: Table, symbols: dict, elementwise: set) -> tuple[tuple
     if not outputs:
         raise table.where.error('expected at least one output, as in out = "x / sum"')
     return tuple(outputs), tuple(row_outputs)
+
+
+def _pointwise_outputs(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
+                       full: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Element outputs that depend on no reduction (``h = x + residual``), with the full-shape
+    tensors they read, directly or through earlier such outputs.
+
+    torch lays the result of an element-wise op out like its inputs, and the result of softmax or
+    a norm out contiguously; the outputs follow the torch op they stand for.
+    """
+    reads: dict[str, set[str]] = {}
+    for output in outputs:
+        if output.name in row_outputs:
+            continue
+        names = output.expr.names
+        upstream = names - set(full)
+        if all(n in reads for n in upstream):
+            reads[output.name] = (names & set(full)).union(*(reads[n] for n in upstream))
+    # in argument order: the first operand decides torch's memory order
+    return tuple((name, tuple(n for n in full if n in tensors)) for name, tensors in reads.items())
 
 
 def online_pair(steps: tuple[Step, ...]) -> int | None:
@@ -326,6 +351,7 @@ class OutputPlan:
     name: str
     code: str
     per_row: bool
+    like: tuple[str, ...] = ()     # laid out as an element-wise op on these tensors; () contiguous
 
 
 @dataclass(frozen=True)
@@ -538,8 +564,9 @@ def plan(spec: OpSpec) -> RowwisePlan:
 
     looped = _passes(steps, body.steps, None)
     online = _passes(steps, body.steps, pair) if pair is not None else ()
-    outputs = tuple(OutputPlan(o.name, emit(o.expr, names), o.name in body.row_outputs)
-                    for o in body.outputs)
+    like = dict(body.pointwise_outputs)
+    outputs = tuple(OutputPlan(o.name, emit(o.expr, names), o.name in body.row_outputs,
+                               like.get(o.name, ())) for o in body.outputs)
     # the output pass computes every element output, so it loads what any of them reads
     output_tensors = tuple(sorted({t for o in body.outputs if o.name not in body.row_outputs
                                    for t in o.expr.names & tensor_names}))

@@ -13,9 +13,11 @@ from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, asser
                                   broadcast_operand, device, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
 from specgen.testing.pointwise import pointwise_cases
+from specgen.testing.rowwise import rowwise_cases
 
 CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
     "pointwise": pointwise_cases,
+    "rowwise": rowwise_cases,
 }
 
 __all__ = [

@@ -136,6 +136,9 @@ class Case:
     # per-dtype (rtol, atol) replacing TOLERANCES, for ops whose error grows with a size
     # (a reduction's length, a matmul's K); None keeps the element-wise bounds
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    # arguments for the float64 reference when they must differ from ``args``: a None that torch
+    # resolves from the input dtype (rms_norm's eps) is spelled out, as upcasting would change it
+    reference_args: dict[str, Any] | None = None
 
     def call(self, info: OpInfo, **extra) -> Any:
         return info.function(**self.args, **extra)
