@@ -1,0 +1,111 @@
+"""Row-wise ops at launch: argument errors before any launch, the strategy a launch takes, the
+(rows, N) view of odd layouts, and torch's edge cases (empty rows, 0-dim inputs, -inf rows)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+from specgen import runtime
+from specgen.runtime import rowwise
+from specgen.testing import device
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=device())
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda x: generated.softmax(x, 2), ValueError, "argument 'dim' is 2, out of range"),
+    (lambda x: generated.softmax(x, 1.0), TypeError, "argument 'dim' must be int"),
+    (lambda x: generated.softmax(x.tolist()), TypeError, "argument 'x' must be a torch.Tensor"),
+    (lambda x: generated.softmax(x.double()), TypeError, "argument 'x' has dtype torch.float64"),
+    (lambda x: generated.layer_norm(x, [4]), ValueError,
+     "argument 'normalized_shape' is [4], but the input's trailing dims are [5]"),
+    (lambda x: generated.layer_norm(x, []), ValueError, "'normalized_shape' must have at least one"),
+    (lambda x: generated.layer_norm(x, "5"), TypeError, "'normalized_shape' must be an int or a"),
+    (lambda x: generated.layer_norm(x, 5, randn(4)), ValueError,
+     "argument 'weight' has shape (4,), expected (5,)"),
+    (lambda x: generated.rms_norm(x, [5], None, "1e-6"), TypeError, "argument 'eps' must be float"),
+    (lambda x: generated.add_rms_norm(x, randn(5), randn(5)), ValueError,
+     "argument 'residual' has shape (5,), expected the shape of 'x' (3, 5)"),
+])
+def test_bad_arguments(call, error, words):
+    with runtime.record_launches() as launches, pytest.raises(error) as info:
+        call(randn(3, 5))
+    assert words in str(info.value)
+    assert launches == [], "errors come before any launch"
+
+
+def test_forcing_online_without_the_pattern_is_an_error():
+    with runtime.override(strategy="online"), pytest.raises(ValueError) as info:
+        generated.layer_norm(randn(3, 5), [5])
+    assert "strategy 'online' is not available" in str(info.value)
+
+
+@pytest.mark.parametrize("strategy", ["single", "looped", "online", "split"])
+def test_forced_strategy_is_the_one_launched(strategy):
+    x = randn(3, 40)
+    with runtime.override(strategy=strategy), runtime.record_launches() as launches:
+        out = generated.softmax(x, -1)
+    assert [launch.kernel for launch in launches] == [strategy]
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+def test_auto_strategy_and_int64():
+    x = randn(4, 33)
+    with runtime.record_launches() as launches:
+        generated.rms_norm(x, [33])
+    with runtime.override(indexing="int64"), runtime.record_launches() as wide:
+        out = generated.rms_norm(x, [33])
+    assert [(launch.kernel, launch.index_bits) for launch in launches] == [("single", 32)]
+    assert [(launch.kernel, launch.index_bits) for launch in wide] == [("single", 64)]
+    torch.testing.assert_close(out, F.rms_norm(x, [33]))
+
+
+def test_edge_cases_match_torch():
+    empty_rows = randn(3, 0)
+    torch.testing.assert_close(generated.logsumexp(empty_rows, 1), torch.logsumexp(empty_rows, 1))
+    assert generated.softmax(empty_rows, 1).shape == (3, 0)
+    scalar = randn(())
+    torch.testing.assert_close(generated.softmax(scalar, 0), torch.softmax(scalar, 0))
+    torch.testing.assert_close(generated.logsumexp(scalar, -1), torch.logsumexp(scalar, -1))
+    rows = randn(4, 7)
+    rows[0] = -math.inf
+    rows[1, :3] = -math.inf
+    for strategy in ["single", "looped", "online", "split"]:
+        with runtime.override(strategy=strategy):
+            torch.testing.assert_close(generated.softmax(rows, 1), torch.softmax(rows, 1),
+                                       equal_nan=True)
+            torch.testing.assert_close(generated.log_softmax(rows, 1),
+                                       torch.log_softmax(rows, 1), equal_nan=True)
+            torch.testing.assert_close(generated.logsumexp(rows, 1), torch.logsumexp(rows, 1))
+
+
+def test_row_space_collapses_and_splits_dims():
+    x = randn(6, 4, 5).permute(2, 1, 0)             # (5, 4, 6), strides (1, 5, 20)
+    out = torch.empty(x.shape)
+    space = rowwise.row_space("op", x, (1, 2), [out, x], [], [])
+    assert (space.rows, space.n) == (5, 24)
+    # (4, 6) is one dense block in each tensor, but in opposite orders: two reduced dims,
+    # fastest (in the output) first
+    assert space.col_dims == 2 and space.row_dims == 1
+    assert space.elem_cols == ((1, 6, 0), (20, 5, 0))
+    merged = randn(4, 6, 5).permute(2, 0, 1)        # strides (1, 30, 5): (4, 6) merges
+    assert rowwise.row_space("op", merged, (1, 2), [out, merged], [], []).col_dims == 1
+    dense = randn(2, 3, 4, 5)
+    space = rowwise.row_space("op", dense, (3,), [dense], [], [])
+    assert (space.rows, space.row_dims, space.col_dims) == (24, 1, 1)
+
+
+def test_layer_norm_over_dims_that_do_not_merge():
+    x = randn(6, 4, 5).permute(2, 1, 0)
+    weight, bias = randn(4, 6), randn(4, 6)
+    for strategy in ["single", "looped", "split"]:
+        with runtime.override(strategy=strategy):
+            out = generated.layer_norm(x, [4, 6], weight, bias)
+        torch.testing.assert_close(out, F.layer_norm(x, [4, 6], weight, bias),
+                                   atol=2e-5, rtol=1e-5)
+        assert out.is_contiguous()
