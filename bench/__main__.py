@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, pointwise
+from bench import harness, pointwise, rowwise
 
 # family -> cases(quick) -> list[harness.Case]. Each family gets its own `## family` section.
 FAMILIES = {
     "pointwise": pointwise.cases,
+    "rowwise": rowwise.cases,
 }
 
 

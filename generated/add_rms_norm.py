@@ -89,32 +89,32 @@ def _add_rms_norm_single_kernel(
     if INDEX_64:
         cols = cols.to(tl.int64)
     col_mask = cols < N
-    coord = cols
+    col_coord = cols
     if COL_DIMS > 1:
-        coord = cols % col_size_0
-        rest = cols // col_size_0
-    hidden_col = coord * hidden_col_stride_0
-    out_col = coord * out_col_stride_0
-    x_col = coord * x_col_stride_0
-    residual_col = coord * residual_col_stride_0
-    weight_col = coord * weight_col_stride_0
+        col_coord = cols % col_size_0
+        col_rest = cols // col_size_0
+    hidden_col = col_coord * hidden_col_stride_0
+    out_col = col_coord * out_col_stride_0
+    x_col = col_coord * x_col_stride_0
+    residual_col = col_coord * residual_col_stride_0
+    weight_col = col_coord * weight_col_stride_0
     if COL_DIMS > 1:
-        coord = rest
+        col_coord = col_rest
         if COL_DIMS > 2:
-            coord = rest % col_size_1
-            rest = rest // col_size_1
-        hidden_col += coord * hidden_col_stride_1
-        out_col += coord * out_col_stride_1
-        x_col += coord * x_col_stride_1
-        residual_col += coord * residual_col_stride_1
-        weight_col += coord * weight_col_stride_1
+            col_coord = col_rest % col_size_1
+            col_rest = col_rest // col_size_1
+        hidden_col += col_coord * hidden_col_stride_1
+        out_col += col_coord * out_col_stride_1
+        x_col += col_coord * x_col_stride_1
+        residual_col += col_coord * residual_col_stride_1
+        weight_col += col_coord * weight_col_stride_1
     if COL_DIMS > 2:
-        coord = rest
-        hidden_col += coord * hidden_col_stride_2
-        out_col += coord * out_col_stride_2
-        x_col += coord * x_col_stride_2
-        residual_col += coord * residual_col_stride_2
-        weight_col += coord * weight_col_stride_2
+        col_coord = col_rest
+        hidden_col += col_coord * hidden_col_stride_2
+        out_col += col_coord * out_col_stride_2
+        x_col += col_coord * x_col_stride_2
+        residual_col += col_coord * residual_col_stride_2
+        weight_col += col_coord * weight_col_stride_2
     weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
@@ -122,38 +122,38 @@ def _add_rms_norm_single_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        hidden_row = coord * hidden_row_stride_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
-        residual_row = coord * residual_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        hidden_row = row_coord * hidden_row_stride_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
+        residual_row = row_coord * residual_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            hidden_row += coord * hidden_row_stride_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
-            residual_row += coord * residual_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            hidden_row += row_coord * hidden_row_stride_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
+            residual_row += row_coord * residual_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            hidden_row += coord * hidden_row_stride_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
-            residual_row += coord * residual_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            hidden_row += row_coord * hidden_row_stride_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
+            residual_row += row_coord * residual_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            hidden_row += coord * hidden_row_stride_3
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
-            residual_row += coord * residual_row_stride_3
+            row_coord = row_rest
+            hidden_row += row_coord * hidden_row_stride_3
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
+            residual_row += row_coord * residual_row_stride_3
         mask = row_mask & col_mask
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
         residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0).to(tl.float32)
@@ -195,38 +195,38 @@ def _add_rms_norm_looped_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        hidden_row = coord * hidden_row_stride_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
-        residual_row = coord * residual_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        hidden_row = row_coord * hidden_row_stride_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
+        residual_row = row_coord * residual_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            hidden_row += coord * hidden_row_stride_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
-            residual_row += coord * residual_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            hidden_row += row_coord * hidden_row_stride_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
+            residual_row += row_coord * residual_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            hidden_row += coord * hidden_row_stride_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
-            residual_row += coord * residual_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            hidden_row += row_coord * hidden_row_stride_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
+            residual_row += row_coord * residual_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            hidden_row += coord * hidden_row_stride_3
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
-            residual_row += coord * residual_row_stride_3
+            row_coord = row_rest
+            hidden_row += row_coord * hidden_row_stride_3
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
+            residual_row += row_coord * residual_row_stride_3
         # pass: ms
         acc_ms = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -234,23 +234,23 @@ def _add_rms_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            x_col = coord * x_col_stride_0
-            residual_col = coord * residual_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            x_col = col_coord * x_col_stride_0
+            residual_col = col_coord * residual_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                x_col += coord * x_col_stride_1
-                residual_col += coord * residual_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                x_col += col_coord * x_col_stride_1
+                residual_col += col_coord * residual_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                x_col += coord * x_col_stride_2
-                residual_col += coord * residual_col_stride_2
+                col_coord = col_rest
+                x_col += col_coord * x_col_stride_2
+                residual_col += col_coord * residual_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -264,32 +264,32 @@ def _add_rms_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            hidden_col = coord * hidden_col_stride_0
-            out_col = coord * out_col_stride_0
-            x_col = coord * x_col_stride_0
-            residual_col = coord * residual_col_stride_0
-            weight_col = coord * weight_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            hidden_col = col_coord * hidden_col_stride_0
+            out_col = col_coord * out_col_stride_0
+            x_col = col_coord * x_col_stride_0
+            residual_col = col_coord * residual_col_stride_0
+            weight_col = col_coord * weight_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                hidden_col += coord * hidden_col_stride_1
-                out_col += coord * out_col_stride_1
-                x_col += coord * x_col_stride_1
-                residual_col += coord * residual_col_stride_1
-                weight_col += coord * weight_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                hidden_col += col_coord * hidden_col_stride_1
+                out_col += col_coord * out_col_stride_1
+                x_col += col_coord * x_col_stride_1
+                residual_col += col_coord * residual_col_stride_1
+                weight_col += col_coord * weight_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                hidden_col += coord * hidden_col_stride_2
-                out_col += coord * out_col_stride_2
-                x_col += coord * x_col_stride_2
-                residual_col += coord * residual_col_stride_2
-                weight_col += coord * weight_col_stride_2
+                col_coord = col_rest
+                hidden_col += col_coord * hidden_col_stride_2
+                out_col += col_coord * out_col_stride_2
+                x_col += col_coord * x_col_stride_2
+                residual_col += col_coord * residual_col_stride_2
+                weight_col += col_coord * weight_col_stride_2
             mask = row_mask & col_mask
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -335,38 +335,38 @@ def _add_rms_norm_split0_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        hidden_row = coord * hidden_row_stride_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
-        residual_row = coord * residual_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        hidden_row = row_coord * hidden_row_stride_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
+        residual_row = row_coord * residual_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            hidden_row += coord * hidden_row_stride_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
-            residual_row += coord * residual_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            hidden_row += row_coord * hidden_row_stride_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
+            residual_row += row_coord * residual_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            hidden_row += coord * hidden_row_stride_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
-            residual_row += coord * residual_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            hidden_row += row_coord * hidden_row_stride_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
+            residual_row += row_coord * residual_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            hidden_row += coord * hidden_row_stride_3
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
-            residual_row += coord * residual_row_stride_3
+            row_coord = row_rest
+            hidden_row += row_coord * hidden_row_stride_3
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
+            residual_row += row_coord * residual_row_stride_3
         lo = split * share
         hi = tl.minimum(lo + share, N)
         # pass: ms
@@ -376,23 +376,23 @@ def _add_rms_norm_split0_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            x_col = coord * x_col_stride_0
-            residual_col = coord * residual_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            x_col = col_coord * x_col_stride_0
+            residual_col = col_coord * residual_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                x_col += coord * x_col_stride_1
-                residual_col += coord * residual_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                x_col += col_coord * x_col_stride_1
+                residual_col += col_coord * residual_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                x_col += coord * x_col_stride_2
-                residual_col += coord * residual_col_stride_2
+                col_coord = col_rest
+                x_col += col_coord * x_col_stride_2
+                residual_col += col_coord * residual_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -436,38 +436,38 @@ def _add_rms_norm_split_out_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        hidden_row = coord * hidden_row_stride_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
-        residual_row = coord * residual_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        hidden_row = row_coord * hidden_row_stride_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
+        residual_row = row_coord * residual_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            hidden_row += coord * hidden_row_stride_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
-            residual_row += coord * residual_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            hidden_row += row_coord * hidden_row_stride_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
+            residual_row += row_coord * residual_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            hidden_row += coord * hidden_row_stride_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
-            residual_row += coord * residual_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            hidden_row += row_coord * hidden_row_stride_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
+            residual_row += row_coord * residual_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            hidden_row += coord * hidden_row_stride_3
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
-            residual_row += coord * residual_row_stride_3
+            row_coord = row_rest
+            hidden_row += row_coord * hidden_row_stride_3
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
+            residual_row += row_coord * residual_row_stride_3
         splits = tl.arange(0, SPLITS_BLOCK)[None, :]
         split_mask = splits < n_splits
         part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
@@ -480,32 +480,32 @@ def _add_rms_norm_split_out_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            hidden_col = coord * hidden_col_stride_0
-            out_col = coord * out_col_stride_0
-            x_col = coord * x_col_stride_0
-            residual_col = coord * residual_col_stride_0
-            weight_col = coord * weight_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            hidden_col = col_coord * hidden_col_stride_0
+            out_col = col_coord * out_col_stride_0
+            x_col = col_coord * x_col_stride_0
+            residual_col = col_coord * residual_col_stride_0
+            weight_col = col_coord * weight_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                hidden_col += coord * hidden_col_stride_1
-                out_col += coord * out_col_stride_1
-                x_col += coord * x_col_stride_1
-                residual_col += coord * residual_col_stride_1
-                weight_col += coord * weight_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                hidden_col += col_coord * hidden_col_stride_1
+                out_col += col_coord * out_col_stride_1
+                x_col += col_coord * x_col_stride_1
+                residual_col += col_coord * residual_col_stride_1
+                weight_col += col_coord * weight_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                hidden_col += coord * hidden_col_stride_2
-                out_col += coord * out_col_stride_2
-                x_col += coord * x_col_stride_2
-                residual_col += coord * residual_col_stride_2
-                weight_col += coord * weight_col_stride_2
+                col_coord = col_rest
+                hidden_col += col_coord * hidden_col_stride_2
+                out_col += col_coord * out_col_stride_2
+                x_col += col_coord * x_col_stride_2
+                residual_col += col_coord * residual_col_stride_2
+                weight_col += col_coord * weight_col_stride_2
             mask = row_mask & col_mask
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)

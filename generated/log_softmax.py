@@ -83,23 +83,23 @@ def _log_softmax_single_kernel(
     if INDEX_64:
         cols = cols.to(tl.int64)
     col_mask = cols < N
-    coord = cols
+    col_coord = cols
     if COL_DIMS > 1:
-        coord = cols % col_size_0
-        rest = cols // col_size_0
-    out_col = coord * out_col_stride_0
-    x_col = coord * x_col_stride_0
+        col_coord = cols % col_size_0
+        col_rest = cols // col_size_0
+    out_col = col_coord * out_col_stride_0
+    x_col = col_coord * x_col_stride_0
     if COL_DIMS > 1:
-        coord = rest
+        col_coord = col_rest
         if COL_DIMS > 2:
-            coord = rest % col_size_1
-            rest = rest // col_size_1
-        out_col += coord * out_col_stride_1
-        x_col += coord * x_col_stride_1
+            col_coord = col_rest % col_size_1
+            col_rest = col_rest // col_size_1
+        out_col += col_coord * out_col_stride_1
+        x_col += col_coord * x_col_stride_1
     if COL_DIMS > 2:
-        coord = rest
-        out_col += coord * out_col_stride_2
-        x_col += coord * x_col_stride_2
+        col_coord = col_rest
+        out_col += col_coord * out_col_stride_2
+        x_col += col_coord * x_col_stride_2
 
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
@@ -107,30 +107,30 @@ def _log_softmax_single_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
+            row_coord = row_rest
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
         row_max = tl.reduce(tl.where(mask, x, NEG_INF), 1, lib.maximum, keep_dims=True)
@@ -168,30 +168,30 @@ def _log_softmax_looped_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
+            row_coord = row_rest
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
         # pass: max
         acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -199,20 +199,20 @@ def _log_softmax_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -227,20 +227,20 @@ def _log_softmax_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -253,23 +253,23 @@ def _log_softmax_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            out_col = coord * out_col_stride_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            out_col = col_coord * out_col_stride_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                out_col += coord * out_col_stride_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                out_col += col_coord * out_col_stride_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                out_col += coord * out_col_stride_2
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                out_col += col_coord * out_col_stride_2
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -303,30 +303,30 @@ def _log_softmax_online_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
+            row_coord = row_rest
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
         # online pass: running max and rescaled sum: max, sum
         acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
         acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
@@ -335,20 +335,20 @@ def _log_softmax_online_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -369,23 +369,23 @@ def _log_softmax_online_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            out_col = coord * out_col_stride_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            out_col = col_coord * out_col_stride_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                out_col += coord * out_col_stride_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                out_col += col_coord * out_col_stride_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                out_col += coord * out_col_stride_2
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                out_col += col_coord * out_col_stride_2
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -424,30 +424,30 @@ def _log_softmax_split0_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
+            row_coord = row_rest
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
         lo = split * share
         hi = tl.minimum(lo + share, N)
         # online pass: running max and rescaled sum: max, sum
@@ -458,20 +458,20 @@ def _log_softmax_split0_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
@@ -519,30 +519,30 @@ def _log_softmax_split_out_kernel(
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor
         row_id = tl.where(row_mask, rows, 0)
-        coord = row_id
+        row_coord = row_id
         if ROW_DIMS > 1:
-            coord = row_id % row_size_0
-            rest = row_id // row_size_0
-        out_row = coord * out_row_stride_0
-        x_row = coord * x_row_stride_0
+            row_coord = row_id % row_size_0
+            row_rest = row_id // row_size_0
+        out_row = row_coord * out_row_stride_0
+        x_row = row_coord * x_row_stride_0
         if ROW_DIMS > 1:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 2:
-                coord = rest % row_size_1
-                rest = rest // row_size_1
-            out_row += coord * out_row_stride_1
-            x_row += coord * x_row_stride_1
+                row_coord = row_rest % row_size_1
+                row_rest = row_rest // row_size_1
+            out_row += row_coord * out_row_stride_1
+            x_row += row_coord * x_row_stride_1
         if ROW_DIMS > 2:
-            coord = rest
+            row_coord = row_rest
             if ROW_DIMS > 3:
-                coord = rest % row_size_2
-                rest = rest // row_size_2
-            out_row += coord * out_row_stride_2
-            x_row += coord * x_row_stride_2
+                row_coord = row_rest % row_size_2
+                row_rest = row_rest // row_size_2
+            out_row += row_coord * out_row_stride_2
+            x_row += row_coord * x_row_stride_2
         if ROW_DIMS > 3:
-            coord = rest
-            out_row += coord * out_row_stride_3
-            x_row += coord * x_row_stride_3
+            row_coord = row_rest
+            out_row += row_coord * out_row_stride_3
+            x_row += row_coord * x_row_stride_3
         splits = tl.arange(0, SPLITS_BLOCK)[None, :]
         split_mask = splits < n_splits
         part_max = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=NEG_INF)
@@ -559,23 +559,23 @@ def _log_softmax_split_out_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
-            coord = cols
+            col_coord = cols
             if COL_DIMS > 1:
-                coord = cols % col_size_0
-                rest = cols // col_size_0
-            out_col = coord * out_col_stride_0
-            x_col = coord * x_col_stride_0
+                col_coord = cols % col_size_0
+                col_rest = cols // col_size_0
+            out_col = col_coord * out_col_stride_0
+            x_col = col_coord * x_col_stride_0
             if COL_DIMS > 1:
-                coord = rest
+                col_coord = col_rest
                 if COL_DIMS > 2:
-                    coord = rest % col_size_1
-                    rest = rest // col_size_1
-                out_col += coord * out_col_stride_1
-                x_col += coord * x_col_stride_1
+                    col_coord = col_rest % col_size_1
+                    col_rest = col_rest // col_size_1
+                out_col += col_coord * out_col_stride_1
+                x_col += col_coord * x_col_stride_1
             if COL_DIMS > 2:
-                coord = rest
-                out_col += coord * out_col_stride_2
-                x_col += coord * x_col_stride_2
+                col_coord = col_rest
+                out_col += col_coord * out_col_stride_2
+                x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)

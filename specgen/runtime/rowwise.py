@@ -22,8 +22,9 @@ ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
 COL_RANK = 3    # collapsed reduced dims a kernel splits a column index into
 
 STRATEGIES = ("single", "looped", "online", "split")
-# auto: the whole row in registers up to this many elements (next power of two of N)
-SINGLE_MAX = 32768
+# auto: the whole row in registers up to this many elements (next power of two of N); at
+# 16 elements a thread this is 32 warps, the most a program has
+SINGLE_MAX = 16384
 # auto: rows at least this long are split over several programs when there are few rows
 SPLIT_MIN = 16384
 # programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
