@@ -45,6 +45,14 @@ def test_forcing_online_without_the_pattern_is_an_error():
     assert "strategy 'online' is not available" in str(info.value)
 
 
+def test_forcing_single_on_very_long_rows_is_an_error():
+    with runtime.override(strategy="single"), runtime.record_launches() as launches, \
+            pytest.raises(ValueError) as info:
+        generated.softmax(torch.empty(2, (1 << 16) + 1, device=device()))
+    assert "rows of 65537 elements are longer than 65536" in str(info.value)
+    assert launches == []
+
+
 @pytest.mark.parametrize("strategy", ["single", "looped", "online", "split"])
 def test_forced_strategy_is_the_one_launched(strategy):
     x = randn(3, 40)

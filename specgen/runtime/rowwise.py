@@ -25,6 +25,9 @@ STRATEGIES = ("single", "looped", "online", "split")
 # auto: the whole row in registers up to this many elements (next power of two of N); at
 # 16 elements a thread this is 32 warps, the most a program has
 SINGLE_MAX = 16384
+# forced single tile: the longest row one program may hold (past it a tile would not compile
+# in reasonable time, and would spill most of its registers)
+SINGLE_LIMIT = 1 << 16
 # auto: rows at least this long are split over several programs when there are few rows
 SPLIT_MIN = 16384
 # programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
@@ -213,6 +216,9 @@ def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n
             raise ValueError(f"{op}: strategy '{forced}' is not available for this op "
                              f"(available: {', '.join(available)}); 'online' needs a max step "
                              f"followed by a sum of exp(x - max)")
+        if forced == "single" and triton.next_power_of_2(max(n, 1)) > SINGLE_LIMIT:
+            raise ValueError(f"{op}: strategy 'single' holds a whole row in one program; rows of "
+                             f"{n} elements are longer than {SINGLE_LIMIT}")
         return forced
     return choose_strategy(rows, n, "online" in available, multiprocessors(device))
 
