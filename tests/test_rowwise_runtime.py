@@ -117,3 +117,62 @@ def test_layer_norm_over_dims_that_do_not_merge():
         torch.testing.assert_close(out, F.layer_norm(x, [4, 6], weight, bias),
                                    atol=2e-5, rtol=1e-5)
         assert out.is_contiguous()
+
+
+FUSED = """
+[op]
+name = "test_norm_with_stats"
+family = "rowwise"
+reference = "None"
+
+[args]
+x = "tensor"
+bias = "tensor"
+dim = "int"
+
+[rows]
+tensor = "x"
+dim = "dim"
+along = ["bias"]
+
+[reduce]
+max = { op = "max", of = "x + bias" }
+sum = { op = "sum", of = "exp(x + bias - max)" }
+low = { op = "min", of = "x" }
+mean = { op = "sum", of = "x", scale = "1 / N" }
+var = { op = "sum", of = "(x - mean) * (x - mean)", scale = "1 / N" }
+
+[compute]
+rstd = "rsqrt(var + 0.001)"
+out = "(x - mean) * rstd + exp(x + bias - max) / sum"
+lse = "max + log(sum)"
+span = "mean - low"
+"""
+
+
+def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
+    """Element-wise and per-row outputs together, every step kind, in every strategy."""
+    from specgen.model import Source
+    from specgen.parse import parse_spec
+    from specgen.render import render_op
+
+    spec = parse_spec(FUSED, Source("specs/test_norm_with_stats.toml", "0" * 64, FUSED))
+    (tmp_path / "test_norm_with_stats.py").write_text(render_op(spec))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import test_norm_with_stats as module
+
+    x = randn(6, 3, 7).permute(1, 2, 0)                 # (3, 7, 6): reduce the middle dim
+    bias = randn(7)
+    x64, b64 = x.double(), bias.double().view(1, 7, 1)
+    shifted = x64 + b64
+    mean = x64.mean(1)
+    rstd = torch.rsqrt(x64.var(1, unbiased=False) + 0.001)
+    expected = (rstd, (x64 - mean.unsqueeze(1)) * rstd.unsqueeze(1) + torch.softmax(shifted, 1),
+                torch.logsumexp(shifted, 1), mean - x64.amin(1))
+    assert module.STRATEGIES == ("single", "looped", "online", "split")
+    for strategy in module.STRATEGIES:
+        with runtime.override(strategy=strategy):
+            actual = module.test_norm_with_stats(x, bias, 1)
+        assert [tuple(a.shape) for a in actual] == [(3, 6), (3, 7, 6), (3, 6), (3, 6)]
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)

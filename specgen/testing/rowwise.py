@@ -117,3 +117,44 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
 def _writable(tensor: torch.Tensor) -> bool:
     """In-place fills need every element at its own address (no stride-0 broadcast dims)."""
     return all(stride != 0 or size <= 1 for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def compile_kernels(module, arch: int = 90) -> list[str]:
+    """Compiles every kernel of a generated row-wise module to a CUDA binary, without a GPU.
+
+    The interpreter runs kernels as plain Python, so it accepts what the compiler rejects (a
+    loop-carried value whose shape changes, a non-constexpr where one is needed). Both index widths
+    and the deepest row and column splits are compiled, with bf16 tensors. Needs Triton's NVIDIA
+    backend (ptxas ships with it) and no TRITON_INTERPRET. Returns one line per kernel.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specgen.runtime.rowwise import COL_RANK, ROW_RANK
+
+    done = []
+    for name, kernel in sorted(vars(module).items()):
+        if not name.endswith("_kernel"):
+            continue
+        fn = kernel
+        while not isinstance(fn, triton.runtime.JITFunction):
+            fn = fn.fn
+        for index_64 in (False, True):
+            constexprs = {"ROW_DIMS": ROW_RANK, "COL_DIMS": COL_RANK, "INDEX_64": index_64,
+                          "BLOCK_M": 1 if "_split" in name else 2, "BLOCK_N": 256,
+                          "SPLITS_BLOCK": 16}
+            constexprs.update({a: True for a in fn.arg_names if a.startswith("HAS_")})
+            signature, constants = {}, {}
+            for i, arg in enumerate(fn.arg_names):
+                if arg in constexprs:
+                    signature[arg] = "constexpr"
+                    constants[(i,)] = constexprs[arg]
+                elif arg.endswith("_ptr"):
+                    signature[arg] = "*fp32" if arg == "ws_ptr" else "*bf16"
+                else:
+                    signature[arg] = "i64" if index_64 else "i32"
+            triton.compile(ASTSource(fn, signature, constants),
+                           target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+            done.append(f"{name} int{64 if index_64 else 32}")
+    return done
