@@ -253,8 +253,8 @@ def _add_rms_norm_looped_kernel(
                 residual_col += col_coord * residual_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_ms += tl.where(mask, (x + residual) * (x + residual), 0.0)
         row_ms = tl.sum(acc_ms, axis=1, keep_dims=True) * (1 / n_float)
 
@@ -292,8 +292,8 @@ def _add_rms_norm_looped_kernel(
                 weight_col += col_coord * weight_col_stride_2
             mask = row_mask & col_mask
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             hidden = x + residual
             out = hidden * tl.rsqrt(row_ms + eps) * weight
             tl.store(hidden_ptr + hidden_row + hidden_col, hidden.to(hidden_ptr.dtype.element_ty), mask=mask)
@@ -395,8 +395,8 @@ def _add_rms_norm_split0_kernel(
                 residual_col += col_coord * residual_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_ms += tl.where(mask, (x + residual) * (x + residual), 0.0)
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms, axis=1, keep_dims=True))
 
@@ -508,8 +508,8 @@ def _add_rms_norm_split_out_kernel(
                 weight_col += col_coord * weight_col_stride_2
             mask = row_mask & col_mask
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             hidden = x + residual
             out = hidden * tl.rsqrt(row_ms + eps) * weight
             tl.store(hidden_ptr + hidden_row + hidden_col, hidden.to(hidden_ptr.dtype.element_ty), mask=mask)

@@ -239,7 +239,7 @@ def _layer_norm_looped_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_mean += tl.where(mask, x, 0.0)
         row_mean = tl.sum(acc_mean, axis=1, keep_dims=True) * (1 / n_float)
         # pass: var
@@ -265,7 +265,7 @@ def _layer_norm_looped_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_var += tl.where(mask, (x - row_mean) * (x - row_mean), 0.0)
         row_var = tl.sum(acc_var, axis=1, keep_dims=True) * (1 / n_float)
 
@@ -307,7 +307,7 @@ def _layer_norm_looped_kernel(
                 bias = tl.load(bias_ptr + bias_col, mask=col_mask, other=0.0).to(tl.float32)
             else:
                 bias = 0.0  # omitted
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -397,7 +397,7 @@ def _layer_norm_split0_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_mean += tl.where(mask, x, 0.0)
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_mean, axis=1, keep_dims=True))
 
@@ -491,7 +491,7 @@ def _layer_norm_split1_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_var += tl.where(mask, (x - row_mean) * (x - row_mean), 0.0)
         tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, tl.sum(acc_var, axis=1, keep_dims=True))
 
@@ -602,7 +602,7 @@ def _layer_norm_split_out_kernel(
                 bias = tl.load(bias_ptr + bias_col, mask=col_mask, other=0.0).to(tl.float32)
             else:
                 bias = 0.0  # omitted
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 

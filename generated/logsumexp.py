@@ -211,7 +211,7 @@ def _logsumexp_looped_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_max = lib.maximum(acc_max, tl.where(mask, x, NEG_INF))
         row_max = tl.reduce(acc_max, 1, lib.maximum, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
@@ -239,7 +239,7 @@ def _logsumexp_looped_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_sum += tl.where(mask, tl.exp(x - row_max_shift), 0.0)
         row_sum = tl.sum(acc_sum, axis=1, keep_dims=True)
         row_out = row_max + tl.log(row_sum)
@@ -320,7 +320,7 @@ def _logsumexp_online_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             value = tl.where(mask, x, NEG_INF)
             new_max = lib.maximum(acc_max, value)
             # lanes that have seen only -inf keep a zero sum (exp(-inf - -inf) would be NaN)
@@ -416,7 +416,7 @@ def _logsumexp_split0_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             value = tl.where(mask, x, NEG_INF)
             new_max = lib.maximum(acc_max, value)
             # lanes that have seen only -inf keep a zero sum (exp(-inf - -inf) would be NaN)

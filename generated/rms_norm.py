@@ -226,7 +226,7 @@ def _rms_norm_looped_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_ms += tl.where(mask, x * x, 0.0)
         row_ms = tl.sum(acc_ms, axis=1, keep_dims=True) * (1 / n_float)
 
@@ -261,7 +261,7 @@ def _rms_norm_looped_kernel(
                 weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             else:
                 weight = 1.0  # omitted
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             out = x * tl.rsqrt(row_ms + eps) * weight
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -349,7 +349,7 @@ def _rms_norm_split0_kernel(
                 x_col += col_coord * x_col_stride_2
             mask = row_mask & col_mask
 
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_ms += tl.where(mask, x * x, 0.0)
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms, axis=1, keep_dims=True))
 
@@ -449,7 +449,7 @@ def _rms_norm_split_out_kernel(
                 weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             else:
                 weight = 1.0  # omitted
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             out = x * tl.rsqrt(row_ms + eps) * weight
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
