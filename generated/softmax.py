@@ -138,7 +138,7 @@ def _softmax_single_kernel(
         row_max_shift = tl.where(row_max == NEG_INF, 0.0, row_max)
         row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
 
-        out = tl.exp(x - row_max) / row_sum
+        out = tl.exp(x - row_max_shift) * (1.0 / row_sum)
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -273,7 +273,7 @@ def _softmax_looped_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = tl.exp(x - row_max) / row_sum
+            out = tl.exp(x - row_max_shift) * (1.0 / row_sum)
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -389,7 +389,7 @@ def _softmax_online_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = tl.exp(x - row_max) / row_sum
+            out = tl.exp(x - row_max_shift) * (1.0 / row_sum)
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -579,7 +579,7 @@ def _softmax_split_out_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = tl.exp(x - row_max) / row_sum
+            out = tl.exp(x - row_max_shift) * (1.0 / row_sum)
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

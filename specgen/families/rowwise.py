@@ -253,12 +253,8 @@ def online_pair(steps: tuple[Step, ...]) -> int | None:
         if first.op != "max" or first.scale is not None or second.op != "sum":
             continue
         call = second.of.tree
-        if not (isinstance(call, ast.Call) and call.func.id == "exp" and len(call.args) == 1):
-            continue
-        inner = call.args[0]
-        if (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub)
-                and isinstance(inner.right, ast.Name) and inner.right.id == first.name
-                and ast.dump(inner.left) == ast.dump(first.of.tree)):
+        if (isinstance(call, ast.Call) and call.func.id == "exp" and len(call.args) == 1
+                and _is_shifted(call.args[0], first)):
             return i
     return None
 
@@ -548,25 +544,23 @@ def plan(spec: OpSpec) -> RowwisePlan:
     names[N_SYMBOL] = "n_float"
     names.update({s.name: f"row_{s.name}" for s in body.steps})
     names.update({n: f"row_{n}" for n in body.row_outputs})
-    steps, slot = [], 0
+    per_row = {s.name for s in body.steps} | set(body.row_outputs)
+    shift = (body.steps[pair], f"row_{body.steps[pair].name}_shift") if pair is not None else None
+    steps = []
     for i, step in enumerate(body.steps):
-        step_names = dict(names)
-        if pair is not None and i == pair + 1:
-            # exp(E - max) with max = -inf (an all -inf row) would be NaN; the online update gives
-            # 0 there, so every strategy subtracts the same -inf-safe max
-            step_names[body.steps[pair].name] = f"row_{body.steps[pair].name}_shift"
         scale = None if step.scale is None else emit(step.scale, names)
-        steps.append(StepPlan(step.name, step.op, emit(step.of, step_names), scale, slot,
+        value = emit(_rewrite(step.of, shift if i != pair else None, per_row), names)
+        steps.append(StepPlan(step.name, step.op, value, scale, i,
                               tuple(sorted(step.of.names & tensor_names)),
                               shift=pair is not None and i == pair))
-        slot += 1
     steps = tuple(steps)
 
     looped = _passes(steps, body.steps, None)
     online = _passes(steps, body.steps, pair) if pair is not None else ()
     like = dict(body.pointwise_outputs)
-    outputs = tuple(OutputPlan(o.name, emit(o.expr, names), o.name in body.row_outputs,
-                               like.get(o.name, ())) for o in body.outputs)
+    outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
+                               o.name in body.row_outputs, like.get(o.name, ()))
+                    for o in body.outputs)
     # the output pass computes every element output, so it loads what any of them reads
     output_tensors = tuple(sorted({t for o in body.outputs if o.name not in body.row_outputs
                                    for t in o.expr.names & tensor_names}))
@@ -583,6 +577,44 @@ def plan(spec: OpSpec) -> RowwisePlan:
         interpreter_config={"BLOCK_M": 2, "BLOCK_N": 16, "num_warps": 4},
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
         max_chunk=max(body.chunks))
+
+
+def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:
+    """Two rewrites of an expression before it is emitted.
+
+    - In the online pattern, ``exp(E - max)`` subtracts the -inf-safe max (0 when the row's max is
+      -inf) wherever it appears: an all -inf row then sums to 0 in every strategy, as in the online
+      update (softmax still gives NaN there, 0 / 0), and the single-tile kernel computes the exps
+      of the sum and of the output once.
+    - ``a / r`` with ``r`` a per-row value becomes ``a * (1.0 / r)``: one division per row rather
+      than per element (one more rounding, in float32).
+    """
+    tree = ast.parse(ast.unparse(expr.tree), mode="eval").body
+
+    class Rewriter(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if shift is not None and node.func.id == "exp" and _is_shifted(node.args[0], shift[0]):
+                node.args[0].right = ast.Name(shift[1], ast.Load())
+            return node
+
+        def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+            self.generic_visit(node)
+            if (isinstance(node.op, ast.Div) and isinstance(node.right, ast.Name)
+                    and node.right.id in per_row):
+                reciprocal = ast.BinOp(ast.Constant(1.0), ast.Div(), node.right)
+                return ast.BinOp(node.left, ast.Mult(), reciprocal)
+            return node
+
+    tree = ast.fix_missing_locations(Rewriter().visit(tree))
+    return Expr(expr.source, tree, expr.names)
+
+
+def _is_shifted(node: ast.expr, step: Step) -> bool:
+    """``E - max``, E being what the max step reduces."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+            and isinstance(node.right, ast.Name) and node.right.id == step.name
+            and ast.dump(node.left) == ast.dump(step.of.tree))
 
 
 def _passes(steps: tuple[StepPlan, ...], specs: tuple[Step, ...], pair: int | None) -> tuple[PassPlan, ...]:
