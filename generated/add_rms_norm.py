@@ -89,6 +89,7 @@ def _add_rms_norm_single_kernel(
     if INDEX_64:
         cols = cols.to(tl.int64)
     col_mask = cols < N
+    # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
     col_coord = cols
     if COL_DIMS > 1:
         col_coord = cols % col_size_0
@@ -120,8 +121,10 @@ def _add_rms_norm_single_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -193,8 +196,10 @@ def _add_rms_norm_looped_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -234,6 +239,7 @@ def _add_rms_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -264,6 +270,7 @@ def _add_rms_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -333,8 +340,10 @@ def _add_rms_norm_split0_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -376,6 +385,7 @@ def _add_rms_norm_split0_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -434,8 +444,10 @@ def _add_rms_norm_split_out_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -480,6 +492,7 @@ def _add_rms_norm_split_out_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0

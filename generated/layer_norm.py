@@ -91,6 +91,7 @@ def _layer_norm_single_kernel(
     if INDEX_64:
         cols = cols.to(tl.int64)
     col_mask = cols < N
+    # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
     col_coord = cols
     if COL_DIMS > 1:
         col_coord = cols % col_size_0
@@ -126,8 +127,10 @@ def _layer_norm_single_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -190,8 +193,10 @@ def _layer_norm_looped_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -223,6 +228,7 @@ def _layer_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -249,6 +255,7 @@ def _layer_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -275,6 +282,7 @@ def _layer_norm_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -346,8 +354,10 @@ def _layer_norm_split0_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -381,6 +391,7 @@ def _layer_norm_split0_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -436,8 +447,10 @@ def _layer_norm_split1_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -475,6 +488,7 @@ def _layer_norm_split1_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -530,8 +544,10 @@ def _layer_norm_split_out_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -570,6 +586,7 @@ def _layer_norm_split_out_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0

@@ -83,6 +83,7 @@ def _softmax_single_kernel(
     if INDEX_64:
         cols = cols.to(tl.int64)
     col_mask = cols < N
+    # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
     col_coord = cols
     if COL_DIMS > 1:
         col_coord = cols % col_size_0
@@ -105,8 +106,10 @@ def _softmax_single_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -166,8 +169,10 @@ def _softmax_looped_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -199,6 +204,7 @@ def _softmax_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -227,6 +233,7 @@ def _softmax_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -253,6 +260,7 @@ def _softmax_looped_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -301,8 +309,10 @@ def _softmax_online_kernel(
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -335,6 +345,7 @@ def _softmax_online_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -369,6 +380,7 @@ def _softmax_online_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < N
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -422,8 +434,10 @@ def _softmax_split0_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -458,6 +472,7 @@ def _softmax_split0_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0
@@ -517,8 +532,10 @@ def _softmax_split_out_kernel(
         split = item % n_splits
         rows = item // n_splits + tl.arange(0, 1)[:, None]
         row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor
+        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+        # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
+        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
         row_coord = row_id
         if ROW_DIMS > 1:
             row_coord = row_id % row_size_0
@@ -559,6 +576,7 @@ def _softmax_split_out_kernel(
             if INDEX_64:
                 cols = cols.to(tl.int64)
             col_mask = cols < hi
+            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
                 col_coord = cols % col_size_0

@@ -20,6 +20,9 @@ def randn(*shape, dtype=torch.float32):
 @pytest.mark.parametrize("call, error, words", [
     (lambda x: generated.softmax(x, 2), ValueError, "argument 'dim' is 2, out of range"),
     (lambda x: generated.softmax(x, 1.0), TypeError, "argument 'dim' must be int"),
+    (lambda x: generated.logsumexp(x, [1, -1]), ValueError, "'dim' names dim 1 more than once"),
+    (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),
+    (lambda x: generated.logsumexp(x, 1.5), TypeError, "'dim' must be an int or a sequence"),
     (lambda x: generated.softmax(x.tolist()), TypeError, "argument 'x' must be a torch.Tensor"),
     (lambda x: generated.softmax(x.double()), TypeError, "argument 'x' has dtype torch.float64"),
     (lambda x: generated.layer_norm(x, [4]), ValueError,
@@ -80,6 +83,11 @@ def test_edge_cases_match_torch():
     scalar = randn(())
     torch.testing.assert_close(generated.softmax(scalar, 0), torch.softmax(scalar, 0))
     torch.testing.assert_close(generated.logsumexp(scalar, -1), torch.logsumexp(scalar, -1))
+    cube = randn(3, 4, 5).transpose(0, 2)
+    for strategy in ["single", "looped", "online", "split"]:
+        with runtime.override(strategy=strategy):
+            torch.testing.assert_close(generated.logsumexp(cube, (0, 2)),
+                                       torch.logsumexp(cube, (0, 2)))
     rows = randn(4, 7)
     rows[0] = -math.inf
     rows[1, :3] = -math.inf

@@ -40,7 +40,7 @@ class Step:
 @dataclass(frozen=True)
 class RowwiseBody:
     tensor: str                          # the tensor whose rows are reduced
-    dim: str | int | None                # an int argument or a fixed dim
+    dim: str | int | None                # an int (or list of ints) argument, or a fixed dim
     normalized_shape: str | None         # a shape argument: reduce over the trailing dims
     along: tuple[str, ...]               # tensors of the reduced shape, read along each row
     absent: tuple[tuple[str, float], ...]  # the value an omitted optional tensor stands for
@@ -93,8 +93,9 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
         if isinstance(arg, ScalarArg) and arg.optional and arg.name not in finfo_eps:
             raise where.error("an optional scalar must say what None means: list it in "
                               "[rows] finfo_eps")
-        if isinstance(arg, ScalarArg) and arg.type == "shape" and arg.name != normalized_shape:
-            raise where.error("a shape argument is only used as [rows] normalized_shape")
+        if isinstance(arg, ScalarArg) and arg.type == "shape" and arg.name not in (normalized_shape,
+                                                                                  dim):
+            raise where.error("a shape argument is only used as [rows] normalized_shape or dim")
 
     symbols = _symbols(spec_args, dim)
     elementwise = set(tensors)
@@ -136,8 +137,9 @@ def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
     where = rows.where.child("dim")
     if isinstance(raw_dim, str):
         arg = args.get(raw_dim)
-        if not (isinstance(arg, ScalarArg) and arg.type == "int" and not arg.optional):
-            raise where.error(f"'{raw_dim}' is not an argument of kind \"int\"")
+        if not (isinstance(arg, ScalarArg) and arg.type in ("int", "shape") and not arg.optional):
+            raise where.error(f"'{raw_dim}' is not an argument of kind \"int\" (one dim) or "
+                              f"\"shape\" (a list of dims)")
         return raw_dim, None
     return check_type(raw_dim, int, where), None
 
@@ -454,6 +456,11 @@ class RowwisePlan(CommonPlan):
     @property
     def like_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.of_role("like"))
+
+    @property
+    def shape_args(self) -> tuple[str, ...]:
+        """Arguments torch takes as an int or a list of ints, passed on as a list."""
+        return tuple(a.name for a in self.args if a.kind == "shape")
 
     @property
     def used_tensors(self) -> tuple[str, ...]:

@@ -52,14 +52,25 @@ def as_shape(op: str, name: str, value: object) -> list[int]:
 
 
 def reduced_by_dim(op: str, name: str, x: torch.Tensor, dim: object) -> tuple[int, ...]:
-    """The one reduced dim named by ``dim`` (negative counts from the end; a 0-dim x takes 0 or -1)."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{op}: argument '{name}' must be an int, got {type(dim).__name__}")
+    """The reduced dims named by ``dim``: an int, or a list of ints for ops that take several
+    (logsumexp). Negative counts from the end; a 0-dim x takes 0 or -1."""
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise TypeError(f"{op}: argument '{name}' must be an int or a list of ints, "
+                            f"got {type(d).__name__}")
+    if not dims and x.dim() > 0:
+        raise ValueError(f"{op}: argument '{name}' names no dim")
     rank = max(x.dim(), 1)
-    if not -rank <= dim < rank:
-        raise ValueError(f"{op}: argument '{name}' is {dim}, out of range for a tensor of "
-                         f"{x.dim()} dims (expected {-rank} to {rank - 1})")
-    return () if x.dim() == 0 else (dim % rank,)
+    reduced = []
+    for d in dims:
+        if not -rank <= d < rank:
+            raise ValueError(f"{op}: argument '{name}' is {dim}, out of range for a tensor of "
+                             f"{x.dim()} dims (expected {-rank} to {rank - 1})")
+        if d % rank in reduced:
+            raise ValueError(f"{op}: argument '{name}' names dim {d % rank} more than once")
+        reduced.append(d % rank)
+    return () if x.dim() == 0 else tuple(sorted(reduced))
 
 
 def reduced_by_shape(op: str, name: str, x: torch.Tensor, shape: Sequence[int]) -> tuple[int, ...]:

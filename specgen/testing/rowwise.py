@@ -51,8 +51,12 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
         k = draw(st.integers(1, min(rank, 3)))
         reduced = tuple(range(rank - k, rank))
     elif dim_arg:
-        dim = draw(st.integers(-max(rank, 1), max(rank, 1) - 1))
-        reduced = () if rank == 0 else (dim % rank,)
+        many = next(a for a in info.args if a.name == dim_arg).kind == "shape"
+        count = draw(st.integers(1, min(max(rank, 1), 3))) if many else 1
+        dims = draw(st.lists(st.integers(-max(rank, 1), max(rank, 1) - 1), min_size=count,
+                             max_size=count, unique_by=lambda d: d % max(rank, 1)))
+        dim = dims if many else dims[0]
+        reduced = () if rank == 0 else tuple(sorted(d % rank for d in dims))
     else:
         reduced = (roles["dim"] % rank,)
     reduced_shape = tuple(shape[d] for d in reduced)
