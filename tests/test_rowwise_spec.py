@@ -185,3 +185,9 @@ def test_split_count_fills_the_gpu():
     cpu = torch.device("cpu")
     assert rowwise.split_count(8, 262144, 4096, cpu) == 64   # 8 rows x 64 = 512 programs
     assert rowwise.split_count(1, 100, 4096, cpu) == 1       # never more shares than chunks
+
+
+def test_scaffold_parses_and_plans():
+    text = family.scaffold("my_rms")
+    plan = family.plan(parse(text))
+    assert plan.name == "my_rms" and plan.strategies == ("single", "looped", "split")
