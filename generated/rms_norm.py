@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from specgen import kernel_lib as lib
 from specgen import runtime as rt
@@ -53,7 +53,9 @@ INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 # the longest tile a program forms column offsets for (masked lanes included)
-MAX_BLOCK = max(rowwise.SINGLE_MAX, 4096)
+MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 4096)
+# the widest chunk: a split launch gives each program at least one
+MAX_CHUNK = 4096
 # float32 partials a split launch keeps per row and split
 SLOTS = 1
 
@@ -472,38 +474,31 @@ CHUNKED_KERNELS = {"looped": _rms_norm_looped_kernel}
 
 
 def _launch(x, weight, eps, out, reduced):
-    space = rowwise.row_space(NAME, x, reduced, [out, x], [weight], [])
-    if space.rows == 0 or space.n == 0:
+    plan = rowwise.launch_plan(
+        NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
+        [out, x], [weight], [])
+    if plan is None:
         return
-    strategy = rowwise.strategy(NAME, STRATEGY, STRATEGIES, space.rows, space.n, x.device)
-    tensors = {"x": x, "weight": weight, "out": out}
-    # int64 when any offset may pass 2**31 - 1: a tensor's span plus a tile of masked columns
-    margin = MAX_BLOCK * space.max_col_stride
-    index_64 = rt.use_int64(NAME, INDEXING, {k: t for k, t in tensors.items() if t is not None}, margin)
-    cap = rt.max_programs(x.device, "flat")
+    space = plan.space
     # an omitted optional tensor is never read; the row tensor stands in for its pointer
     pointers = (x, weight if weight is not None else x, out)
     args = (*pointers, space.rows, space.n, *space.kernel_args(), eps, )
     constexprs = {
         "HAS_WEIGHT": weight is not None,
-        "ROW_DIMS": space.row_dims, "COL_DIMS": space.col_dims, "INDEX_64": index_64,
+        "ROW_DIMS": space.row_dims, "COL_DIMS": space.col_dims, "INDEX_64": plan.index_64,
     }
-    rt.note_launch(NAME, strategy, index_64, rows=space.rows, n=space.n)
-    if strategy == "single":
-        meta = rowwise.single_config(space.rows, space.n)
-        grid = (rt.grid_size(triton.cdiv(space.rows, meta["BLOCK_M"]), cap),)
-        wrap_triton(_rms_norm_single_kernel)[grid](*args, **constexprs, **meta)
-        return
-    if strategy != "split":
-        grid = lambda meta: (rt.grid_size(triton.cdiv(space.rows, meta["BLOCK_M"]), cap),)
-        wrap_triton(CHUNKED_KERNELS[strategy])[grid](*args, **constexprs)
-        return
-    splits = rowwise.split_count(space.rows, space.n, 4096, x.device)
-    workspace = torch.empty((SLOTS, space.rows, splits), dtype=torch.float32, device=x.device)
-    grid = (rt.grid_size(space.rows * splits, cap),)
-    constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(splits)
-    for kernel in (*SPLIT_KERNELS, _rms_norm_split_out_kernel):
-        wrap_triton(kernel)[grid](*args, ws_ptr=workspace, n_splits=splits, **constexprs)
+    # what autotuning depends on besides the constexprs: N and the dtypes
+    tune_key = (space.n, x.dtype, None if weight is None else weight.dtype, out.dtype)
+    rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
+    if plan.strategy == "single":
+        rowwise.start(_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
+    elif plan.strategy != "split":
+        rowwise.start(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
+    else:
+        workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
+        constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
+        for kernel in (*SPLIT_KERNELS, _rms_norm_split_out_kernel):
+            rowwise.start(kernel, plan.grid, *args, tune_key=tune_key, ws_ptr=workspace, n_splits=plan.splits, **constexprs)
 
 
 def _check_inputs(x, normalized_shape, weight, eps):
@@ -522,12 +517,14 @@ def _check_inputs(x, normalized_shape, weight, eps):
     return reduced, eps
 
 
-@triton_op("specgen::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> torch.Tensor:
+def _rms_norm_impl(x: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> torch.Tensor:
     reduced, eps = _check_inputs(x, normalized_shape, weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(x, weight, eps, out, reduced)
     return out
+
+
+_rms_norm_op = triton_op("specgen::rms_norm", mutates_args=())(_rms_norm_impl)
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None):
@@ -540,6 +537,9 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if eps is not None:
         rt.check_scalar(NAME, "eps", eps, float)
     normalized_shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
+    if rowwise.runs_eagerly(x, weight):
+        # nothing traces or differentiates this call: skip the dispatcher
+        return _rms_norm_impl(x, normalized_shape, weight, eps)
     return torch.ops.specgen.rms_norm(x, normalized_shape, weight, eps)
 
 

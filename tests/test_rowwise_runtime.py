@@ -184,3 +184,18 @@ def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
         assert [tuple(a.shape) for a in actual] == [(3, 6), (3, 7, 6), (3, 6), (3, 6)]
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
+
+
+def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():
+    x = randn(5, 40)
+    for strategy in ["looped", "split"]:
+        with runtime.override(strategy=strategy):
+            first = generated.layer_norm(x, [40])
+            plans, tuned = len(rowwise._plans), len(rowwise._tuned)
+            second = generated.layer_norm(x.clone(), [40])        # cached plan, cached config
+            assert (len(rowwise._plans), len(rowwise._tuned)) == (plans, tuned)
+        torch.testing.assert_close(second, first)
+        torch.testing.assert_close(first, F.layer_norm(x, [40]), atol=2e-5, rtol=1e-5)
+    # the registered op (what torch.compile sees) computes the same through the dispatcher
+    torch.testing.assert_close(torch.ops.specgen.softmax(x, 1), generated.softmax(x, 1))
+    torch.testing.assert_close(torch.ops.specgen.logsumexp(x, [0]), torch.logsumexp(x, 0))

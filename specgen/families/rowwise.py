@@ -458,6 +458,15 @@ class RowwisePlan(CommonPlan):
         return tuple(t.name for t in self.of_role("like"))
 
     @property
+    def dtype_key(self) -> str:
+        return ", ".join(f"{t.name}.dtype" if not t.optional else
+                         f"None if {t.name} is None else {t.name}.dtype" for t in self.tensors)
+
+    @property
+    def input_list(self) -> str:
+        return ", ".join(t.name for t in self.inputs)
+
+    @property
     def shape_args(self) -> tuple[str, ...]:
         """Arguments torch takes as an int or a list of ints, passed on as a list."""
         return tuple(a.name for a in self.args if a.kind == "shape")

@@ -259,3 +259,107 @@ def single_config(rows: int, n: int) -> dict[str, int]:
     block_m = max(1, min(TILE_TARGET // block_n, triton.next_power_of_2(max(rows, 1))))
     num_warps = max(4, min(32, block_m * block_n // (32 * ELEMENTS_PER_THREAD)))
     return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
+
+
+# ---- launching -------------------------------------------------------------------------------
+
+
+def untraced(tensors) -> bool:
+    """Plain tensors and nothing tracing (no torch.compile, export, dispatch or function mode)."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    return all(type(t) is torch.Tensor for t in tensors if t is not None)
+
+
+def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
+    """Nothing traces or differentiates this call: the public function may run the op's
+    implementation directly and skip the dispatcher."""
+    if not untraced(tensors):
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad
+                                                  for t in tensors)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch decides from sizes, strides, dtypes and the test overrides."""
+
+    space: RowSpace
+    strategy: str
+    index_64: bool
+    cap: int                      # most programs in a grid (a persistent launch loops)
+    single: dict | None           # BLOCK_N, BLOCK_M, num_warps of a single-tile launch
+    splits: int                   # programs per row of a split launch
+
+    def grid(self, meta: Mapping[str, int]) -> tuple[int]:
+        """Row blocks (single, looped, online), or rows times splits (split)."""
+        if self.strategy == "split":
+            return (max(1, min(self.space.rows * self.splits, self.cap)),)
+        return (max(1, min(triton.cdiv(self.space.rows, meta["BLOCK_M"]), self.cap)),)
+
+
+_plans: dict[tuple, LaunchPlan | None] = {}
+PLAN_CACHE_SIZE = 4096
+
+
+def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing: str,
+                max_block: int, max_chunk: int, row_outputs_only_need_rows: bool,
+                x: torch.Tensor, reduced: tuple[int, ...], elements: Sequence[torch.Tensor],
+                along: Sequence[torch.Tensor | None],
+                row_outputs: Sequence[torch.Tensor]) -> LaunchPlan | None:
+    """The launch of one call, or None when there is nothing to compute. Cached on plain tensors
+    by everything it reads, so repeated calls skip the collapsing and the checks."""
+    from specgen.runtime.launch import max_programs, use_int64
+
+    tensors = [*elements, *along, *row_outputs]
+    key = None
+    if untraced(tensors):
+        key = (op, reduced, x.device, tuple(vars(overrides()).items()),
+               tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors))
+        if key in _plans:
+            return _plans[key]
+    space = row_space(op, x, reduced, elements, along, row_outputs)
+    plan = None
+    # rows of length 0 still have per-row outputs
+    if space.rows and (space.n or row_outputs_only_need_rows):
+        chosen = strategy(op, spec_strategy, available, space.rows, space.n, x.device)
+        # int64 when any offset may pass 2**31 - 1: a tensor's span plus a tile of masked columns
+        spans = {f"#{i}": t for i, t in enumerate(tensors) if t is not None}
+        index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
+        single = single_config(space.rows, space.n) if chosen == "single" else None
+        splits = split_count(space.rows, space.n, max_chunk, x.device) if chosen == "split" else 1
+        plan = LaunchPlan(space, chosen, index_64, max_programs(x.device, "flat"), single, splits)
+    if key is not None:
+        if len(_plans) >= PLAN_CACHE_SIZE:  # many distinct shapes: start over rather than grow
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+# (kernel, key) -> the config autotuning chose, so later launches skip the autotuner
+_tuned: dict[tuple, triton.Config] = {}
+
+
+def start(kernel, grid, *args, tune_key: tuple = (), **kwargs) -> None:
+    """Starts a kernel: directly on plain tensors (``wrap_triton``'s eager dispatch costs far
+    more than a launch), through ``wrap_triton`` when traced so torch.compile sees it. Once an
+    autotuned kernel has chosen a config for ``tune_key`` and the constexprs, later launches run
+    that config without the autotuner's per-call bookkeeping."""
+    from torch.library import wrap_triton
+
+    if not untraced([a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)]):
+        wrap_triton(kernel)[grid](*args, **kwargs)
+        return
+    if not isinstance(kernel, triton.runtime.Autotuner):
+        kernel[grid](*args, **kwargs)
+        return
+    constexprs = tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor)))
+    key = (kernel, tune_key, constexprs)
+    config = _tuned.get(key)
+    if config is None:
+        kernel[grid](*args, **kwargs)
+        _tuned[key] = kernel.best_config
+        return
+    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    kernel.fn[grid](*args, **kwargs, **meta)
