@@ -58,7 +58,7 @@ MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 4096)
 # the widest chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
 # float32 partials a split launch keeps per row and split
-SLOTS = 2
+SLOTS = 3
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
@@ -223,8 +223,11 @@ def _layer_norm_looped_kernel(
             row_coord = row_rest
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
-        # pass: mean
-        acc_mean = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        # one pass for a mean and the squared deviations from it (mean, var): each chunk's own,
+        # merged into the running ones (Chan et al.), as exact as two passes
+        run_n = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+        run_mean = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+        run_m2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -248,35 +251,18 @@ def _layer_norm_looped_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_mean += tl.where(mask, x, 0.0)
-        row_mean = tl.sum(acc_mean, axis=1, keep_dims=True) * (1 / n_float)
-        # pass: var
-        acc_var = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            col_mask = cols < N
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            x_col = col_coord * x_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                x_col += col_coord * x_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                x_col += col_coord * x_col_stride_2
-            mask = row_mask & col_mask
-
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_var += tl.where(mask, (x - row_mean) * (x - row_mean), 0.0)
-        row_var = tl.sum(acc_var, axis=1, keep_dims=True) * (1 / n_float)
+            value = x
+            chunk_n = tl.sum(mask.to(tl.float32), axis=1, keep_dims=True)
+            chunk_mean = tl.sum(tl.where(mask, value, 0.0), axis=1, keep_dims=True) / tl.maximum(chunk_n, 1.0)
+            deviation = tl.where(mask, value - chunk_mean, 0.0)
+            total = run_n + chunk_n
+            delta = chunk_mean - run_mean
+            fraction = chunk_n / tl.maximum(total, 1.0)
+            run_mean += delta * fraction
+            run_m2 += tl.sum(deviation * deviation, axis=1, keep_dims=True) + delta * delta * run_n * fraction
+            run_n = total
+        row_mean = run_mean
+        row_var = run_m2 * (1 / n_float)
 
         # outputs: a last read of the row
         for start in range(0, N, BLOCK_N):
@@ -386,8 +372,11 @@ def _layer_norm_split0_kernel(
             x_row += row_coord * x_row_stride_3
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # pass: mean
-        acc_mean = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        # one pass for a mean and the squared deviations from it (mean, var): each chunk's own,
+        # merged into the running ones (Chan et al.), as exact as two passes
+        run_n = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+        run_mean = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+        run_m2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -411,105 +400,19 @@ def _layer_norm_split0_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_mean += tl.where(mask, x, 0.0)
-        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_mean, axis=1, keep_dims=True))
-
-
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
-@triton.jit
-def _layer_norm_split1_kernel(
-    x_ptr, weight_ptr, bias_ptr, out_ptr,
-    n_rows, N,
-    row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
-    out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
-    x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
-    weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
-    bias_col_stride_0, bias_col_stride_1, bias_col_stride_2,
-    eps,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
-    ws_ptr,
-    n_splits,
-    SPLITS_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if INDEX_64:
-        # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-        pid = pid.to(tl.int64)
-
-    n_float = N * 1.0  # N as a float, for scales such as 1 / N
-    # each split covers an equal share of the row, rounded up to whole chunks
-    share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
-    for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
-        split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
-        row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
-        # stay within the tile margin the launcher adds when it picks the index width)
-        row_id = tl.where(row_mask, rows, 0)
-        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
-        row_coord = row_id
-        if ROW_DIMS > 1:
-            row_coord = row_id % row_size_0
-            row_rest = row_id // row_size_0
-        out_row = row_coord * out_row_stride_0
-        x_row = row_coord * x_row_stride_0
-        if ROW_DIMS > 1:
-            row_coord = row_rest
-            if ROW_DIMS > 2:
-                row_coord = row_rest % row_size_1
-                row_rest = row_rest // row_size_1
-            out_row += row_coord * out_row_stride_1
-            x_row += row_coord * x_row_stride_1
-        if ROW_DIMS > 2:
-            row_coord = row_rest
-            if ROW_DIMS > 3:
-                row_coord = row_rest % row_size_2
-                row_rest = row_rest // row_size_2
-            out_row += row_coord * out_row_stride_2
-            x_row += row_coord * x_row_stride_2
-        if ROW_DIMS > 3:
-            row_coord = row_rest
-            out_row += row_coord * out_row_stride_3
-            x_row += row_coord * x_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)[None, :]
-        split_mask = splits < n_splits
-        part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_mean = tl.sum(part, axis=1, keep_dims=True) * (1 / n_float)
-        lo = split * share
-        hi = tl.minimum(lo + share, N)
-        # pass: var
-        acc_var = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            col_mask = cols < hi
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            x_col = col_coord * x_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                x_col += col_coord * x_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                x_col += col_coord * x_col_stride_2
-            mask = row_mask & col_mask
-
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_var += tl.where(mask, (x - row_mean) * (x - row_mean), 0.0)
-        tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, tl.sum(acc_var, axis=1, keep_dims=True))
+            value = x
+            chunk_n = tl.sum(mask.to(tl.float32), axis=1, keep_dims=True)
+            chunk_mean = tl.sum(tl.where(mask, value, 0.0), axis=1, keep_dims=True) / tl.maximum(chunk_n, 1.0)
+            deviation = tl.where(mask, value - chunk_mean, 0.0)
+            total = run_n + chunk_n
+            delta = chunk_mean - run_mean
+            fraction = chunk_n / tl.maximum(total, 1.0)
+            run_mean += delta * fraction
+            run_m2 += tl.sum(deviation * deviation, axis=1, keep_dims=True) + delta * delta * run_n * fraction
+            run_n = total
+        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, run_mean)
+        tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, run_m2)
+        tl.store(ws_ptr + (2 * n_rows + rows) * n_splits + split, run_n)
 
 
 @triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
@@ -576,10 +479,13 @@ def _layer_norm_split_out_kernel(
             x_row += row_coord * x_row_stride_3
         splits = tl.arange(0, SPLITS_BLOCK)[None, :]
         split_mask = splits < n_splits
-        part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_mean = tl.sum(part, axis=1, keep_dims=True) * (1 / n_float)
-        part = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_var = tl.sum(part, axis=1, keep_dims=True) * (1 / n_float)
+        part_mean = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
+        part_m2 = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
+        part_n = tl.load(ws_ptr + (2 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
+        total = tl.maximum(tl.sum(part_n, axis=1, keep_dims=True), 1.0)
+        row_mean = tl.sum(part_n * part_mean, axis=1, keep_dims=True) / total
+        deviation = part_mean - row_mean
+        row_var = tl.sum(part_m2 + part_n * deviation * deviation, axis=1, keep_dims=True) * (1 / n_float)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 
@@ -626,7 +532,7 @@ def _layer_norm_split_out_kernel(
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-SPLIT_KERNELS = (_layer_norm_split0_kernel, _layer_norm_split1_kernel, )
+SPLIT_KERNELS = (_layer_norm_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _layer_norm_looped_kernel}
 
 

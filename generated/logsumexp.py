@@ -307,7 +307,7 @@ def _logsumexp_online_kernel(
             row_coord = row_rest
             x_row += row_coord * x_row_stride_3
             out_row += row_coord * out_row_stride_3
-        # online pass: running max and rescaled sum: max, sum
+        # online pass (max, sum): a running max, and a sum of exps rescaled when the max grows
         acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
         acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -406,7 +406,7 @@ def _logsumexp_split0_kernel(
             out_row += row_coord * out_row_stride_3
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # online pass: running max and rescaled sum: max, sum
+        # online pass (max, sum): a running max, and a sum of exps rescaled when the max grows
         acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
         acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(lo, hi, BLOCK_N):

@@ -199,3 +199,13 @@ def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():
     # the registered op (what torch.compile sees) computes the same through the dispatcher
     torch.testing.assert_close(torch.ops.specgen.softmax(x, 1), generated.softmax(x, 1))
     torch.testing.assert_close(torch.ops.specgen.logsumexp(x, [0]), torch.logsumexp(x, 0))
+
+
+def test_one_pass_variance_is_exact_with_a_large_mean():
+    # E[x^2] - E[x]^2 would lose every digit here (x^2 ~ 1e8, float32 ulp 8, variance 1)
+    x = randn(3, 100) + 1e4
+    expected = F.layer_norm(x.double(), [100])
+    for strategy in ["looped", "split"]:
+        with runtime.override(strategy=strategy):
+            torch.testing.assert_close(generated.layer_norm(x, [100]).double(), expected,
+                                       atol=5e-3, rtol=0)

@@ -128,16 +128,25 @@ def test_spec_error(what, old, new, key, words):
     assert words in info.value.message, str(info.value)
 
 
+def passes(plan):
+    return [(p.kind, [s.name for s in p.steps]) for p in plan.looped_passes]
+
+
 def test_passes_group_independent_steps():
-    # mean and var depend on each other: two passes; the output pass reads x and weight
+    # a mean and the squared deviations from it: one variance pass (count, mean, M2 partials)
     plan = family.plan(parse(GOOD))
-    assert [[s.name for s in p.steps] for p in plan.looped_passes] == [["mean"], ["var"]]
+    assert passes(plan) == [("variance", ["mean", "var"])]
+    assert plan.slot_count == 3
     assert plan.online_passes == ()
     assert plan.strategies == ("single", "looped", "split")
     assert plan.output_tensors == ("weight", "x")
+    squared = GOOD.replace('"(x - mean) * (x - mean)"', '"(x - mean) ** 2"')
+    assert passes(family.plan(parse(squared))) == [("variance", ["mean", "var"])]
+    # not the pattern (the mean is not scaled by 1 / N): var reads mean, so two passes
+    unscaled = GOOD.replace('of = "x", scale = "1 / N"', 'of = "x", scale = "2 / N"')
+    assert passes(family.plan(parse(unscaled))) == [("plain", ["mean"]), ("plain", ["var"])]
     independent = GOOD.replace('of = "(x - mean) * (x - mean)"', 'of = "x * x"')
-    plan = family.plan(parse(independent))
-    assert [[s.name for s in p.steps] for p in plan.looped_passes] == [["mean", "var"]]
+    assert passes(family.plan(parse(independent))) == [("plain", ["mean", "var"])]
 
 
 def test_online_pattern_is_recognized():

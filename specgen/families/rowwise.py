@@ -245,6 +245,34 @@ def _pointwise_outputs(outputs: tuple[Output, ...], row_outputs: tuple[str, ...]
     return tuple((name, tuple(n for n in full if n in tensors)) for name, tensors in reads.items())
 
 
+def variance_pair(steps: tuple[Step, ...]) -> int | None:
+    """Index of a mean step (a sum of E scaled by 1 / N) that the next step sums (E - mean)**2 over.
+
+    Chunked passes compute that pair in one read: each chunk's mean and squared deviations,
+    merged into the running ones (Chan et al.), as exact as two passes and never subtracting
+    two large sums.
+    """
+    for i, (first, second) in enumerate(zip(steps, steps[1:])):
+        if first.op != "sum" or second.op != "sum" or first.scale is None:
+            continue
+        if ast.dump(first.scale.tree) != ast.dump(ast.parse("1 / N", mode="eval").body):
+            continue
+        tree = second.of.tree
+        if not isinstance(tree, ast.BinOp):
+            continue
+        if isinstance(tree.op, ast.Mult):
+            squared = ast.dump(tree.left) == ast.dump(tree.right) and tree.left
+        else:
+            squared = isinstance(tree.op, ast.Pow) and _int_power(tree.right) == 2 and tree.left
+        if squared and _is_shifted(squared, first):
+            return i
+    return None
+
+
+def _int_power(node: ast.expr) -> int | None:
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+
 def online_pair(steps: tuple[Step, ...]) -> int | None:
     """Index of a max step that the next step sums exp(E - max) over (E: what the max reduces).
 
@@ -332,16 +360,20 @@ _COMBINE = {"max": "maximum", "min": "minimum"}
 
 @dataclass(frozen=True)
 class PassPlan:
-    """One read of the row by a chunked kernel: plain steps accumulated side by side, or the
-    online max/sum pair."""
+    """One read of the row by a chunked kernel: plain steps accumulated side by side, the online
+    max/sum pair, or the mean/variance pair."""
 
     steps: tuple[StepPlan, ...]
-    online: bool
+    kind: str                      # plain | online | variance
     tensors: tuple[str, ...]
 
     @property
-    def slots(self) -> int:
-        return 2 if self.online else len(self.steps)
+    def online(self) -> bool:
+        return self.kind == "online"
+
+    @property
+    def variance(self) -> bool:
+        return self.kind == "variance"
 
 
 @dataclass(frozen=True)
@@ -382,7 +414,8 @@ class RowwisePlan(CommonPlan):
 
     @property
     def slot_count(self) -> int:
-        return sum(p.slots for p in self.split_passes)
+        """float32 partials per row and split: one per step, and the count of a variance pair."""
+        return len(self.steps) + sum(p.variance for p in self.split_passes)
 
     def of_role(self, *roles: str) -> tuple[TensorPlan, ...]:
         return tuple(t for t in self.tensors if t.role in roles)
@@ -556,6 +589,9 @@ def plan(spec: OpSpec) -> RowwisePlan:
     tensor_names = {t.name for t in spec.tensors}
 
     pair = online_pair(body.steps)
+    variance = variance_pair(body.steps)
+    if variance is not None and pair is not None and variance == pair + 1:
+        variance = None   # the online pair's sum is not a mean to fuse again
     names = {c.name: c.constexpr for c in spec.choices}
     names[N_SYMBOL] = "n_float"
     names.update({s.name: f"row_{s.name}" for s in body.steps})
@@ -566,13 +602,15 @@ def plan(spec: OpSpec) -> RowwisePlan:
     for i, step in enumerate(body.steps):
         scale = None if step.scale is None else emit(step.scale, names)
         value = emit(_rewrite(step.of, shift if i != pair else None, per_row), names)
-        steps.append(StepPlan(step.name, step.op, value, scale, i,
+        # a variance pair keeps a third partial, its element count, after its two
+        slot = i + (variance is not None and i > variance + 1)
+        steps.append(StepPlan(step.name, step.op, value, scale, slot,
                               tuple(sorted(step.of.names & tensor_names)),
                               shift=pair is not None and i == pair))
     steps = tuple(steps)
 
-    looped = _passes(steps, body.steps, None)
-    online = _passes(steps, body.steps, pair) if pair is not None else ()
+    looped = _passes(steps, body.steps, None, variance)
+    online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
     like = dict(body.pointwise_outputs)
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
                                o.name in body.row_outputs, like.get(o.name, ()))
@@ -633,31 +671,34 @@ def _is_shifted(node: ast.expr, step: Step) -> bool:
             and ast.dump(node.left) == ast.dump(step.of.tree))
 
 
-def _passes(steps: tuple[StepPlan, ...], specs: tuple[Step, ...], pair: int | None) -> tuple[PassPlan, ...]:
+def _passes(steps: tuple[StepPlan, ...], specs: tuple[Step, ...], pair: int | None,
+            variance: int | None) -> tuple[PassPlan, ...]:
     """Groups steps into reads of the row: a step joins the current pass unless its value reads a
-    step of that pass (a variance needs its mean first); the online pair is a pass of its own."""
+    step of that pass (a variance needs its mean first); the online pair and the mean/variance
+    pair are passes of their own."""
     passes: list[list[int]] = []
-    online: list[bool] = []
+    kinds: list[str] = []
     i = 0
     while i < len(steps):
-        if pair is not None and i == pair:
+        fused = {pair: "online", variance: "variance"}.get(i)
+        if fused is not None:
             passes.append([i, i + 1])
-            online.append(True)
+            kinds.append(fused)
             i += 2
             continue
-        current = passes[-1] if passes and not online[-1] else None
+        current = passes[-1] if passes and kinds[-1] == "plain" else None
         reads = specs[i].of.names
         if current is None or any(specs[j].name in reads for j in current):
             passes.append([i])
-            online.append(False)
+            kinds.append("plain")
         else:
             current.append(i)
         i += 1
     plans = []
-    for members, is_online in zip(passes, online):
+    for members, kind in zip(passes, kinds):
         members_steps = tuple(steps[j] for j in members)
         tensors = tuple(sorted({t for s in members_steps for t in s.tensors}))
-        plans.append(PassPlan(members_steps, is_online, tensors))
+        plans.append(PassPlan(members_steps, kind, tensors))
     return tuple(plans)
 
 
