@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, pointwise, rowwise
+from bench import harness, pointwise, reduce, rowwise
 
 # family -> cases(quick) -> list[harness.Case]. Each family gets its own `## family` section.
 FAMILIES = {
     "pointwise": pointwise.cases,
+    "reduce": reduce.cases,
     "rowwise": rowwise.cases,
 }
 

@@ -4,41 +4,59 @@
 Importing this package compiles nothing: kernels compile on their first call.
 """
 
+import torch
+
 from specgen.runtime import OpInfo
 
 from generated import add as _add
 from generated import add_rms_norm as _add_rms_norm
+from generated import amax as _amax
+from generated import amin as _amin
+from generated import argmax as _argmax
+from generated import argmin as _argmin
+from generated import cross_entropy as _cross_entropy
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
 from generated import layer_norm as _layer_norm
 from generated import log_softmax as _log_softmax
 from generated import logsumexp as _logsumexp
+from generated import mean as _mean
 from generated import mul as _mul
+from generated import prod as _prod
 from generated import relu as _relu
 from generated import rms_norm as _rms_norm
 from generated import sigmoid as _sigmoid
 from generated import silu as _silu
 from generated import softmax as _softmax
 from generated import sub as _sub
+from generated import sum as _sum
 from generated import swiglu as _swiglu
 from generated import tanh as _tanh
 
 add = _add.add
 add_rms_norm = _add_rms_norm.add_rms_norm
+amax = _amax.amax
+amin = _amin.amin
+argmax = _argmax.argmax
+argmin = _argmin.argmin
+cross_entropy = _cross_entropy.cross_entropy
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
 layer_norm = _layer_norm.layer_norm
 log_softmax = _log_softmax.log_softmax
 logsumexp = _logsumexp.logsumexp
+mean = _mean.mean
 mul = _mul.mul
+prod = _prod.prod
 relu = _relu.relu
 rms_norm = _rms_norm.rms_norm
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
 softmax = _softmax.softmax
 sub = _sub.sub
+sum = _sum.sum
 swiglu = _swiglu.swiglu
 tanh = _tanh.tanh
 
@@ -48,9 +66,10 @@ def _info(module) -> OpInfo:
         name=module.NAME, family=module.FAMILY, spec_path=module.SPEC_PATH,
         spec_sha256=module.SPEC_SHA256, doc=module.DOC, args=module.ARGS,
         outputs=module.OUTPUTS, dtypes=module.DTYPES, indexing=module.INDEXING,
-        function=getattr(module, module.NAME), reference=module.reference)
+        function=getattr(module, module.NAME), op=getattr(torch.ops.specgen, module.NAME),
+        reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _div, _geglu, _gelu, _layer_norm, _log_softmax, _logsumexp, _mul, _relu, _rms_norm, _sigmoid, _silu, _softmax, _sub, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _amax, _amin, _argmax, _argmin, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _log_softmax, _logsumexp, _mean, _mul, _prod, _relu, _rms_norm, _sigmoid, _silu, _softmax, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "add_rms_norm", "div", "geglu", "gelu", "layer_norm", "log_softmax", "logsumexp", "mul", "relu", "rms_norm", "sigmoid", "silu", "softmax", "sub", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "add_rms_norm", "amax", "amin", "argmax", "argmin", "cross_entropy", "div", "geglu", "gelu", "layer_norm", "log_softmax", "logsumexp", "mean", "mul", "prod", "relu", "rms_norm", "sigmoid", "silu", "softmax", "sub", "sum", "swiglu", "tanh", ]

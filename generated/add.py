@@ -7,15 +7,11 @@ Two kernels: a flat one when every tensor is dense in the same memory order, and
 any strides (broadcast, transposed, sliced), which tiles the two innermost collapsed dimensions.
 """
 
-import math
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
 from specgen.runtime import pointwise
 
@@ -45,13 +41,17 @@ TILED_CONFIGS = (
     {'TILE_M': 32, 'TILE_N': 32, 'num_warps': 8},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 4},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 8},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 4},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 8},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 4},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 8},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 4},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 8},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 4},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 8},
 )
 # the widest tile a program may cover: masked lanes past the end still form offsets
-MAX_TILE = 4096
+MAX_TILE = 8192
 # collapsed dimensions the tiled kernel walks: 6 outer ones, then rows and columns
 RANK = 8
 
@@ -138,47 +138,25 @@ def _add_tiled_kernel(
 
 
 def _launch(x, y, out):
-    shape = tuple(out.shape)
-    space = pointwise.iteration_space(shape, [out], [x, y])
-    if space.numel == 0:
-        return
-    index_64 = rt.use_int64(NAME, INDEXING, {"out": out, "x": x, "y": y}, MAX_TILE)
-    cap = rt.max_programs(out.device, LAUNCH)
-    scalars = ()
-    constexprs = {}
-    if space.dense:
-        rt.note_launch(NAME, "dense", index_64)
-        numel = space.numel
-        grid = lambda meta: (rt.grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),)
-        wrap_triton(_add_dense_kernel)[grid](
-            x, y, out, numel, *scalars, **constexprs, INDEX_64=index_64)
-        return
-    space = space.padded(RANK)
-    rt.note_launch(NAME, "tiled", index_64, rank=RANK)
-    size_m, size_n = space.sizes[-2:]
-    outer = 1
-    for size in space.sizes[:-2]:
-        outer *= size
-
-    def grid(meta):
-        tiles = triton.cdiv(size_m, meta["TILE_M"]) * triton.cdiv(size_n, meta["TILE_N"])
-        return (rt.grid_size(outer * tiles, cap),)
-
-    strides = [stride for operand in space.strides for stride in operand]
-    wrap_triton(_add_tiled_kernel)[grid](
-        x, y, out, *space.sizes, *strides, *scalars, **constexprs, INDEX_64=index_64)
+    plan = pointwise.plan_launch(NAME, INDEXING, ('out', 'x', 'y'), [out, x, y],
+                                 max_tile=MAX_TILE, launch=LAUNCH, rank=RANK)
+    if plan is None:
+        return  # some dimension is 0: nothing to compute
+    rt.note_launch(NAME, "dense" if plan.dense else "tiled", plan.index_64)
+    kernel = _add_dense_kernel if plan.dense else _add_tiled_kernel
+    dtypes = (x.dtype, y.dtype, out.dtype,)
+    rt.launch(kernel, plan.grid, x, y, out, *plan.args, INDEX_64=plan.index_64,
+              tune_key=(plan, dtypes))
 
 
 def _check_inputs(x, y):
     tensors = {"x": x, "y": y}
     device = rt.check_tensors(NAME, tensors, DTYPES)
     shape = rt.broadcast_shape(NAME, tensors)
-
     return tensors, device, shape
 
 
-@triton_op("specgen::add", mutates_args=())
-def _add_op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     tensors, device, shape = _check_inputs(x, y)
     dtype = pointwise.result_dtype(list(tensors.values()))
     out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
@@ -186,12 +164,15 @@ def _add_op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# outputs come first: torch.library does not take keyword-only tensors
-@triton_op("specgen::add_out", mutates_args=('out',))
-def _add_out_op(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+def _add_out(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
     tensors, device, shape = _check_inputs(x, y)
     rt.check_out(NAME, "out", out, shape, device, DTYPES, tensors)
     _launch(x, y, out)
+
+
+triton_op("specgen::add", mutates_args=())(_add)
+# outputs come first: torch.library does not take keyword-only tensors
+triton_op("specgen::add_out", mutates_args=('out',))(_add_out)
 
 
 def add(x, y, *, out=None):
@@ -201,9 +182,14 @@ def add(x, y, *, out=None):
     (one tensor).
     """
     rt.check_tensor_types(NAME, {"x": x, "y": y})
+    outs = () if out is None else (out,)
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    eager = rt.runs_eagerly(x, y, *outs)
     if out is None:
-        return torch.ops.specgen.add(x, y)
-    torch.ops.specgen.add_out(out, x, y)
+        return _add(x, y) if eager else torch.ops.specgen.add(x, y)
+    out_op = _add_out if eager else torch.ops.specgen.add_out
+    out_op(*outs, x, y)
     return out
 
 

@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
 from specgen.runtime import pointwise, rowwise
 
@@ -49,18 +48,19 @@ CHUNKED_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 16},
 )
+# the interpreter runs one config (rt.configs keeps the first): two rows a program and 16-wide
+# chunks, so that tiny rows still take the row masks and several chunks
 INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
+CHUNKED_SPACE = (INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
+SPLIT_SPACE = (SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
 # the longest tile a program forms column offsets for (masked lanes included)
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 4096)
 # the widest chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
 # float32 partials a split launch keeps per row and split
 SLOTS = 1
-
-NEG_INF = tl.constexpr(float("-inf"))
-POS_INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
@@ -170,7 +170,7 @@ def _add_rms_norm_single_kernel(
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _add_rms_norm_looped_kernel(
     x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr,
@@ -309,7 +309,7 @@ def _add_rms_norm_looped_kernel(
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _add_rms_norm_split0_kernel(
     x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr,
@@ -321,10 +321,10 @@ def _add_rms_norm_split0_kernel(
     residual_row_stride_0, residual_row_stride_1, residual_row_stride_2, residual_row_stride_3, residual_col_stride_0, residual_col_stride_1, residual_col_stride_2,
     weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
     eps,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
     ws_ptr,
     n_splits,
+    ROW_DIMS: tl.constexpr,
+    COL_DIMS: tl.constexpr,
     SPLITS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -413,7 +413,7 @@ def _add_rms_norm_split0_kernel(
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms, axis=1, keep_dims=True))
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _add_rms_norm_split_out_kernel(
     x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr,
@@ -425,10 +425,10 @@ def _add_rms_norm_split_out_kernel(
     residual_row_stride_0, residual_row_stride_1, residual_row_stride_2, residual_row_stride_3, residual_col_stride_0, residual_col_stride_1, residual_col_stride_2,
     weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
     eps,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
     ws_ptr,
     n_splits,
+    ROW_DIMS: tl.constexpr,
+    COL_DIMS: tl.constexpr,
     SPLITS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -548,18 +548,20 @@ def _launch(x, residual, weight, eps, hidden, out, reduced):
     constexprs = {
         "ROW_DIMS": space.row_dims, "COL_DIMS": space.col_dims, "INDEX_64": plan.index_64,
     }
-    # what autotuning depends on besides the constexprs: N and the dtypes
+    # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, residual.dtype, weight.dtype, hidden.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
     if plan.strategy == "single":
-        rowwise.start(_add_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
+        # block sizes and warps come from the sizes (no config space)
+        rt.launch(_add_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
     elif plan.strategy != "split":
-        rowwise.start(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
+        rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
         workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
+        # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _add_rms_norm_split_out_kernel):
-            rowwise.start(kernel, plan.grid, *args, tune_key=tune_key, ws_ptr=workspace, n_splits=plan.splits, **constexprs)
+            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs)
 
 
 def _check_inputs(x, residual, weight, eps):
@@ -567,7 +569,6 @@ def _check_inputs(x, residual, weight, eps):
     tensors = {k: t for k, t in tensors.items() if t is not None}
     rt.check_tensors(NAME, tensors, DTYPES)
     rt.check_scalar(NAME, "eps", eps, float)
-
     reduced = rowwise.reduced_by_dim(NAME, "dim", x, -1)
     rowwise.check_like(NAME, "x", x, {"residual": residual})
     rowwise.check_along(NAME, x, reduced, {"weight": weight})
@@ -594,7 +595,7 @@ def add_rms_norm(x, residual, weight, eps=1e-06):
     rt.check_tensor_types(NAME, {"x": x, "residual": residual, "weight": weight})
     # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
     rt.check_scalar(NAME, "eps", eps, float)
-    if rowwise.runs_eagerly(x, residual, weight):
+    if rt.runs_eagerly(x, residual, weight):
         # nothing traces or differentiates this call: skip the dispatcher
         return _add_rms_norm_impl(x, residual, weight, eps)
     return torch.ops.specgen.add_rms_norm(x, residual, weight, eps)

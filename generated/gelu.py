@@ -7,16 +7,14 @@ Two kernels: a flat one when every tensor is dense in the same memory order, and
 any strides (broadcast, transposed, sliced), which tiles the two innermost collapsed dimensions.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
+from specgen.kernel_lib import gelu_f32, gelu_tanh_f32
 from specgen.runtime import pointwise
 
 NAME = "gelu"
@@ -45,13 +43,17 @@ TILED_CONFIGS = (
     {'TILE_M': 32, 'TILE_N': 32, 'num_warps': 8},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 4},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 8},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 4},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 8},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 4},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 8},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 4},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 8},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 4},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 8},
 )
 # the widest tile a program may cover: masked lanes past the end still form offsets
-MAX_TILE = 4096
+MAX_TILE = 8192
 # collapsed dimensions the tiled kernel walks: 6 outer ones, then rows and columns
 RANK = 8
 
@@ -76,7 +78,7 @@ def _gelu_dense_kernel(
         offsets = tile * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < numel
         x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-        out = lib.gelu_tanh(x) if APPROXIMATE == 'tanh' else lib.gelu(x)
+        out = gelu_tanh_f32(x) if APPROXIMATE == 'tanh' else gelu_f32(x)
         tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -129,40 +131,20 @@ def _gelu_tiled_kernel(
         out_offsets = out_base + rows[:, None] * out_stride_m + cols[None, :] * out_stride_n
         x_offsets = x_base + rows[:, None] * x_stride_m + cols[None, :] * x_stride_n
         x = tl.load(x_ptr + x_offsets, mask=mask).to(tl.float32)
-        out = lib.gelu_tanh(x) if APPROXIMATE == 'tanh' else lib.gelu(x)
+        out = gelu_tanh_f32(x) if APPROXIMATE == 'tanh' else gelu_f32(x)
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, approximate, out):
-    shape = tuple(out.shape)
-    space = pointwise.iteration_space(shape, [out], [x])
-    if space.numel == 0:
-        return
-    index_64 = rt.use_int64(NAME, INDEXING, {"out": out, "x": x}, MAX_TILE)
-    cap = rt.max_programs(out.device, LAUNCH)
-    scalars = ()
-    constexprs = {"APPROXIMATE": approximate, }
-    if space.dense:
-        rt.note_launch(NAME, "dense", index_64)
-        numel = space.numel
-        grid = lambda meta: (rt.grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),)
-        wrap_triton(_gelu_dense_kernel)[grid](
-            x, out, numel, *scalars, **constexprs, INDEX_64=index_64)
-        return
-    space = space.padded(RANK)
-    rt.note_launch(NAME, "tiled", index_64, rank=RANK)
-    size_m, size_n = space.sizes[-2:]
-    outer = 1
-    for size in space.sizes[:-2]:
-        outer *= size
-
-    def grid(meta):
-        tiles = triton.cdiv(size_m, meta["TILE_M"]) * triton.cdiv(size_n, meta["TILE_N"])
-        return (rt.grid_size(outer * tiles, cap),)
-
-    strides = [stride for operand in space.strides for stride in operand]
-    wrap_triton(_gelu_tiled_kernel)[grid](
-        x, out, *space.sizes, *strides, *scalars, **constexprs, INDEX_64=index_64)
+    plan = pointwise.plan_launch(NAME, INDEXING, ('out', 'x'), [out, x],
+                                 max_tile=MAX_TILE, launch=LAUNCH, rank=RANK)
+    if plan is None:
+        return  # some dimension is 0: nothing to compute
+    rt.note_launch(NAME, "dense" if plan.dense else "tiled", plan.index_64)
+    kernel = _gelu_dense_kernel if plan.dense else _gelu_tiled_kernel
+    dtypes = (x.dtype, out.dtype,)
+    rt.launch(kernel, plan.grid, x, out, *plan.args, APPROXIMATE=approximate, INDEX_64=plan.index_64,
+              tune_key=(plan, dtypes))
 
 
 def _check_inputs(x, approximate):
@@ -170,12 +152,10 @@ def _check_inputs(x, approximate):
     device = rt.check_tensors(NAME, tensors, DTYPES)
     shape = rt.broadcast_shape(NAME, tensors)
     rt.check_choice(NAME, "approximate", approximate, ('none', 'tanh'))
-
     return tensors, device, shape
 
 
-@triton_op("specgen::gelu", mutates_args=())
-def _gelu_op(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
+def _gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     tensors, device, shape = _check_inputs(x, approximate)
     dtype = pointwise.result_dtype(list(tensors.values()))
     out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
@@ -183,12 +163,15 @@ def _gelu_op(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     return out
 
 
-# outputs come first: torch.library does not take keyword-only tensors
-@triton_op("specgen::gelu_out", mutates_args=('out',))
-def _gelu_out_op(out: torch.Tensor, x: torch.Tensor, approximate: str = 'none') -> None:
+def _gelu_out(out: torch.Tensor, x: torch.Tensor, approximate: str = 'none') -> None:
     tensors, device, shape = _check_inputs(x, approximate)
     rt.check_out(NAME, "out", out, shape, device, DTYPES, tensors)
     _launch(x, approximate, out)
+
+
+triton_op("specgen::gelu", mutates_args=())(_gelu)
+# outputs come first: torch.library does not take keyword-only tensors
+triton_op("specgen::gelu_out", mutates_args=('out',))(_gelu_out)
 
 
 def gelu(x, approximate='none', *, out=None):
@@ -198,9 +181,14 @@ def gelu(x, approximate='none', *, out=None):
     (one tensor).
     """
     rt.check_tensor_types(NAME, {"x": x})
+    outs = () if out is None else (out,)
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    eager = rt.runs_eagerly(x, *outs)
     if out is None:
-        return torch.ops.specgen.gelu(x, approximate)
-    torch.ops.specgen.gelu_out(out, x, approximate)
+        return _gelu(x, approximate) if eager else torch.ops.specgen.gelu(x, approximate)
+    out_op = _gelu_out if eager else torch.ops.specgen.gelu_out
+    out_op(*outs, x, approximate)
     return out
 
 

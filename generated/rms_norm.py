@@ -16,9 +16,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
-from specgen.runtime import pointwise, rowwise
+from specgen.runtime import rowwise
 
 NAME = "rms_norm"
 FAMILY = "rowwise"
@@ -49,18 +48,19 @@ CHUNKED_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 16},
 )
+# the interpreter runs one config (rt.configs keeps the first): two rows a program and 16-wide
+# chunks, so that tiny rows still take the row masks and several chunks
 INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
+CHUNKED_SPACE = (INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
+SPLIT_SPACE = (SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
 # the longest tile a program forms column offsets for (masked lanes included)
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 4096)
 # the widest chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
 # float32 partials a split launch keeps per row and split
 SLOTS = 1
-
-NEG_INF = tl.constexpr(float("-inf"))
-POS_INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
@@ -155,7 +155,7 @@ def _rms_norm_single_kernel(
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _rms_norm_looped_kernel(
     x_ptr, weight_ptr, out_ptr,
@@ -275,7 +275,7 @@ def _rms_norm_looped_kernel(
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _rms_norm_split0_kernel(
     x_ptr, weight_ptr, out_ptr,
@@ -285,11 +285,11 @@ def _rms_norm_split0_kernel(
     x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
     weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
     eps,
+    ws_ptr,
+    n_splits,
     HAS_WEIGHT: tl.constexpr,
     ROW_DIMS: tl.constexpr,
     COL_DIMS: tl.constexpr,
-    ws_ptr,
-    n_splits,
     SPLITS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -366,7 +366,7 @@ def _rms_norm_split0_kernel(
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms, axis=1, keep_dims=True))
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _rms_norm_split_out_kernel(
     x_ptr, weight_ptr, out_ptr,
@@ -376,11 +376,11 @@ def _rms_norm_split_out_kernel(
     x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
     weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
     eps,
+    ws_ptr,
+    n_splits,
     HAS_WEIGHT: tl.constexpr,
     ROW_DIMS: tl.constexpr,
     COL_DIMS: tl.constexpr,
-    ws_ptr,
-    n_splits,
     SPLITS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -487,18 +487,20 @@ def _launch(x, weight, eps, out, reduced):
         "HAS_WEIGHT": weight is not None,
         "ROW_DIMS": space.row_dims, "COL_DIMS": space.col_dims, "INDEX_64": plan.index_64,
     }
-    # what autotuning depends on besides the constexprs: N and the dtypes
+    # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, None if weight is None else weight.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
     if plan.strategy == "single":
-        rowwise.start(_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
+        # block sizes and warps come from the sizes (no config space)
+        rt.launch(_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
     elif plan.strategy != "split":
-        rowwise.start(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
+        rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
         workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
+        # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _rms_norm_split_out_kernel):
-            rowwise.start(kernel, plan.grid, *args, tune_key=tune_key, ws_ptr=workspace, n_splits=plan.splits, **constexprs)
+            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs)
 
 
 def _check_inputs(x, normalized_shape, weight, eps):
@@ -509,7 +511,6 @@ def _check_inputs(x, normalized_shape, weight, eps):
         # None means the machine epsilon of the input's dtype, as torch does
         eps = torch.finfo(x.dtype).eps
     rt.check_scalar(NAME, "eps", eps, float)
-
     shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     reduced = rowwise.reduced_by_shape(NAME, "normalized_shape", x, shape)
     rowwise.check_like(NAME, "x", x, {})
@@ -537,7 +538,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if eps is not None:
         rt.check_scalar(NAME, "eps", eps, float)
     normalized_shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
-    if rowwise.runs_eagerly(x, weight):
+    if rt.runs_eagerly(x, weight):
         # nothing traces or differentiates this call: skip the dispatcher
         return _rms_norm_impl(x, normalized_shape, weight, eps)
     return torch.ops.specgen.rms_norm(x, normalized_shape, weight, eps)

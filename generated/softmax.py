@@ -11,14 +11,13 @@ over several programs and combines their float32 partials in a later kernel.
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
-from specgen.runtime import pointwise, rowwise
+from specgen.kernel_lib import maximum_f32
+from specgen.runtime import rowwise
 
 NAME = "softmax"
 FAMILY = "rowwise"
@@ -47,18 +46,19 @@ CHUNKED_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 16},
 )
+# the interpreter runs one config (rt.configs keeps the first): two rows a program and 16-wide
+# chunks, so that tiny rows still take the row masks and several chunks
 INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
+CHUNKED_SPACE = (INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
+SPLIT_SPACE = (SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
 # the longest tile a program forms column offsets for (masked lanes included)
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 4096)
 # the widest chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
 # float32 partials a split launch keeps per row and split
 SLOTS = 2
-
-NEG_INF = tl.constexpr(float("-inf"))
-POS_INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
@@ -138,16 +138,16 @@ def _softmax_single_kernel(
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-        row_max = tl.reduce(tl.where(mask, x, NEG_INF), 1, lib.maximum, keep_dims=True)
+        row_max = tl.reduce(tl.where(mask, x, float("-inf")), 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
-        row_max_shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+        row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
 
         out = tl.exp(x - row_max_shift) * (1.0 / row_sum)
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _softmax_looped_kernel(
     x_ptr, out_ptr,
@@ -200,7 +200,7 @@ def _softmax_looped_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         # pass: max
-        acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+        acc_max = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -224,10 +224,10 @@ def _softmax_looped_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_max = lib.maximum(acc_max, tl.where(mask, x, NEG_INF))
-        row_max = tl.reduce(acc_max, 1, lib.maximum, keep_dims=True)
+            acc_max = maximum_f32(acc_max, tl.where(mask, x, float("-inf")))
+        row_max = tl.reduce(acc_max, 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
-        row_max_shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+        row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         # pass: sum
         acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -287,7 +287,7 @@ def _softmax_looped_kernel(
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _softmax_online_kernel(
     x_ptr, out_ptr,
@@ -340,7 +340,7 @@ def _softmax_online_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         # online pass (max, sum): a running max, and a sum of exps rescaled when the max grows
-        acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+        acc_max = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
         acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
@@ -365,15 +365,15 @@ def _softmax_online_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            value = tl.where(mask, x, NEG_INF)
-            new_max = lib.maximum(acc_max, value)
+            value = tl.where(mask, x, float("-inf"))
+            new_max = maximum_f32(acc_max, value)
             # lanes that have seen only -inf keep a zero sum (exp(-inf - -inf) would be NaN)
-            shift = tl.where(new_max == NEG_INF, 0.0, new_max)
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
             acc_sum = acc_sum * tl.exp(acc_max - shift) + tl.exp(value - shift)
             acc_max = new_max
-        row_max = tl.reduce(acc_max, 1, lib.maximum, keep_dims=True)
+        row_max = tl.reduce(acc_max, 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
-        row_max_shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+        row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         row_sum = tl.sum(acc_sum * tl.exp(acc_max - row_max_shift), axis=1, keep_dims=True)
 
         # outputs: a last read of the row
@@ -407,7 +407,7 @@ def _softmax_online_kernel(
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _softmax_split0_kernel(
     x_ptr, out_ptr,
@@ -415,10 +415,10 @@ def _softmax_split0_kernel(
     row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
     out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
     x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
     ws_ptr,
     n_splits,
+    ROW_DIMS: tl.constexpr,
+    COL_DIMS: tl.constexpr,
     SPLITS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -467,7 +467,7 @@ def _softmax_split0_kernel(
         lo = split * share
         hi = tl.minimum(lo + share, N)
         # online pass (max, sum): a running max, and a sum of exps rescaled when the max grows
-        acc_max = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+        acc_max = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
         acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
@@ -492,20 +492,20 @@ def _softmax_split0_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            value = tl.where(mask, x, NEG_INF)
-            new_max = lib.maximum(acc_max, value)
+            value = tl.where(mask, x, float("-inf"))
+            new_max = maximum_f32(acc_max, value)
             # lanes that have seen only -inf keep a zero sum (exp(-inf - -inf) would be NaN)
-            shift = tl.where(new_max == NEG_INF, 0.0, new_max)
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
             acc_sum = acc_sum * tl.exp(acc_max - shift) + tl.exp(value - shift)
             acc_max = new_max
-        part_max = tl.reduce(acc_max, 1, lib.maximum, keep_dims=True)
-        part_shift = tl.where(part_max == NEG_INF, 0.0, part_max)
+        part_max = tl.reduce(acc_max, 1, maximum_f32, keep_dims=True)
+        part_shift = tl.where(part_max == float("-inf"), 0.0, part_max)
         part_sum = tl.sum(acc_sum * tl.exp(acc_max - part_shift), axis=1, keep_dims=True)
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, part_max)
         tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, part_sum)
 
 
-@triton.autotune(configs=rowwise.configs(CHUNKED_CONFIGS, SPLIT_INTERPRETER_CONFIG), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
 @triton.jit
 def _softmax_split_out_kernel(
     x_ptr, out_ptr,
@@ -513,10 +513,10 @@ def _softmax_split_out_kernel(
     row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
     out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
     x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
     ws_ptr,
     n_splits,
+    ROW_DIMS: tl.constexpr,
+    COL_DIMS: tl.constexpr,
     SPLITS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -564,11 +564,11 @@ def _softmax_split_out_kernel(
             x_row += row_coord * x_row_stride_3
         splits = tl.arange(0, SPLITS_BLOCK)[None, :]
         split_mask = splits < n_splits
-        part_max = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=NEG_INF)
+        part_max = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=float("-inf"))
         part_sum = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_max = tl.reduce(part_max, 1, lib.maximum, keep_dims=True)
+        row_max = tl.reduce(part_max, 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
-        row_max_shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+        row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         row_sum = tl.sum(part_sum * tl.exp(part_max - row_max_shift), axis=1, keep_dims=True)
         lo = split * share
         hi = tl.minimum(lo + share, N)
@@ -620,18 +620,20 @@ def _launch(x, out, reduced):
     constexprs = {
         "ROW_DIMS": space.row_dims, "COL_DIMS": space.col_dims, "INDEX_64": plan.index_64,
     }
-    # what autotuning depends on besides the constexprs: N and the dtypes
+    # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
     if plan.strategy == "single":
-        rowwise.start(_softmax_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
+        # block sizes and warps come from the sizes (no config space)
+        rt.launch(_softmax_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
     elif plan.strategy != "split":
-        rowwise.start(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
+        rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
         workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
+        # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _softmax_split_out_kernel):
-            rowwise.start(kernel, plan.grid, *args, tune_key=tune_key, ws_ptr=workspace, n_splits=plan.splits, **constexprs)
+            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs)
 
 
 def _check_inputs(x, dim):
@@ -639,7 +641,6 @@ def _check_inputs(x, dim):
     tensors = {k: t for k, t in tensors.items() if t is not None}
     rt.check_tensors(NAME, tensors, DTYPES)
     rt.check_scalar(NAME, "dim", dim, int)
-
     reduced = rowwise.reduced_by_dim(NAME, "dim", x, dim)
     rowwise.check_like(NAME, "x", x, {})
     rowwise.check_along(NAME, x, reduced, {})
@@ -664,7 +665,7 @@ def softmax(x, dim=-1):
     rt.check_tensor_types(NAME, {"x": x})
     # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
     rt.check_scalar(NAME, "dim", dim, int)
-    if rowwise.runs_eagerly(x):
+    if rt.runs_eagerly(x):
         # nothing traces or differentiates this call: skip the dispatcher
         return _softmax_impl(x, dim)
     return torch.ops.specgen.softmax(x, dim)

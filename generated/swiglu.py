@@ -7,16 +7,14 @@ Two kernels: a flat one when every tensor is dense in the same memory order, and
 any strides (broadcast, transposed, sliced), which tiles the two innermost collapsed dimensions.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from specgen import kernel_lib as lib
 from specgen import runtime as rt
+from specgen.kernel_lib import silu_f32
 from specgen.runtime import pointwise
 
 NAME = "swiglu"
@@ -45,13 +43,17 @@ TILED_CONFIGS = (
     {'TILE_M': 32, 'TILE_N': 32, 'num_warps': 8},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 4},
     {'TILE_M': 64, 'TILE_N': 64, 'num_warps': 8},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 4},
+    {'TILE_M': 64, 'TILE_N': 128, 'num_warps': 8},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 4},
+    {'TILE_M': 128, 'TILE_N': 64, 'num_warps': 8},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 4},
     {'TILE_M': 1, 'TILE_N': 1024, 'num_warps': 8},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 4},
     {'TILE_M': 16, 'TILE_N': 128, 'num_warps': 8},
 )
 # the widest tile a program may cover: masked lanes past the end still form offsets
-MAX_TILE = 4096
+MAX_TILE = 8192
 # collapsed dimensions the tiled kernel walks: 6 outer ones, then rows and columns
 RANK = 8
 
@@ -76,7 +78,7 @@ def _swiglu_dense_kernel(
         mask = offsets < numel
         a = tl.load(a_ptr + offsets, mask=mask).to(tl.float32)
         b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
-        out = lib.silu(a) * b
+        out = silu_f32(a) * b
         tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -133,52 +135,30 @@ def _swiglu_tiled_kernel(
         b_offsets = b_base + rows[:, None] * b_stride_m + cols[None, :] * b_stride_n
         a = tl.load(a_ptr + a_offsets, mask=mask).to(tl.float32)
         b = tl.load(b_ptr + b_offsets, mask=mask).to(tl.float32)
-        out = lib.silu(a) * b
+        out = silu_f32(a) * b
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(a, b, out):
-    shape = tuple(out.shape)
-    space = pointwise.iteration_space(shape, [out], [a, b])
-    if space.numel == 0:
-        return
-    index_64 = rt.use_int64(NAME, INDEXING, {"out": out, "a": a, "b": b}, MAX_TILE)
-    cap = rt.max_programs(out.device, LAUNCH)
-    scalars = ()
-    constexprs = {}
-    if space.dense:
-        rt.note_launch(NAME, "dense", index_64)
-        numel = space.numel
-        grid = lambda meta: (rt.grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),)
-        wrap_triton(_swiglu_dense_kernel)[grid](
-            a, b, out, numel, *scalars, **constexprs, INDEX_64=index_64)
-        return
-    space = space.padded(RANK)
-    rt.note_launch(NAME, "tiled", index_64, rank=RANK)
-    size_m, size_n = space.sizes[-2:]
-    outer = 1
-    for size in space.sizes[:-2]:
-        outer *= size
-
-    def grid(meta):
-        tiles = triton.cdiv(size_m, meta["TILE_M"]) * triton.cdiv(size_n, meta["TILE_N"])
-        return (rt.grid_size(outer * tiles, cap),)
-
-    strides = [stride for operand in space.strides for stride in operand]
-    wrap_triton(_swiglu_tiled_kernel)[grid](
-        a, b, out, *space.sizes, *strides, *scalars, **constexprs, INDEX_64=index_64)
+    plan = pointwise.plan_launch(NAME, INDEXING, ('out', 'a', 'b'), [out, a, b],
+                                 max_tile=MAX_TILE, launch=LAUNCH, rank=RANK)
+    if plan is None:
+        return  # some dimension is 0: nothing to compute
+    rt.note_launch(NAME, "dense" if plan.dense else "tiled", plan.index_64)
+    kernel = _swiglu_dense_kernel if plan.dense else _swiglu_tiled_kernel
+    dtypes = (a.dtype, b.dtype, out.dtype,)
+    rt.launch(kernel, plan.grid, a, b, out, *plan.args, INDEX_64=plan.index_64,
+              tune_key=(plan, dtypes))
 
 
 def _check_inputs(a, b):
     tensors = {"a": a, "b": b}
     device = rt.check_tensors(NAME, tensors, DTYPES)
     shape = rt.broadcast_shape(NAME, tensors)
-
     return tensors, device, shape
 
 
-@triton_op("specgen::swiglu", mutates_args=())
-def _swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     tensors, device, shape = _check_inputs(a, b)
     dtype = pointwise.result_dtype(list(tensors.values()))
     out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
@@ -186,12 +166,15 @@ def _swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# outputs come first: torch.library does not take keyword-only tensors
-@triton_op("specgen::swiglu_out", mutates_args=('out',))
-def _swiglu_out_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def _swiglu_out(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     tensors, device, shape = _check_inputs(a, b)
     rt.check_out(NAME, "out", out, shape, device, DTYPES, tensors)
     _launch(a, b, out)
+
+
+triton_op("specgen::swiglu", mutates_args=())(_swiglu)
+# outputs come first: torch.library does not take keyword-only tensors
+triton_op("specgen::swiglu_out", mutates_args=('out',))(_swiglu_out)
 
 
 def swiglu(a, b, *, out=None):
@@ -201,9 +184,14 @@ def swiglu(a, b, *, out=None):
     (one tensor).
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
+    outs = () if out is None else (out,)
+    # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
+    # go through the registered op
+    eager = rt.runs_eagerly(a, b, *outs)
     if out is None:
-        return torch.ops.specgen.swiglu(a, b)
-    torch.ops.specgen.swiglu_out(out, a, b)
+        return _swiglu(a, b) if eager else torch.ops.specgen.swiglu(a, b)
+    out_op = _swiglu_out if eager else torch.ops.specgen.swiglu_out
+    out_op(*outs, a, b)
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Mapping
 
 from specgen.errors import Where
 
-# name -> (arity, Triton callee). ``lib`` is ``specgen.kernel_lib``, jit helpers shared by all kernels.
+# name -> (arity, Triton callee). Bare callees are jit helpers from ``specgen.kernel_lib``.
 FUNCTIONS: dict[str, tuple[int, str]] = {
     "where": (3, "tl.where"),
     "exp": (1, "tl.exp"),
@@ -29,18 +29,18 @@ FUNCTIONS: dict[str, tuple[int, str]] = {
     "abs": (1, "tl.abs"),
     "erf": (1, "tl.erf"),
     "sigmoid": (1, "tl.sigmoid"),
-    "minimum": (2, "lib.minimum"),
-    "maximum": (2, "lib.maximum"),
-    "tanh": (1, "lib.tanh"),
-    "relu": (1, "lib.relu"),
-    "gelu": (1, "lib.gelu"),
-    "gelu_tanh": (1, "lib.gelu_tanh"),
-    "silu": (1, "lib.silu"),
-    "softplus": (1, "lib.softplus"),
+    "minimum": (2, "minimum_f32"),
+    "maximum": (2, "maximum_f32"),
+    "tanh": (1, "tanh_f32"),
+    "relu": (1, "relu_f32"),
+    "gelu": (1, "gelu_f32"),
+    "gelu_tanh": (1, "gelu_tanh_f32"),
+    "silu": (1, "silu_f32"),
+    "softplus": (1, "softplus_f32"),
     # casts round to the named type; the value stays float32 for the math that follows
-    "float32": (1, "lib.to_float32"),
-    "float16": (1, "lib.to_float16"),
-    "bfloat16": (1, "lib.to_bfloat16"),
+    "float32": (1, "as_float32"),
+    "float16": (1, "round_to_float16"),
+    "bfloat16": (1, "round_to_bfloat16"),
 }
 
 MAX_POWER = 16
@@ -188,6 +188,12 @@ def _int_constant(node: ast.expr) -> int | None:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
     return None
+
+
+def helpers(expr: Expr) -> set[str]:
+    """The ``specgen.kernel_lib`` functions ``expr``'s emitted code calls."""
+    called = {node.func.id for node in ast.walk(expr.tree) if isinstance(node, ast.Call)}
+    return {FUNCTIONS[name][1] for name in called if not FUNCTIONS[name][1].startswith("tl.")}
 
 
 def emit(expr: Expr, names: Mapping[str, str]) -> str:

@@ -1,7 +1,9 @@
-"""Triton helpers that generated kernels call as ``lib.<name>``.
+"""Triton helpers that generated kernels import by name (``from specgen.kernel_lib import ...``).
 
 They use only core ``tl`` operations (no libdevice), so the CPU tier's interpreter runs the very
-code the GPU compiles. Inputs are float32; NaN propagates as in torch.
+code the GPU compiles. Inputs are float32; NaN propagates as in torch. Names end in ``_f32`` (or name a cast) so that
+they never collide with an op's own function in its module: torch.compile re-emits a kernel with
+the jit functions it calls under their own names, so they are imported unaliased, never as ``lib.x``.
 """
 
 import triton
@@ -13,7 +15,7 @@ _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def tanh(x):
+def tanh_f32(x):
     # tanh(x) = sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|), which never overflows; near zero
     # 1 - e cancels, so a short Taylor series takes over below |x| = 1/16
     e = tl.exp(-2.0 * tl.abs(x))
@@ -25,60 +27,60 @@ def tanh(x):
 
 
 @triton.jit
-def relu(x):
+def relu_f32(x):
     # where(x < 0, 0, x) keeps NaN, as torch.relu does (maximum(x, 0) would drop it)
     return tl.where(x < 0, 0.0, x)
 
 
 @triton.jit
-def gelu(x):
+def gelu_f32(x):
     return 0.5 * x * (1.0 + tl.erf(x * _SQRT_HALF))
 
 
 @triton.jit
-def gelu_tanh(x):
+def gelu_tanh_f32(x):
     inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
-    return 0.5 * x * (1.0 + tanh(inner))
+    return 0.5 * x * (1.0 + tanh_f32(inner))
 
 
 @triton.jit
-def silu(x):
+def silu_f32(x):
     return x / (1.0 + tl.exp(-x))
 
 
 @triton.jit
-def log1p(x):
+def log1p_f32(x):
     # log(1 + x) is inexact when 1 + x rounds; scaling by x / ((1 + x) - 1) cancels that error
     u = 1.0 + x
     return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
 
 
 @triton.jit
-def softplus(x):
+def softplus_f32(x):
     # torch.nn.functional.softplus with beta=1, threshold=20
-    return tl.where(x > 20.0, x, log1p(tl.exp(x)))
+    return tl.where(x > 20.0, x, log1p_f32(tl.exp(x)))
 
 
 @triton.jit
-def minimum(a, b):
+def minimum_f32(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def maximum(a, b):
+def maximum_f32(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def to_float32(x):
+def as_float32(x):
     return x.to(tl.float32)
 
 
 @triton.jit
-def to_float16(x):
+def round_to_float16(x):
     return x.to(tl.float16).to(tl.float32)
 
 
 @triton.jit
-def to_bfloat16(x):
+def round_to_bfloat16(x):
     return x.to(tl.bfloat16).to(tl.float32)

@@ -59,7 +59,8 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     op.finish()
 
     args = _parse_args(top.pop_table("args"))
-    _check_reference(reference, reference_where, args)
+    _check_reference(reference, reference_where, args,
+                     getattr(family.module, "REFERENCE_NAMES", ()))
     body = family.module.parse_body(top, args, name)
     top.finish()
     return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
@@ -145,13 +146,15 @@ def _parse_range(table: Table) -> tuple[float, float]:
     return values[0], values[1]
 
 
-def _check_reference(reference: str, where: Where, args: tuple[Arg, ...]) -> None:
+def _check_reference(reference: str, where: Where, args: tuple[Arg, ...],
+                     family_names: tuple[str, ...] = ()) -> None:
     """The reference is trusted Python, but it must parse and use only known names."""
     try:
         tree = ast.parse(reference.strip(), mode="eval")
     except SyntaxError as err:
         raise where.error(f"not a valid Python expression: {reference!r} ({err.msg})") from None
-    known = set(REFERENCE_NAMES) | {a.name for a in args}
+    # a family may add arguments of its own (reduce adds dim and keepdim)
+    known = set(REFERENCE_NAMES) | {a.name for a in args} | set(family_names)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in known:
             raise where.error(f"name '{node.id}' is used but not declared; a reference may use "

@@ -13,7 +13,7 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK,
                           print_blob=True)
 # GPU tier: real compilation, many more examples
-settings.register_profile("gpu", max_examples=150, deadline=None, suppress_health_check=_SLOW_OK,
+settings.register_profile("gpu", max_examples=50, deadline=None, suppress_health_check=_SLOW_OK,
                           print_blob=True)
 # a quick look while editing
 settings.register_profile("dev", max_examples=5, deadline=None, suppress_health_check=_SLOW_OK)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import generated
 from specgen import runtime
 from specgen.runtime import rowwise
+from specgen.runtime.launch import _tuned as tuned_configs
 from specgen.testing import device
 
 
@@ -88,21 +89,25 @@ def test_edge_cases_match_torch():
         with runtime.override(strategy=strategy):
             torch.testing.assert_close(generated.logsumexp(cube, (0, 2)),
                                        torch.logsumexp(cube, (0, 2)))
-    rows = randn(4, 7)
+    rows = randn(6, 37)                      # 37: several 16-wide chunks under the interpreter
     rows[0] = -math.inf
     rows[1, :3] = -math.inf
+    rows[2, 20] = math.inf                   # torch: softmax NaN, logsumexp inf
+    rows[3, 5], rows[3, 30] = math.inf, -math.inf
+    rows[4, 33] = math.nan                   # NaN everywhere, logsumexp too
     for strategy in ["single", "looped", "online", "split"]:
         with runtime.override(strategy=strategy):
             torch.testing.assert_close(generated.softmax(rows, 1), torch.softmax(rows, 1),
                                        equal_nan=True)
             torch.testing.assert_close(generated.log_softmax(rows, 1),
                                        torch.log_softmax(rows, 1), equal_nan=True)
-            torch.testing.assert_close(generated.logsumexp(rows, 1), torch.logsumexp(rows, 1))
+            torch.testing.assert_close(generated.logsumexp(rows, 1), torch.logsumexp(rows, 1),
+                                       equal_nan=True)
 
 
 def test_row_space_collapses_and_splits_dims():
     x = randn(6, 4, 5).permute(2, 1, 0)             # (5, 4, 6), strides (1, 5, 20)
-    out = torch.empty(x.shape)
+    out = torch.empty(x.shape, device=device())
     space = rowwise.row_space("op", x, (1, 2), [out, x], [], [])
     assert (space.rows, space.n) == (5, 24)
     # (4, 6) is one dense block in each tensor, but in opposite orders: two reduced dims,
@@ -191,9 +196,9 @@ def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():
     for strategy in ["looped", "split"]:
         with runtime.override(strategy=strategy):
             first = generated.layer_norm(x, [40])
-            plans, tuned = len(rowwise._plans), len(rowwise._tuned)
+            plans, tuned = len(rowwise._plans), len(tuned_configs)
             second = generated.layer_norm(x.clone(), [40])        # cached plan, cached config
-            assert (len(rowwise._plans), len(rowwise._tuned)) == (plans, tuned)
+            assert (len(rowwise._plans), len(tuned_configs)) == (plans, tuned)
         torch.testing.assert_close(second, first)
         torch.testing.assert_close(first, F.layer_norm(x, [40]), atol=2e-5, rtol=1e-5)
     # the registered op (what torch.compile sees) computes the same through the dispatcher

@@ -1,7 +1,14 @@
 """Row-wise specs: located errors for [rows], [reduce], [compute], [schedule]; planner decisions."""
 
-import pytest
+import ast
+import importlib
+import math
+from pathlib import Path
 
+import pytest
+import triton.language as tl
+
+import generated
 from specgen.errors import SpecError
 from specgen.families import rowwise as family
 from specgen.model import Source
@@ -200,3 +207,34 @@ def test_scaffold_parses_and_plans():
     text = family.scaffold("my_rms")
     plan = family.plan(parse(text))
     assert plan.name == "my_rms" and plan.strategies == ("single", "looped", "split")
+
+
+ROWWISE = sorted(name for name, info in generated.REGISTRY.items() if info.family == "rowwise")
+
+
+@pytest.mark.parametrize("name", ROWWISE)
+def test_kernels_are_what_torch_compile_can_re_emit(name):
+    """Inductor re-emits a kernel with the jit functions it calls under their own names and the
+    constexpr globals it reads as ``tl.constexpr(<repr>)``: helpers must be module globals of that
+    very name (never ``lib.x``), and no global may hold inf or nan (``tl.constexpr(-inf)``)."""
+    module = importlib.import_module(f"generated.{name}")
+    for value in vars(module).values():
+        if isinstance(value, tl.constexpr) and isinstance(value.value, float):
+            assert math.isfinite(value.value), f"{name}: constexpr global {value.value}"
+    tree = ast.parse(Path(module.__file__).read_text())
+    kernels = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+               and any("jit" in ast.unparse(d) for d in node.decorator_list)]
+    assert kernels
+    builtins = {"range", "float"}
+    for kernel in kernels:
+        for node in (n for statement in kernel.body for n in ast.walk(statement)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                # methods of locals are fine; a module's attribute is not (Inductor cannot see it)
+                assert node.value.id == "tl" or not hasattr(module, node.value.id), \
+                    f"{name}: {ast.unparse(node)}"
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
+                    node.id not in builtins and hasattr(module, node.id):
+                value = getattr(module, node.id)
+                helper = getattr(value, "fn", value)
+                if callable(helper):
+                    assert helper.__name__ == node.id, f"{name}: {node.id} is aliased"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from specgen.families import pointwise, rowwise
+from specgen.families import cross_entropy, pointwise, reduce, rowwise
 
 
 @dataclass(frozen=True)
@@ -22,4 +22,6 @@ class Family:
         return f"{self.name}.py.jinja"
 
 
-FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("rowwise", rowwise))}
+FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("reduce", reduce),
+                                 Family("cross_entropy", cross_entropy),
+                                 Family("rowwise", rowwise))}

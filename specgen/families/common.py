@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import keyword
 import re
 from dataclasses import dataclass
@@ -15,14 +16,14 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 # names generated code uses for itself; an argument or output with one of them would shadow it
 RESERVED = frozenset({
-    "tl", "triton", "torch", "lib", "rt", "math", "F", "reference",
+    "tl", "triton", "torch", "rt", "math", "F", "reference",
     "pid", "tile", "num_tiles", "tiles_m", "tiles_n", "tile_m", "tile_n", "rest", "rows", "cols",
     "mask", "offsets", "numel", "size_m", "size_n", "shape", "space", "grid", "cap", "tensors",
     "device", "dtype", "scalars", "constexprs", "strides", "outer", "index_64", "meta",
 }) | frozenset(FUNCTIONS)
 # module-level names of a generated module, which the op's own function must not shadow
-OP_RESERVED = frozenset({"torch", "triton", "tl", "lib", "rt", "reference", "pointwise", "generated",
-                         "specgen"})
+OP_RESERVED = frozenset({"torch", "triton", "tl", "rt", "reference", "pointwise", "generated",
+                         "specgen", "math", "F"}) | frozenset(callee for _, callee in FUNCTIONS.values())
 
 _ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
                 "shape": "list[int]"}
@@ -148,6 +149,15 @@ class CommonPlan:
     output_names: tuple[str, ...]
 
     @property
+    def reference_imports(self) -> tuple[str, ...]:
+        """The imports the reference expression needs besides torch."""
+        names = {n.id for n in ast.walk(ast.parse(self.reference, mode="eval"))
+                 if isinstance(n, ast.Name)}
+        return tuple(line for name, line in (("math", "import math"),
+                                              ("F", "import torch.nn.functional as F"))
+                     if name in names)
+
+    @property
     def dtypes_code(self) -> str:
         return "(" + ", ".join(f"torch.{d}" for d in self.dtypes) + ",)"
 
@@ -162,6 +172,13 @@ class CommonPlan:
     @property
     def choices(self) -> tuple[ArgPlan, ...]:
         return tuple(a for a in self.args if a.kind == "choice")
+
+    @property
+    def scalar_checks(self) -> tuple[str, ...]:
+        """Launcher lines that check scalar and choice arguments (types, allowed values)."""
+        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.type})' for a in self.scalars]
+        checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
+        return tuple(checks)
 
     @property
     def signature_no_out(self) -> str:

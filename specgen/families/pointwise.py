@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from specgen.expr import Symbol, emit, parse_expr
+from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      wrap)
 from specgen.model import OpSpec, Output, TensorArg
@@ -86,7 +86,7 @@ def _parse_tiles(tuning: Table) -> tuple[tuple[int, int], ...]:
     if raw is None:
         # square tiles move a transposed operand through shared memory; 1-row tiles serve a
         # collapsed space whose rows are single elements
-        return ((32, 32), (64, 64), (1, 1024), (16, 128))
+        return ((32, 32), (64, 64), (64, 128), (128, 64), (1, 1024), (16, 128))
     where = tuning.where.child("TILE")
     tiles = []
     for item in parse_list(raw, list, where):
@@ -127,6 +127,7 @@ class PointwisePlan(CommonPlan):
     dense_configs: tuple[dict, ...] = ()
     tiled_configs: tuple[dict, ...] = ()
     outer_rank: int = OUTER_RANK
+    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:
@@ -175,8 +176,17 @@ class PointwisePlan(CommonPlan):
         return ", ".join(f'"{t.name}": {t.name}' for t in self.inputs)
 
     @property
-    def tensor_dict(self) -> str:
-        return ", ".join(f'"{t.name}": {t.name}' for t in self.tensors)
+    def dtype_list(self) -> str:
+        """The dtypes autotuning depends on, as a tuple expression."""
+        return "".join(f"{t.name}.dtype, " for t in self.inputs + self.outputs).rstrip(" ")
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors)
+
+    @property
+    def tensor_list(self) -> str:
+        return ", ".join(self.tensor_names)
 
     @property
     def launch_params(self) -> str:
@@ -202,7 +212,8 @@ def plan(spec: OpSpec) -> PointwisePlan:
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return PointwisePlan(**common.__dict__, inputs=tuple(Tensor(t.name) for t in spec.tensors),
                          outputs=outputs, launch=body.launch, dense_configs=dense,
-                         tiled_configs=tiled)
+                         tiled_configs=tiled,
+                         helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))
 
 
 def scaffold(name: str) -> str:

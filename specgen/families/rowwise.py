@@ -17,15 +17,16 @@ import ast
 import itertools
 from dataclasses import dataclass
 
-from specgen.expr import Expr, Symbol, emit, parse_expr
+from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
 from specgen.families.common import CommonPlan, check_name, common_plan, power_of_two_list
 from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
 OPS = ("sum", "max", "min")
 STRATEGIES = ("auto", "single", "looped", "online", "split")
-# identities the masked lanes of each reduction take, and how partial results combine
-IDENTITY = {"sum": "0.0", "max": "NEG_INF", "min": "POS_INF"}
+# identities the masked lanes of each reduction take, written out in the kernels: torch.compile
+# re-emits a constexpr global by its repr, and tl.constexpr(-inf) would not parse back
+IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 N_SYMBOL = "N"
 
 
@@ -344,18 +345,19 @@ class StepPlan:
     def accumulate(self) -> str:
         if self.op == "sum":
             return f"{self.acc} += {self.masked()}"
-        return f"{self.acc} = lib.{_COMBINE[self.op]}({self.acc}, {self.masked()})"
+        return f"{self.acc} = {COMBINE[self.op]}({self.acc}, {self.masked()})"
 
     def reduce(self, tile: str) -> str:
         if self.op == "sum":
             return f"tl.sum({tile}, axis=1, keep_dims=True)"
-        return f"tl.reduce({tile}, 1, lib.{_COMBINE[self.op]}, keep_dims=True)"
+        return f"tl.reduce({tile}, 1, {COMBINE[self.op]}, keep_dims=True)"
 
     def scaled(self, code: str) -> str:
         return code if self.scale is None else f"{code} * ({self.scale})"
 
 
-_COMBINE = {"max": "maximum", "min": "minimum"}
+# specgen.kernel_lib helpers that combine max and min partials (NaN propagates, as in torch)
+COMBINE = {"max": "maximum_f32", "min": "minimum_f32"}
 
 
 @dataclass(frozen=True)
@@ -401,6 +403,7 @@ class RowwisePlan(CommonPlan):
     interpreter_config: dict | None = None
     split_interpreter_config: dict | None = None
     max_chunk: int = 0
+    helpers: tuple[str, ...] = ()      # specgen.kernel_lib functions the kernels call
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -620,6 +623,11 @@ def plan(spec: OpSpec) -> RowwisePlan:
                                    for t in o.expr.names & tensor_names}))
     configs = tuple({"BLOCK_M": 1, "BLOCK_N": c, "num_warps": w}
                     for c, w in itertools.product(body.chunks, body.num_warps))
+    # helpers are imported by name (torch.compile re-emits them under their own names): the
+    # expressions' functions, the max/min combines, and maximum_f32 of the online update
+    called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),
+                         *(helpers(o.expr) for o in body.outputs))
+    called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
@@ -630,7 +638,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
         # the row masks and several chunks
         interpreter_config={"BLOCK_M": 2, "BLOCK_N": 16, "num_warps": 4},
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
-        max_chunk=max(body.chunks))
+        max_chunk=max(body.chunks), helpers=tuple(sorted(called)))
 
 
 def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:

@@ -2,8 +2,9 @@
 
 from specgen.runtime.checks import (broadcast_shape, check_choice, check_out, check_scalar,
                                     check_tensor_types, check_tensors)
-from specgen.runtime.launch import (Launch, configs, grid_size, interpreting, max_programs,
-                                    note_launch, override, overrides, record_launches, use_int64)
+from specgen.runtime.launch import (Launch, choose_int64, configs, grid_size, interpreting, launch,
+                                    max_programs, note_launch, override, overrides, record_launches,
+                                    runs_eagerly, use_int64)
 from specgen.runtime.layout import (Collapsed, broadcast_strides, collapse, dense_strides,
                                     memory_order, storage_span)
 from specgen.runtime.registry import ArgInfo, OpInfo
@@ -11,6 +12,7 @@ from specgen.runtime.registry import ArgInfo, OpInfo
 __all__ = [
     "ArgInfo", "Collapsed", "Launch", "OpInfo", "broadcast_shape", "broadcast_strides",
     "check_choice", "check_out", "check_scalar", "check_tensor_types", "check_tensors", "collapse",
-    "configs", "dense_strides", "grid_size", "interpreting", "max_programs", "memory_order",
-    "note_launch", "override", "overrides", "record_launches", "storage_span", "use_int64",
+    "configs", "dense_strides", "grid_size", "interpreting", "launch", "max_programs", "memory_order",
+    "note_launch", "override", "overrides", "record_launches", "runs_eagerly", "storage_span",
+    "use_int64", "choose_int64",
 ]

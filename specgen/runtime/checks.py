@@ -44,11 +44,18 @@ def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
 
 
 def broadcast_shape(op: str, tensors: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
-    try:
-        return tuple(torch.broadcast_shapes(*(t.shape for t in tensors.values())))
-    except RuntimeError:
-        shapes = ", ".join(f"'{n}' {tuple(t.shape)}" for n, t in tensors.items())
-        raise ValueError(f"{op}: shapes do not broadcast: {shapes}") from None
+    """torch's broadcasting rule, in plain Python (torch.broadcast_shapes costs ~20 us a call)."""
+    shapes = [tuple(t.shape) for t in tensors.values()]
+    rank = max(len(shape) for shape in shapes)
+    result = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate(shape, start=rank - len(shape)):
+            if size != result[i] and size != 1:
+                if result[i] != 1:
+                    listed = ", ".join(f"'{n}' {tuple(t.shape)}" for n, t in tensors.items())
+                    raise ValueError(f"{op}: shapes do not broadcast: {listed}")
+                result[i] = size
+    return tuple(result)
 
 
 def check_choice(op: str, name: str, value: object, choices: Sequence[str]) -> None:

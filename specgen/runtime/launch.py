@@ -10,6 +10,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 import triton
+from torch.library import wrap_triton
 
 from specgen.runtime.layout import storage_span
 
@@ -30,6 +31,7 @@ class Overrides:
     launch: str | None = None        # force "flat" or "persistent"
     max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
     strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
+    config: int | None = None        # run config number k of an autotuned kernel, no tuning
 
 
 _overrides = Overrides()
@@ -79,6 +81,11 @@ def note_launch(op: str, kernel: str, index_64: bool, **details) -> None:
 
 
 def use_int64(op: str, indexing: str, tensors: Mapping[str, torch.Tensor], max_tile: int) -> bool:
+    """Whether a launch over ``tensors`` needs the int64 specialization (see ``choose_int64``)."""
+    return choose_int64(op, indexing, {n: storage_span(t) for n, t in tensors.items()}, max_tile)
+
+
+def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int) -> bool:
     """Whether a launch needs the int64 specialization.
 
     The int32 one is safe while every offset a program forms fits: the storage span of each
@@ -86,13 +93,33 @@ def use_int64(op: str, indexing: str, tensors: Mapping[str, torch.Tensor], max_t
     "int32" or "int64"), possibly overridden by the test suite.
     """
     mode = _overrides.indexing or indexing
-    name, span = max(((n, storage_span(t)) for n, t in tensors.items()), key=lambda item: item[1])
+    name, span = max(spans.items(), key=lambda item: item[1])
     needs_64 = span + max_tile > INT32_MAX
     if mode == "int32" and needs_64:
         raise ValueError(
             f"{op}: indexing is forced to int32, but '{name}' spans {span:,} elements, "
             f"more than 2**31 - 1 can address; set indexing = \"auto\" or \"int64\" in the spec")
     return mode == "int64" or needs_64
+
+
+def untraced(tensors) -> bool:
+    """Plain tensors, and nothing tracing: no torch.compile/export, no dispatch or function mode."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    return all(type(t) is torch.Tensor for t in tensors if t is not None)
+
+
+def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
+    """True when nothing traces or differentiates this call, so a generated function may run its
+    op's implementation directly and skip the dispatcher (some 40 us a call).
+
+    torch.compile and export, dispatch and function modes, tensor subclasses (fake tensors among
+    them) and autograd all go through ``torch.ops.specgen.*`` instead.
+    """
+    if not untraced(tensors):
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,3 +156,39 @@ def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
         configs.append(triton.Config(meta, num_warps=point.get("num_warps", 4),
                                      num_stages=point.get("num_stages", 1)))
     return configs
+
+
+# (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner
+_tuned: dict[tuple, triton.Config] = {}
+
+
+def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, *args,
+           tune_key: tuple = (), **kwargs) -> None:
+    """Starts an autotuned kernel (or a plain jit kernel whose launcher chose its meta-parameters).
+
+    ``tune_key`` identifies what autotuning depends on (the launcher passes its cached launch plan
+    and the tensors' dtypes); once a key is tuned, launches call the chosen config directly, which
+    saves the autotuner's per-call bookkeeping. When the tests force a config, that config runs
+    without tuning, so the property suite checks every point of a config space. On plain tensors
+    the kernel starts directly: ``wrap_triton`` exists for tracing, and its eager dispatch costs
+    about a millisecond a call. A plain jit kernel (``kwargs`` carry its block sizes and
+    ``num_warps``) is only started, directly or through ``wrap_triton`` as above.
+    """
+    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    if not isinstance(kernel, triton.runtime.Autotuner):
+        # no config space: nothing to tune, cache or force
+        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
+        return
+    key = (kernel, tune_key, tuple(sorted(kwargs.items())))
+    if _overrides.config is not None:
+        config = kernel.configs[_overrides.config % len(kernel.configs)]
+    elif direct and key in _tuned:
+        config = _tuned[key]
+    else:
+        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
+        if direct:
+            _tuned[key] = kernel.best_config
+        return
+    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    fn = kernel.fn
+    (fn if direct else wrap_triton(fn))[grid](*args, **kwargs, **meta)

@@ -16,11 +16,14 @@ Shape = tuple[int, ...]
 
 def broadcast_strides(tensor: torch.Tensor, shape: Shape) -> Shape:
     """``tensor``'s strides viewed at the broadcast ``shape``: stride 0 where it is broadcast."""
-    lead = len(shape) - tensor.dim()
-    strides = [0] * lead
-    for size, stride, target in zip(tensor.shape, tensor.stride(), shape[lead:]):
-        strides.append(stride if size == target else 0)
-    return tuple(strides)
+    return strides_at(tuple(tensor.shape), tuple(tensor.stride()), shape)
+
+
+def strides_at(size: Shape, stride: Shape, shape: Shape) -> Shape:
+    """Strides of a (size, stride) view broadcast to ``shape``."""
+    lead = len(shape) - len(size)
+    return (0,) * lead + tuple(st if sz == target else 0
+                               for sz, st, target in zip(size, stride, shape[lead:]))
 
 
 def memory_order(shape: Shape, operand_strides: Sequence[Shape]) -> list[int]:
@@ -118,9 +121,14 @@ def storage_span(tensor: torch.Tensor) -> int:
     Triton addresses ``ptr + offset`` from ``data_ptr()``, which already includes the storage
     offset, so the offset itself never enters the index arithmetic.
     """
-    if tensor.numel() == 0:
+    return span(tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def span(size: Shape, stride: Shape) -> int:
+    """``storage_span`` from sizes and strides."""
+    if 0 in size:
         return 0
-    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride()))
+    return 1 + sum((sz - 1) * abs(st) for sz, st in zip(size, stride))
 
 
 def has_internal_overlap(tensor: torch.Tensor) -> bool:

@@ -1,12 +1,18 @@
-"""Element-wise launches: torch's type promotion and output layout, and the collapsed iteration space."""
+"""Element-wise launches: torch's type promotion and output layout, and cached launch plans."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
+import triton
 
-from specgen.runtime.layout import Collapsed, broadcast_strides, collapse, dense_strides, memory_order
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.layout import (Shape, broadcast_strides, collapse, dense_strides,
+                                    memory_order, span, strides_at)
 
 
 def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
@@ -25,8 +31,58 @@ def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     return torch.empty_strided(shape, dense_strides(shape, order), dtype=dtype, device=device)
 
 
-def iteration_space(shape: tuple[int, ...], outputs: Sequence[torch.Tensor],
-                    inputs: Sequence[torch.Tensor]) -> Collapsed:
-    """Collapsed shape and strides, outputs first then inputs (the order that sets memory order)."""
-    strides = [tuple(o.stride()) for o in outputs] + [broadcast_strides(t, shape) for t in inputs]
-    return collapse(shape, strides)
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one element-wise launch needs beyond the tensors themselves."""
+
+    dense: bool                  # one flat offset serves every tensor
+    index_64: bool
+    args: tuple[int, ...]        # dense: (numel,); tiled: collapsed sizes, then each tensor's strides
+    grid: Callable[[dict], tuple[int]]
+
+
+def plan_launch(op: str, indexing: str, names: tuple[str, ...], tensors: Sequence[torch.Tensor],
+                *, max_tile: int, launch: str, rank: int) -> LaunchPlan | None:
+    """The launch for ``tensors`` (outputs first, then inputs), or None when there is nothing to do.
+
+    Plans depend on sizes and strides only, so they are cached on them: repeated calls on tensors
+    of one layout skip the collapsing, the span arithmetic and the grid set-up.
+    """
+    metas = tuple((tuple(t.shape), tuple(t.stride())) for t in tensors)
+    key = (op, indexing, names, metas, max_tile, launch, rank,
+           dataclasses.astuple(overrides()), tensors[0].device)
+    try:
+        return _cached_plan(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
+        return _plan(*key)
+
+
+def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device) -> LaunchPlan | None:
+    shape = metas[0][0]
+    space = collapse(shape, [strides_at(size, stride, shape) for size, stride in metas])
+    if space.numel == 0:
+        return None
+    index_64 = choose_int64(op, indexing, {n: span(*meta) for n, meta in zip(names, metas)},
+                            max_tile)
+    cap = max_programs(device, launch)
+    if space.dense:
+        numel = space.numel
+        return LaunchPlan(True, index_64, (numel,),
+                          lambda meta: (grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),))
+    space = space.padded(rank)
+    size_m, size_n = space.sizes[-2:]
+    outer = 1
+    for size in space.sizes[:-2]:
+        outer *= size
+
+    def grid(meta: dict) -> tuple[int]:
+        tiles = triton.cdiv(size_m, meta["TILE_M"]) * triton.cdiv(size_n, meta["TILE_N"])
+        return (grid_size(outer * tiles, cap),)
+
+    strides = tuple(stride for operand in space.strides for stride in operand)
+    return LaunchPlan(False, index_64, space.sizes + strides, grid)
+
+
+_cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
+
+__all__ = ["LaunchPlan", "Shape", "empty_output", "plan_launch", "result_dtype"]

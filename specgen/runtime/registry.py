@@ -33,5 +33,6 @@ class OpInfo:
     outputs: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...]
     indexing: str
-    function: Callable
+    function: Callable              # generated.<name>
+    op: Callable                    # torch.ops.specgen.<name>, the registered op
     reference: Callable

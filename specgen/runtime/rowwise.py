@@ -8,14 +8,13 @@ and ``COL_RANK`` reduced dims to split an index into. Nothing is copied.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
 import triton
 
-from specgen.runtime.launch import interpreting, overrides
+from specgen.runtime.launch import _multiprocessors, max_programs, overrides, untraced, use_int64
 from specgen.runtime.layout import collapse
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
@@ -194,11 +193,6 @@ def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
                     tuple(cstrides[count:count + len(along)]), tuple(rstrides[count:]))
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def multiprocessors(device: torch.device) -> int:
     return _multiprocessors(device.index or 0) if device.type == "cuda" else NOMINAL_SMS
 
@@ -240,14 +234,6 @@ def split_count(rows: int, n: int, block_n: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(target, max(rows, 1)), triton.cdiv(n, block_n)))
 
 
-def configs(space: Sequence[Mapping[str, int]], interpreter: Mapping[str, int]) -> list:
-    """Autotune configs; under the interpreter only ``interpreter``, a small tile that makes the
-    tiny CPU-tier rows take every masked and looped path (several rows, several chunks)."""
-    points = [interpreter] if interpreting() else list(space)
-    return [triton.Config({k: v for k, v in p.items() if k != "num_warps"},
-                          num_warps=p.get("num_warps", 4), num_stages=1) for p in points]
-
-
 def single_config(rows: int, n: int) -> dict[str, int]:
     """BLOCK_N, BLOCK_M and num_warps of a single-tile launch, chosen from the sizes.
 
@@ -262,23 +248,6 @@ def single_config(rows: int, n: int) -> dict[str, int]:
 
 
 # ---- launching -------------------------------------------------------------------------------
-
-
-def untraced(tensors) -> bool:
-    """Plain tensors and nothing tracing (no torch.compile, export, dispatch or function mode)."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._is_torch_function_mode_enabled()):
-        return False
-    return all(type(t) is torch.Tensor for t in tensors if t is not None)
-
-
-def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
-    """Nothing traces or differentiates this call: the public function may run the op's
-    implementation directly and skip the dispatcher."""
-    if not untraced(tensors):
-        return False
-    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad
-                                                  for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -310,8 +279,6 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
                 row_outputs: Sequence[torch.Tensor]) -> LaunchPlan | None:
     """The launch of one call, or None when there is nothing to compute. Cached on plain tensors
     by everything it reads, so repeated calls skip the collapsing and the checks."""
-    from specgen.runtime.launch import max_programs, use_int64
-
     tensors = [*elements, *along, *row_outputs]
     key = None
     if untraced(tensors):
@@ -335,31 +302,3 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
             _plans.clear()
         _plans[key] = plan
     return plan
-
-
-# (kernel, key) -> the config autotuning chose, so later launches skip the autotuner
-_tuned: dict[tuple, triton.Config] = {}
-
-
-def start(kernel, grid, *args, tune_key: tuple = (), **kwargs) -> None:
-    """Starts a kernel: directly on plain tensors (``wrap_triton``'s eager dispatch costs far
-    more than a launch), through ``wrap_triton`` when traced so torch.compile sees it. Once an
-    autotuned kernel has chosen a config for ``tune_key`` and the constexprs, later launches run
-    that config without the autotuner's per-call bookkeeping."""
-    from torch.library import wrap_triton
-
-    if not untraced([a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)]):
-        wrap_triton(kernel)[grid](*args, **kwargs)
-        return
-    if not isinstance(kernel, triton.runtime.Autotuner):
-        kernel[grid](*args, **kwargs)
-        return
-    constexprs = tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor)))
-    key = (kernel, tune_key, constexprs)
-    config = _tuned.get(key)
-    if config is None:
-        kernel[grid](*args, **kwargs)
-        _tuned[key] = kernel.best_config
-        return
-    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    kernel.fn[grid](*args, **kwargs, **meta)

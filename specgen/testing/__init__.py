@@ -12,11 +12,15 @@ from specgen.runtime import OpInfo
 from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, assert_matches,
                                   broadcast_operand, device, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
+from specgen.testing.cross_entropy import cross_entropy_cases
 from specgen.testing.pointwise import pointwise_cases
+from specgen.testing.reduce import reduce_cases
 from specgen.testing.rowwise import rowwise_cases
 
 CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
     "pointwise": pointwise_cases,
+    "reduce": reduce_cases,
+    "cross_entropy": cross_entropy_cases,
     "rowwise": rowwise_cases,
 }
 

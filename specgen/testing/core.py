@@ -105,11 +105,13 @@ def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, layout: Layout, *,
     for dim in layout.broadcast:
         strides[dim] = 0
     span = layout.offset + running
-    generator = torch.Generator().manual_seed(seed)
+    # drawn on the CPU from a seeded generator whatever the default device, then moved
+    generator = torch.Generator(device="cpu").manual_seed(seed)
     if fill is None:
-        storage = torch.rand(span, generator=generator, dtype=torch.float64) * (high - low) + low
+        storage = torch.rand(span, generator=generator, dtype=torch.float64, device="cpu")
+        storage = storage * (high - low) + low
     else:
-        storage = torch.full((span,), fill, dtype=torch.float64)
+        storage = torch.full((span,), fill, dtype=torch.float64, device="cpu")
     storage = storage.to(dtype).to(device or globals()["device"]())
     return torch.as_strided(storage, shape, strides, layout.offset)
 
@@ -139,6 +141,10 @@ class Case:
     # arguments for the float64 reference when they must differ from ``args``: a None that torch
     # resolves from the input dtype (rms_norm's eps) is spelled out, as upcasting would change it
     reference_args: dict[str, Any] | None = None
+    # what the output layout must match: "eager" (the eager reference's result), a tensor whose
+    # layout torch defines for this call (when the reference composes several ops, each with its
+    # own layout rule), or None where torch has no single answer
+    layout_reference: Any = "eager"
 
     def call(self, info: OpInfo, **extra) -> Any:
         return info.function(**self.args, **extra)
@@ -146,7 +152,9 @@ class Case:
 
 def reference64(info: OpInfo, args: dict[str, Any]) -> Any:
     """The op's torch reference evaluated on the same values upcast to float64."""
-    upcast = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    # floating tensors only: index tensors (class targets) keep their dtype
+    upcast = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in args.items()}
     return info.reference(**upcast)
 
 
@@ -163,8 +171,8 @@ def scalar_value(draw, arg) -> Any:
 
 @st.composite
 def knobs(draw) -> dict[str, Any]:
-    """Forced launch choices: int64 indexing and small persistent grids on any input."""
-    forced: dict[str, Any] = {}
+    """Forced launch choices: int64 indexing, small persistent grids, any config of the space."""
+    forced: dict[str, Any] = {"config": draw(st.integers(0, 63))}
     if draw(st.booleans()):
         forced["indexing"] = "int64"
     if draw(st.booleans()):

@@ -35,4 +35,19 @@ def pointwise_cases(draw, info: OpInfo) -> Case:
     dtype = result_dtype(tensors)
     outs = tuple(make_tensor(shape, dtype, draw(layouts(len(shape), allow_broadcast=False)),
                              fill=math.nan) for _ in info.outputs)
-    return Case(args, outs, draw(knobs()), describe="; ".join(notes))
+    return Case(args, outs, draw(knobs()), describe="; ".join(notes),
+                layout_reference=_layout_reference(tensors))
+
+
+# one torch element-wise op per arity: its TensorIterator lays the result out as a fused
+# element-wise op over the same operands must be laid out
+_ELEMENTWISE = {1: torch.neg, 2: torch.add, 3: torch.addcmul}
+
+
+def _layout_reference(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    op = _ELEMENTWISE.get(len(tensors))
+    # with mixed dtypes torch's CPU path copies inputs to the common dtype first, which changes
+    # its layout (CUDA casts on the fly): no single answer there
+    if op is None or len({t.dtype for t in tensors}) > 1:
+        return None
+    return op(*tensors)

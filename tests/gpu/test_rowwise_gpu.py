@@ -131,8 +131,11 @@ def test_torch_compile_sees_through_the_ops():
     b = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
 
     def block(x):
+        # every op once: Inductor re-emits each kernel with the helpers it calls by name
         h = generated.layer_norm(x, [3000], w, b)
-        return generated.softmax(h * 2, -1), generated.rms_norm(h, [3000], w)
+        hidden, normed = generated.add_rms_norm(h, x, w)
+        return (generated.softmax(h * 2, -1), generated.rms_norm(h, [3000], w), hidden, normed,
+                generated.log_softmax(normed, 0), generated.logsumexp(hidden, [1]))
 
     compiled = torch.compile(block, fullgraph=True)
     for actual, expected in zip(compiled(x), block(x)):

@@ -1,0 +1,208 @@
+"""Reduce family: one tensor reduced over any dims with torch's ``dim``/``keepdim`` semantics.
+
+Spec tables: ``[reduce]`` (``combine``, optional ``map`` and ``finish`` expressions, ``dim``),
+``[tuning]`` (``INNER`` and ``OUTER`` tiles, ``num_warps``) and ``[schedule]``
+(``launch``). The op's signature is ``name(x, dim=None, keepdim=False)`` (``dim`` required when
+``dim = "required"``); the family adds ``dim`` and ``keepdim``, so the spec declares only the tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.families.common import ArgPlan, CommonPlan, common_plan, power_of_two_list
+from specgen.model import OpSpec, TensorArg
+from specgen.reduce_lib import HELPERS
+from specgen.table import Table, parse_list
+
+# combine -> (identity as Triton source, result kind)
+COMBINES = {
+    "sum": ("0.0", "value"),
+    "prod": ("1.0", "value"),
+    "max": ('float("-inf")', "value"),
+    "min": ('float("inf")', "value"),
+    "argmax": ('float("-inf")', "index"),
+    "argmin": ('float("inf")', "index"),
+}
+DIM_MODES = ("optional", "required")
+LAUNCHES = ("flat", "persistent")
+# names the reference may use besides the declared arguments: the family adds them to the signature
+REFERENCE_NAMES = ("dim", "keepdim")
+
+
+@dataclass(frozen=True)
+class ReduceBody:
+    combine: str
+    map_source: str | None
+    map_expr: object
+    finish_expr: object
+    dim: str
+    inner_tiles: tuple[tuple[int, int], ...]
+    outer_tiles: tuple[tuple[int, int], ...]
+    num_warps: tuple[int, ...]
+    launch: str
+
+
+def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
+    args_where = top.where.child("args")
+    tensors = [a for a in spec_args if isinstance(a, TensorArg)]
+    if len(spec_args) != 1 or len(tensors) != 1:
+        raise args_where.error("a reduce op takes exactly one tensor argument (the family adds "
+                               "'dim' and 'keepdim')")
+    if name in HELPERS:
+        # the generated module imports the specgen.reduce_lib helper of that name
+        raise top.where.child("op").child("name").error(
+            f"'{name}' is the name of a reduce_lib helper the generated module imports")
+    x = tensors[0]
+    if x.optional or x.dims:
+        raise args_where.child(x.name).error("a reduce op's tensor takes no 'optional' or 'dims'")
+    if x.name in REFERENCE_NAMES:
+        raise args_where.child(x.name).error(f"'{x.name}' is the name of an argument the family adds")
+
+    table = top.pop_table("reduce")
+    combine = table.pop("combine", str)
+    if combine not in COMBINES:
+        raise table.where.child("combine").error(
+            f"expected one of {', '.join(COMBINES)}, got '{combine}'")
+    is_index = COMBINES[combine][1] == "index"
+    symbols = {x.name: Symbol(x.name, "tensor")}
+    map_source = table.pop("map", str, None)
+    finish_source = table.pop("finish", str, None)
+    if is_index and (map_source or finish_source):
+        key = "map" if map_source else "finish"
+        raise table.where.child(key).error(f"'{combine}' returns an index: it takes no '{key}'")
+    map_expr = parse_expr(map_source, table.where.child("map"), symbols) if map_source else None
+    finish_symbols = {"acc": Symbol("acc", "value"), "N": Symbol("N", "value")}
+    finish_expr = (parse_expr(finish_source, table.where.child("finish"), finish_symbols)
+                   if finish_source else None)
+    dim = table.pop("dim", str, "optional")
+    if dim not in DIM_MODES:
+        raise table.where.child("dim").error(f"expected one of {', '.join(DIM_MODES)}, got '{dim}'")
+    table.finish()
+
+    tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
+    # rows x reduced elements per tile: many short rows, or a few long ones. The first config of
+    # each list is the one the interpreter runs (see rt.configs): keep it small
+    inner = _parse_tiles(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256)))
+    # kept x reduced elements per tile: wide along the contiguous kept dim
+    outer = _parse_tiles(tuning, "OUTER", ((64, 64), (128, 32), (256, 16), (512, 8)))
+    num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
+    tuning.finish()
+    schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
+    launch = schedule.pop("launch", str, "flat")
+    if launch not in LAUNCHES:
+        raise schedule.where.child("launch").error(
+            f"expected one of {', '.join(LAUNCHES)}, got '{launch}'")
+    schedule.finish()
+    return ReduceBody(combine, map_source, map_expr, finish_expr, dim, inner, outer, num_warps,
+                      launch)
+
+
+def _parse_tiles(tuning: Table, key: str, default) -> tuple[tuple[int, int], ...]:
+    raw = tuning.pop_any(key)
+    if raw is None:
+        return default
+    where = tuning.where.child(key)
+    tiles = []
+    for item in parse_list(raw, list, where):
+        pair = parse_list(item, int, where)
+        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair):
+            raise where.error(f"expected [kept, reduced] pairs of powers of two, got {item}")
+        tiles.append((pair[0], pair[1]))
+    return tuple(tiles)
+
+
+@dataclass(frozen=True)
+class ReducePlan(CommonPlan):
+    combine: str = "sum"
+    identity: str = "0.0"
+    index: bool = False             # argmax/argmin: the result is an int64 index
+    x: str = "x"
+    map_code: str = ""              # "" when elements are combined as loaded
+    finish_code: str = "result"
+    dim_required: bool = False
+    inner_configs: tuple[dict, ...] = ()
+    outer_configs: tuple[dict, ...] = ()
+    launch: str = "flat"
+
+    helpers: tuple[str, ...] = ()   # specgen.kernel_lib functions the map and finish call
+
+    @property
+    def combine_fn(self) -> str:
+        """The jit helper that combines two accumulators (NaN-propagating for max and min)."""
+        return f"{self.combine}_combine_f32"
+
+    @property
+    def reduce_fn(self) -> str:
+        """The jit helper that reduces a tile of accumulators along one axis."""
+        return f"{self.combine}_reduce_f32"
+
+    @property
+    def reduce_helpers(self) -> tuple[str, ...]:
+        """The specgen.reduce_lib functions the kernel calls, imported by name."""
+        return (self.combine_fn, self.reduce_fn, "strided_offsets")
+
+    @property
+    def max_block_k(self) -> dict[str, int]:
+        return {"inner": max(c["BLOCK_K"] for c in self.inner_configs),
+                "outer": max(c["BLOCK_K"] for c in self.outer_configs)}
+
+    @property
+    def max_tile(self) -> int:
+        return max(c["BLOCK_K"] * c["BLOCK_R"] for c in self.inner_configs + self.outer_configs)
+
+
+def plan(spec: OpSpec) -> ReducePlan:
+    body: ReduceBody = spec.body
+    x = spec.tensors[0].name
+    identity, kind = COMBINES[body.combine]
+    index = kind == "index"
+    map_code = emit(body.map_expr, {x: "x"}) if body.map_expr is not None else ""
+    if map_code == "x":
+        map_code = ""
+    finish_code = (emit(body.finish_expr, {"acc": "result", "N": "count"})
+                   if body.finish_expr is not None else "result")
+    warps = body.num_warps
+
+    def configs(tiles):
+        return tuple({"BLOCK_K": k, "BLOCK_R": r, "num_warps": w}
+                     for (k, r), w in itertools.product(tiles, warps))
+
+    common = common_plan(spec, ("out",))
+    dim_default = None if body.dim == "required" else "None"
+    dim_annotation = "Optional[int]" if index else "Optional[list[int]]"
+    extra = (ArgPlan("dim", "dims", dim_annotation, dim_default),
+             ArgPlan("keepdim", "bool", "bool", "False", type="bool"))
+    # kind "dim": one int (argmax/argmin), "dims": an int or a tuple; optional: None is allowed
+    dim_info = f'rt.ArgInfo("dim", "{"dim" if index else "dims"}"'
+    dim_info += ", optional=True)" if body.dim == "optional" else ")"
+    infos = common.arg_infos + (dim_info, 'rt.ArgInfo("keepdim", "bool", default=False)')
+    fields = {**common.__dict__, "args": common.args + extra, "arg_infos": infos}
+    called = set()
+    for expr in (body.map_expr, body.finish_expr):
+        if expr is not None:
+            called |= helpers(expr)
+    return ReducePlan(**fields, helpers=tuple(sorted(called)), combine=body.combine, identity=identity, index=index, x=x,
+                      map_code=map_code, finish_code=finish_code,
+                      dim_required=body.dim == "required", inner_configs=configs(body.inner_tiles),
+                      outer_configs=configs(body.outer_tiles),
+                      launch=body.launch)
+
+
+def scaffold(name: str) -> str:
+    return f'''# A reduce op: see README.md, "Reduce family".
+[op]
+name = "{name}"
+family = "reduce"
+doc = "sum of squares over dim"
+reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"
+
+[args]
+x = "tensor"
+
+[reduce]
+combine = "sum"
+map = "x * x"
+'''

@@ -1,0 +1,305 @@
+"""Axis reductions at launch: torch's dim rules, the (kept, reduced) split of a tensor, strategies.
+
+A reduction sees its input as two collapsed index spaces: the kept dims (one output element each)
+and the reduced dims (summed into it). Each is collapsed on its own, so any strides work without a
+copy; the kernel decomposes a kept index and a reduced index into offsets. Everything here reads
+sizes and strides only, so it also runs on the fake tensors torch.compile traces with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import triton
+
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.layout import Shape, span
+
+# dims each collapsed space may keep after merging; the kernel decomposes at most this many
+MAX_DIMS = 4
+STRATEGIES = ("inner", "outer", "split", "atomic")
+# what a program does with its tile's result (the kernel's STAGE)
+FINAL = 0      # finish it and store it to out
+PARTIAL = 1    # store it to row `split` of the float32 partials
+ATOMIC = 2     # add it to the float32 partials with an atomic (sum-like reductions)
+# a split never hands a program fewer reduced elements than this
+MIN_SPLIT_CHUNK = 64
+# auto splits when the output tiles fill less than this share of a persistent grid
+SPLIT_BELOW = 0.5
+
+
+def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, ...]:
+    """torch's rules: None or () reduce every dim, negatives wrap, a 0-dim tensor takes 0 and -1."""
+    if dim is None:
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, int) and not isinstance(dim, bool) else dim
+    if single and len(dims) != 1:
+        raise TypeError(f"{op}: argument 'dim' must be an int or None, got {dim!r}")
+    if not isinstance(dims, (tuple, list)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"{op}: argument 'dim' must be an int, a tuple of ints or None, got {dim!r}")
+    if len(dims) == 0:
+        return tuple(range(ndim))
+    bound = max(ndim, 1)
+    wrapped = []
+    for d in dims:
+        if not -bound <= d < bound:
+            raise ValueError(f"{op}: argument 'dim' is {d}, out of range for a tensor of "
+                             f"{ndim} dims (expected in [{-bound}, {bound - 1}])")
+        wrapped.append(d % bound)
+    if len(set(wrapped)) != len(wrapped):
+        raise ValueError(f"{op}: argument 'dim' names a dim twice: {dim!r}")
+    return tuple(sorted(d for d in wrapped if d < ndim))
+
+
+def output_shape(shape: Sequence[int], dims: Sequence[int], keepdim: bool) -> tuple[int, ...]:
+    if keepdim:
+        return tuple(1 if d in dims else size for d, size in enumerate(shape))
+    return tuple(size for d, size in enumerate(shape) if d not in dims)
+
+
+@dataclass(frozen=True)
+class Space:
+    """One collapsed index space, slowest dim first, with a stride tuple per tensor walking it."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[tuple[int, ...], ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    def padded(self) -> "Space":
+        """Exactly MAX_DIMS dims: size-1 dims in front, which the kernel never decomposes."""
+        if len(self.sizes) > MAX_DIMS:
+            raise ValueError(f"the tensor has {len(self.sizes)} dims that cannot be merged; "
+                             f"at most {MAX_DIMS} kept and {MAX_DIMS} reduced are supported")
+        pad = MAX_DIMS - len(self.sizes)
+        return Space((1,) * pad + self.sizes, tuple((0,) * pad + s for s in self.strides))
+
+
+def collapse_space(sizes: Sequence[int], strides: Sequence[Sequence[int]],
+                   logical: bool) -> Space:
+    """Drops size-1 dims and merges neighbours that are contiguous in every tensor.
+
+    ``logical`` keeps the dims in their logical order (argmax/argmin return a flat index in that
+    order); otherwise the dims are first sorted by the first tensor's strides, fastest last, so that
+    dims a permutation separated can merge and the fastest dim is the one read contiguously.
+    """
+    dims = [d for d, size in enumerate(sizes) if size != 1]
+    if not logical:
+        dims.sort(key=lambda d: [-abs(s[d]) for s in strides])
+    merged_sizes: list[int] = []
+    merged: list[list[int]] = [[] for _ in strides]
+    for d in reversed(dims):  # fastest first
+        if merged_sizes and all(s[d] == m[-1] * merged_sizes[-1] for s, m in zip(strides, merged)):
+            merged_sizes[-1] *= sizes[d]
+            continue
+        merged_sizes.append(sizes[d])
+        for s, m in zip(strides, merged):
+            m.append(s[d])
+    return Space(tuple(reversed(merged_sizes)), tuple(tuple(reversed(m)) for m in merged))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A reduction after collapsing: kept space (x and out strides), reduced space (x strides)."""
+
+    kept: Space
+    reduced: Space
+
+    @property
+    def inner(self) -> bool:
+        """The reduced dims are the faster ones in memory: rows are reduced along their length."""
+        if not self.reduced.sizes:
+            return False
+        if not self.kept.sizes:
+            return True
+        return abs(self.reduced.strides[0][-1]) <= abs(self.kept.strides[0][-1])
+
+
+def problem(x: torch.Tensor, out: torch.Tensor, dims: Sequence[int], keepdim: bool,
+            logical: bool) -> Problem:
+    return problem_of(tuple(x.shape), tuple(x.stride()), tuple(out.stride()), dims, keepdim,
+                      logical)
+
+
+def problem_of(shape: Shape, strides: Shape, out_strides: Shape, dims: Sequence[int],
+               keepdim: bool, logical: bool) -> Problem:
+    """``problem`` from x's sizes and strides and out's strides."""
+    ndim = len(shape)
+    kept_dims = [d for d in range(ndim) if d not in dims]
+    if not keepdim:  # out has only the kept dims: spread its strides back over x's dims
+        spread = dict(zip(kept_dims, out_strides))
+        out_strides = tuple(spread.get(d, 0) for d in range(ndim))
+    kept = collapse_space([shape[d] for d in kept_dims],
+                          [[strides[d] for d in kept_dims], [out_strides[d] for d in kept_dims]],
+                          logical=False)
+    reduced = collapse_space([shape[d] for d in dims], [[strides[d] for d in dims]], logical)
+    return Problem(kept, reduced)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str       # inner | outer | split | atomic
+    tiles: str      # which config list tiles the kernel: "inner" (long rows) or "outer" (wide)
+    splits: int     # programs sharing one output tile's reduced range (1: no second level)
+    split_size: int  # reduced elements per split
+
+
+def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: str,
+           max_block_k: dict[str, int]) -> Strategy:
+    """The strategy for a reduction: forced by ``override(strategy=...)`` or picked from sizes.
+
+    One-level strategies give each output tile one program that loops over the whole reduced range
+    (``inner``: tiles read along the reduced dim; ``outer``: tiles read along the kept dim, looping
+    over the reduced one). When the output tiles cannot fill the machine (a full reduction, a few
+    long columns), ``split`` cuts the reduced range among programs that write float32 partials a
+    second kernel combines (deterministic), and ``atomic`` adds them into a float32 buffer instead
+    (sum-like reductions only).
+    """
+    forced = overrides().strategy
+    if forced is not None and forced not in STRATEGIES:
+        raise ValueError(f"{op}: unknown strategy {forced!r}; expected one of {STRATEGIES}")
+    if forced == "atomic" and combine != "sum":
+        raise ValueError(f"{op}: strategy 'atomic' needs a sum reduction, this one is '{combine}'")
+    tiles = "inner" if prob.inner else "outer"
+    if forced in ("inner", "outer"):
+        return Strategy(forced, forced, 1, max(prob.reduced.numel, 1))
+    num_red = prob.reduced.numel
+    target = max_programs(device, "persistent")
+    # the fewest output tiles the configs may make: the split must fill the machine even then
+    kept_tiles = math.ceil(prob.kept.numel / max_block_k[tiles])
+    splits = target // max(kept_tiles, 1)
+    if forced is None:
+        if splits < 2 or kept_tiles >= SPLIT_BELOW * target or num_red < 2 * MIN_SPLIT_CHUNK:
+            return Strategy(tiles, tiles, 1, max(num_red, 1))
+        forced = "split"
+    # a forced split splits even a small input (the test suite reaches the second level that way)
+    splits = max(1, min(max(splits, 2), math.ceil(num_red / MIN_SPLIT_CHUNK)))
+    split_size = max(math.ceil(num_red / splits), 1)
+    return Strategy(forced, tiles, math.ceil(num_red / split_size) if num_red else 1, split_size)
+
+
+def check_nonempty(op: str, x: torch.Tensor, dims: Sequence[int]) -> None:
+    """max, min and the arg reductions have no identity to return for an empty reduction."""
+    for d in dims:
+        if x.shape[d] == 0:
+            raise ValueError(f"{op}: argument 'x' has size 0 in reduced dim {d}; this reduction "
+                             f"has no identity (torch raises IndexError)")
+    if not dims and x.dim() > 0 and x.numel() == 0:
+        raise ValueError(f"{op}: argument 'x' is empty; this reduction has no identity")
+
+
+def kept_args(kept: Space) -> list[int]:
+    """Kernel arguments of the kept space: sizes of dims 1-3, x strides, out strides (4 dims each)."""
+    kept = kept.padded()
+    return [*kept.sizes[1:], *kept.strides[0], *kept.strides[1]]
+
+
+def reduced_args(reduced: Space) -> list[int]:
+    """Kernel arguments of the reduced space: sizes of dims 1-3, x strides (4 dims)."""
+    reduced = reduced.padded()
+    return [*reduced.sizes[1:], *reduced.strides[0]]
+
+
+def dims_of(space: Space) -> int:
+    """How many dims the kernel decomposes (at least one, of size 1 when the space is empty)."""
+    return max(1, len(space.sizes))
+
+
+def partials_problem(prob: Problem, splits: int) -> Problem:
+    """The second level of a split: a dense float32 (splits, kept) buffer reduced over splits."""
+    sizes = prob.kept.sizes
+    dense = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    kept = Space(sizes, (tuple(dense), prob.kept.strides[1]))
+    return Problem(kept, Space((splits,), ((max(prob.kept.numel, 1),),)))
+
+
+@dataclass(frozen=True)
+class Level:
+    """One launch of the reduce kernel: its scalar arguments, constexprs and grid."""
+
+    tiles: str                # which config list tiles it: "inner" or "outer"
+    args: tuple[int | float, ...]   # num_kept ... count, then the kept and reduced space arguments
+    kept_dims: int
+    red_dims: int
+    stage: int
+    level: int                # 1: reads x; 2: reads the partials of a split launch
+    num_kept: int
+    splits: int
+    cap: int
+
+    def grid(self, meta: dict) -> tuple[int]:
+        return (grid_size(triton.cdiv(self.num_kept, meta["BLOCK_K"]) * self.splits, self.cap),)
+
+
+@dataclass(frozen=True)
+class ReduceLaunch:
+    """Everything a reduction's launches need beyond the tensors, cached on sizes and strides."""
+
+    strategy: Strategy
+    index_64: bool
+    part_rows: int            # rows of the float32 partials buffer (0: none)
+    num_kept: int
+    first: Level
+    second: Level | None      # the combine of the partials (split and atomic)
+
+
+def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool,
+                max_block_k: dict[str, int], max_tile: int, x: torch.Tensor, out: torch.Tensor,
+                dims: tuple[int, ...], keepdim: bool) -> ReduceLaunch | None:
+    """The launches of a reduction of ``x`` into ``out`` (None: the output is empty).
+
+    Cached on sizes and strides (and the test suite's overrides), so repeated calls on one layout
+    skip collapsing, the strategy choice and the index-width arithmetic.
+    """
+    key = (op, indexing, launch, combine, logical, tuple(sorted(max_block_k.items())), max_tile,
+           tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
+           dataclasses.astuple(overrides()), x.device)
+    try:
+        return _cached_plan(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
+        return _plan(*key)
+
+
+def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, strides,
+          out_shape, out_strides, dims, keepdim, _overrides, device) -> ReduceLaunch | None:
+    prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
+    num_kept, num_red = prob.kept.numel, prob.reduced.numel
+    if num_kept == 0:
+        return None
+    count = float(num_red)
+    strategy = choose(op, prob, device, launch, combine, dict(max_block_k))
+    cap = max_programs(device, launch)
+    spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
+
+    def level(problem: Problem, tiles: str, splits: int, split_size: int, stage: int,
+              number: int) -> Level:
+        args = (problem.kept.numel, problem.reduced.numel, splits, split_size, count,
+                *kept_args(problem.kept), *reduced_args(problem.reduced))
+        return Level(tiles, args, dims_of(problem.kept), dims_of(problem.reduced), stage, number,
+                     problem.kept.numel, splits, cap)
+
+    if strategy.name in ("inner", "outer"):
+        index_64 = choose_int64(op, indexing, spans, max_tile)
+        first = level(prob, strategy.tiles, 1, max(num_red, 1), FINAL, 1)
+        return ReduceLaunch(strategy, index_64, 0, num_kept, first, None)
+    atomic = strategy.name == "atomic"
+    # atomics add every split into one row; a split writes a row per split
+    rows = 1 if atomic else strategy.splits
+    index_64 = choose_int64(op, indexing, {**spans, "part": rows * num_kept}, max_tile)
+    first = level(prob, strategy.tiles, strategy.splits, strategy.split_size,
+                  ATOMIC if atomic else PARTIAL, 1)
+    # second level: the partials, a dense (rows, kept) float32 buffer, reduced over its rows
+    second_prob = partials_problem(prob, rows)
+    second = level(second_prob, "inner" if second_prob.inner else "outer", 1, rows, FINAL, 2)
+    return ReduceLaunch(strategy, index_64, rows, num_kept, first, second)
+
+
+_cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))

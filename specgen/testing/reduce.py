@@ -1,0 +1,80 @@
+"""Cases for the reduce family: any layout, dims drawn as None, an int or a tuple, every strategy."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from hypothesis import strategies as st
+
+from specgen.runtime import OpInfo
+from specgen.testing.core import Case, knobs, layouts, make_tensor, shapes
+
+# a reduction of n float32 terms carries error growing with n; the output rounding dominates below
+_REDUCE_TOLERANCES = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (2e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.int64: (0, 0),      # argmax/argmin: the very index
+}
+
+
+def _strategies(info: OpInfo) -> tuple[str | None, ...]:
+    module = sys.modules[info.function.__module__]
+    forced = ("inner", "outer", "split") + (("atomic",) if module.COMBINE == "sum" else ())
+    return (None,) + forced
+
+
+@st.composite
+def reduce_cases(draw, info: OpInfo) -> Case:
+    dim_info = next(a for a in info.args if a.name == "dim")
+    single = dim_info.kind == "dim"
+    rank = draw(st.sampled_from([0, 1, 2, 3, 4]))
+    # max, min and the arg reductions of an empty range raise; those cases are tested on their own
+    has_identity = sys.modules[info.function.__module__].COMBINE in ("sum", "prod")
+    shape = draw(shapes(min_rank=rank, max_rank=rank, max_elements=1024,
+                        allow_zero=has_identity))
+    layout = draw(layouts(rank))
+    dtype = draw(st.sampled_from(info.dtypes))
+    x_info = info.args[0]
+    x = make_tensor(shape, dtype, layout, low=x_info.low, high=x_info.high,
+                    seed=draw(st.integers(0, 2**31 - 1)))
+    if single:
+        choices = [st.integers(-max(rank, 1), max(rank, 1) - 1)]
+    else:
+        # lists: the registered op (which the suite also calls) takes `int[]?` as torch.library
+        # spells it, with no int-to-list broadcasting; the public function's int and tuple forms
+        # are unit-tested in tests/test_reduce.py
+        dims = st.lists(st.integers(0, rank - 1), unique=True, max_size=rank).map(
+            lambda ds: [d - rank if i % 2 else d for i, d in enumerate(ds)])  # some negative
+        choices = [dims] if rank else [st.sampled_from([[0], [-1]])]
+    if dim_info.optional or single and draw(st.integers(0, 4)) == 0:
+        choices.append(st.none())
+    dim = draw(st.one_of(*choices))
+    keepdim = draw(st.booleans())
+    if not has_identity and _empty_reduction(shape, dim):
+        dim = None if rank == 0 else draw(st.sampled_from(
+            [d for d in range(rank) if shape[d] > 0] or [None]))
+    overrides = draw(knobs())
+    strategy = draw(st.sampled_from(_strategies(info)))
+    if strategy is not None:
+        overrides["strategy"] = strategy
+    if single and torch.is_floating_point(x) and x.numel() > 1 and draw(st.booleans()):
+        # ties and NaN: argmax/argmin must return the first index, NaN counting as the extreme
+        flat = x.reshape(-1) if x.is_contiguous() else None
+        if flat is not None:
+            flat[draw(st.integers(0, flat.numel() - 1))] = draw(st.sampled_from(
+                [float("nan"), 3.0, -3.0]))
+            flat[draw(st.integers(0, flat.numel() - 1))] = 3.0
+    return Case({"x": x, "dim": dim, "keepdim": keepdim}, (), overrides,
+                describe=f"x: {shape} {dtype} {layout} {tuple(x.stride())}; dim={dim!r} "
+                         f"keepdim={keepdim}", tolerances=_REDUCE_TOLERANCES)
+
+
+def _empty_reduction(shape: tuple[int, ...], dim) -> bool:
+    if dim is None:
+        return 0 in shape
+    dims = (dim,) if isinstance(dim, int) else dim
+    if not dims:
+        return 0 in shape
+    return any(shape[d] == 0 for d in dims) if shape else False

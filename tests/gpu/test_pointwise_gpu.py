@@ -1,0 +1,66 @@
+"""GPU tier, pointwise: the index specializations at real sizes, and torch.compile integration."""
+
+import gc
+
+import pytest
+import torch
+
+import generated
+from specgen import runtime
+
+pytestmark = pytest.mark.gpu
+
+BEYOND_INT32 = 2**31 + 2**20  # elements: more than int32 offsets can reach
+
+
+@pytest.fixture(autouse=True)
+def free_memory():
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_small_input_runs_int32_specialization():
+    x, y = torch.randn(2, 1000, 1000, device="cuda").unbind(0)
+    with runtime.record_launches() as log:
+        out = generated.add(x, y)
+        generated.add(x.t(), y)
+    assert [launch.index_bits for launch in log] == [32, 32]
+    torch.testing.assert_close(out, x + y)
+
+
+def test_dense_beyond_int32_runs_int64_and_is_exact():
+    x = torch.randn(BEYOND_INT32, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(BEYOND_INT32, device="cuda", dtype=torch.bfloat16)
+    with runtime.record_launches() as log:
+        out = generated.add(x, y)
+    assert [(launch.kernel, launch.index_bits) for launch in log] == [("dense", 64)]
+    # float32 math rounded once to bfloat16 is exactly what torch's bfloat16 add does
+    assert torch.equal(out, x + y), "mismatch somewhere past (or before) element 2**31"
+
+
+def test_tiled_beyond_int32_runs_int64_and_is_exact():
+    rows, cols = 65600, 32768  # 2,149,580,800 elements
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+    with runtime.record_launches() as log:
+        out = generated.add(x, bias)
+    assert [(launch.kernel, launch.index_bits) for launch in log] == [("tiled", 64)]
+    assert torch.equal(out, x + bias)
+    del out
+    x.resize_(0)
+    # the last rows again, through a transposed view: offsets cross 2**31 in the other order
+    tail = torch.randn(cols, 2048, device="cuda", dtype=torch.bfloat16).t()
+    torch.testing.assert_close(generated.add(tail, bias), tail + bias)
+
+
+def test_torch_compile_two_ops_no_graph_break():
+    def f(a, b):
+        return generated.gelu(generated.add(a, b), approximate="tanh") * 2
+
+    a = torch.randn(333, 517, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(517, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)  # fullgraph: a graph break raises
+    torch.testing.assert_close(compiled(a, b), f(a, b))
+    torch.testing.assert_close(compiled(a.t().contiguous().t(), b), f(a, b))

@@ -1,0 +1,206 @@
+"""Reduce and cross_entropy beyond the registry-wide property test: planner and strategy choices,
+argument errors, prod on signed values, and the cross-entropy gradient through autograd."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import generated
+from specgen import runtime, testing
+from specgen.errors import SpecError
+from specgen.model import Source
+from specgen.parse import parse_spec
+from specgen.runtime import reduce as reduction
+
+SUM = """
+[op]
+name = "sumsq"
+family = "reduce"
+reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"
+
+[args]
+x = "tensor"
+
+[reduce]
+combine = "sum"
+map = "x * x"
+"""
+
+
+@pytest.fixture(autouse=True)
+def on_test_device():
+    """Tensors made here live where the tier runs kernels: CPU (interpreter) or CUDA."""
+    with torch.device(testing.device()):
+        yield
+
+
+def parse(text):
+    return parse_spec(text, Source("specs/bad.toml", "0" * 64, text))
+
+
+@pytest.mark.parametrize("old, new, key, words", [
+    ('combine = "sum"', 'combine = "median"', "reduce.combine", "expected one of sum, prod"),
+    ('map = "x * x"', 'map = "y * y"', "reduce.map", "name 'y' is used but not declared"),
+    ('map = "x * x"', 'finish = "acc / M"', "reduce.finish", "name 'M' is used but not declared"),
+    ('combine = "sum"\nmap = "x * x"', 'combine = "argmax"\nmap = "x * x"', "reduce.map",
+     "'argmax' returns an index: it takes no 'map'"),
+    ('map = "x * x"', 'dim = "sometimes"', "reduce.dim", "expected one of optional, required"),
+    ('x = "tensor"', 'x = "tensor"\ny = "tensor"', "args", "exactly one tensor argument"),
+    ('map = "x * x"', 'map = "x"\n[tuning]\nINNER = [[3, 64]]', "tuning.INNER",
+     "expected [kept, reduced] pairs of powers of two"),
+    ('reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"', 'reference = "torch.sum(x, dims)"',
+     "op.reference", "name 'dims' is used but not declared"),
+    ('name = "sumsq"', 'name = "strided_offsets"', "op.name",
+     "'strided_offsets' is the name of a reduce_lib helper"),
+    ('name = "sumsq"', 'name = "sum_combine_f32"', "op.name", "reduce_lib helper"),
+])
+def test_reduce_spec_errors(old, new, key, words):
+    assert old in SUM
+    with pytest.raises(SpecError) as err:
+        parse(SUM.replace(old, new, 1))
+    assert str(err.value).startswith(f"specs/bad.toml: [{key}]: "), str(err.value)
+    assert words in str(err.value), str(err.value)
+
+
+def test_cross_entropy_spec_checks_signature():
+    text = open("specs/cross_entropy.toml").read()
+    with pytest.raises(SpecError, match=r"\[args\]: expected logits \(tensor\)"):
+        parse(text.replace("default = -100", "default = -1"))
+
+
+def _problem(shape, dims, strides=None):
+    x = torch.empty_strided(shape, strides or torch.empty(shape).stride())
+    out_shape = reduction.output_shape(shape, dims, False)
+    return reduction.problem(x, torch.empty(out_shape), dims, False, logical=False)
+
+
+BLOCKS = {"inner": 16, "outer": 512}
+
+
+def test_collapse_merges_reduced_and_kept_dims():
+    prob = _problem((4, 5, 6, 7), (2, 3))
+    assert prob.kept.sizes == (20,) and prob.reduced.sizes == (42,) and prob.inner
+    prob = _problem((4, 5, 6), (0,))
+    assert prob.kept.sizes == (30,) and prob.reduced.sizes == (4,) and not prob.inner
+    # a transposed input reduced over its logical last dim reads along memory's slow dim
+    prob = _problem((8, 9), (1,), strides=(1, 8))
+    assert not prob.inner
+
+
+@pytest.mark.parametrize("shape, dims, expected", [
+    ((32768, 1024), (1,), "inner"),         # many rows: one level, rows along the fast dim
+    ((32768, 1024), (0,), "split"),         # 1024 columns of 32768: too few tiles, split
+    ((1 << 28,), (0,), "split"),            # a full reduction: two levels
+    ((8, 1 << 20), (0,), "outer"),          # wide enough for one level
+    ((3, 5), (1,), "inner"),                # tiny: one level
+])
+def test_auto_strategy(shape, dims, expected, monkeypatch):
+    monkeypatch.setattr(reduction, "max_programs", lambda device, launch: 528)  # an H200
+    prob = _problem(shape, dims) if math.prod(shape) < 1 << 26 else reduction.Problem(
+        reduction.Space((), ((), ())), reduction.Space(shape, ((1,),)))
+    strategy = reduction.choose("sum", prob, torch.device("cpu"), "flat", "sum", BLOCKS)
+    assert strategy.name == expected
+    if expected == "split":
+        assert strategy.splits * strategy.split_size >= prob.reduced.numel
+        assert strategy.splits >= 2
+
+
+def test_forced_strategies_and_their_errors():
+    prob = _problem((6, 200), (1,))
+    with runtime.override(strategy="split"):
+        assert reduction.choose("sum", prob, torch.device("cpu"), "flat", "sum", BLOCKS).splits >= 2
+    with runtime.override(strategy="atomic"), pytest.raises(ValueError, match="needs a sum"):
+        reduction.choose("amax", prob, torch.device("cpu"), "flat", "max", BLOCKS)
+    with runtime.override(strategy="fast"), pytest.raises(ValueError, match="unknown strategy"):
+        reduction.choose("sum", prob, torch.device("cpu"), "flat", "sum", BLOCKS)
+
+
+def test_argument_errors():
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="'dim' is 2, out of range"):
+        generated.sum(x, 2)
+    with pytest.raises(ValueError, match="names a dim twice"):
+        generated.sum(x, (1, -1))
+    with pytest.raises(TypeError, match="'dim' must be an int"):
+        generated.argmax(x, (0, 1))
+    with pytest.raises(TypeError, match="'x' has dtype"):
+        generated.sum(x.to(torch.int32))
+    with pytest.raises(ValueError, match="size 0 in reduced dim 0"):
+        generated.amax(torch.randn(0, 3), 0)
+    assert torch.isnan(generated.mean(torch.randn(0, 3), 0)).all()
+    assert (generated.sum(torch.randn(0, 3), 0) == 0).all()
+
+
+def test_dim_as_int_tuple_or_list():
+    # the property suite draws lists (what the registered op takes); the public functions also
+    # take an int or a tuple, as torch does
+    x = torch.randn(3, 4, 5)
+    for dim in (1, -1, (0, 2), [2, 0]):
+        want = torch.sum(x.double(), dim).float()
+        torch.testing.assert_close(generated.sum(x, dim), want)
+        torch.testing.assert_close(generated.sum(x, dim, keepdim=True),
+                                   torch.sum(x.double(), dim, keepdim=True).float())
+
+
+@pytest.mark.parametrize("strategy", [None, "inner", "outer", "split"])
+def test_prod_of_signed_values_matches_torch(strategy):
+    x = torch.randn(6, 129)  # signs and magnitudes torch.prod must agree on
+    with runtime.override(strategy=strategy):
+        for dim in (0, 1):
+            torch.testing.assert_close(generated.prod(x, dim), torch.prod(x.double(), dim).float(),
+                                       rtol=1e-4, atol=1e-30)
+
+
+def test_launches_are_recorded_with_their_strategy():
+    x = torch.randn(7, 300)
+    with runtime.record_launches() as log, runtime.override(strategy="atomic", indexing="int64"):
+        generated.sum(x)
+    assert [(l.kernel, l.index_bits) for l in log] == [("atomic", 64)]
+
+
+def test_cross_entropy_rejects_bad_targets_and_shapes():
+    logits = torch.randn(5, 11)
+    for bad in (11, -1):
+        target = torch.tensor([0, 1, bad, 3, 4])
+        with pytest.raises(ValueError, match=rf"target\[2\] is {bad}, outside \[0, 11\)"):
+            generated.cross_entropy(logits, target)
+    with pytest.raises(TypeError, match="class indices"):
+        generated.cross_entropy(logits, torch.zeros(5))
+    with pytest.raises(ValueError, match="must have shape"):
+        generated.cross_entropy(logits, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        generated.cross_entropy(logits[0], torch.zeros((), dtype=torch.long))
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_cross_entropy_gradient_matches_torch(data):
+    info = generated.REGISTRY["cross_entropy"]
+    case = data.draw(testing.CASES["cross_entropy"](info))
+    args = dict(case.args)
+    logits = args.pop("logits").detach().requires_grad_()
+    ref_logits = logits.detach().double().requires_grad_()
+    ref_args = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                for k, v in args.items()}
+    with runtime.override(**case.overrides):
+        loss = generated.cross_entropy(logits, **args)
+        ref = F.cross_entropy(ref_logits, **ref_args)
+        grad_out = torch.rand_like(ref) + 0.5
+        (grad,) = torch.autograd.grad(loss, logits, grad_out.to(loss.dtype))
+    (ref_grad,) = torch.autograd.grad(ref, ref_logits, grad_out)
+    rtol, atol = {torch.float32: (1e-4, 1e-6), torch.float16: (1e-2, 1e-4),
+                  torch.bfloat16: (5e-2, 1e-3)}[logits.dtype]
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def test_reduce_lib_helpers_are_listed():
+    # HELPERS guards op names against the helpers a generated module imports by name
+    from specgen import reduce_lib
+    # jit and interpreted functions both keep the decorated function as `fn`
+    jitted = {name for name, value in vars(reduce_lib).items()
+              if getattr(getattr(value, "fn", None), "__module__", None) == reduce_lib.__name__}
+    assert jitted == reduce_lib.HELPERS
