@@ -12,13 +12,14 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, matmul, pointwise, reduce
+from bench import harness, matmul, pointwise, reduce, rowwise
 
 # family -> cases(quick) -> list[harness.Case]. Each family gets its own `## family` section.
 FAMILIES = {
     "pointwise": pointwise.cases,
     "reduce": reduce.cases,
     "matmul": matmul.cases,
+    "rowwise": rowwise.cases,
 }
 
 

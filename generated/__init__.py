@@ -9,6 +9,7 @@ import torch
 from specgen.runtime import OpInfo
 
 from generated import add as _add
+from generated import add_rms_norm as _add_rms_norm
 from generated import addmm as _addmm
 from generated import amax as _amax
 from generated import amin as _amin
@@ -19,23 +20,29 @@ from generated import cross_entropy as _cross_entropy
 from generated import div as _div
 from generated import geglu as _geglu
 from generated import gelu as _gelu
+from generated import layer_norm as _layer_norm
 from generated import linear as _linear
 from generated import linear_gelu as _linear_gelu
 from generated import linear_residual as _linear_residual
+from generated import log_softmax as _log_softmax
+from generated import logsumexp as _logsumexp
 from generated import matmul as _matmul
 from generated import mean as _mean
 from generated import mm as _mm
 from generated import mul as _mul
 from generated import prod as _prod
 from generated import relu as _relu
+from generated import rms_norm as _rms_norm
 from generated import sigmoid as _sigmoid
 from generated import silu as _silu
+from generated import softmax as _softmax
 from generated import sub as _sub
 from generated import sum as _sum
 from generated import swiglu as _swiglu
 from generated import tanh as _tanh
 
 add = _add.add
+add_rms_norm = _add_rms_norm.add_rms_norm
 addmm = _addmm.addmm
 amax = _amax.amax
 amin = _amin.amin
@@ -46,17 +53,22 @@ cross_entropy = _cross_entropy.cross_entropy
 div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
+layer_norm = _layer_norm.layer_norm
 linear = _linear.linear
 linear_gelu = _linear_gelu.linear_gelu
 linear_residual = _linear_residual.linear_residual
+log_softmax = _log_softmax.log_softmax
+logsumexp = _logsumexp.logsumexp
 matmul = _matmul.matmul
 mean = _mean.mean
 mm = _mm.mm
 mul = _mul.mul
 prod = _prod.prod
 relu = _relu.relu
+rms_norm = _rms_norm.rms_norm
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
+softmax = _softmax.softmax
 sub = _sub.sub
 sum = _sum.sum
 swiglu = _swiglu.swiglu
@@ -72,6 +84,6 @@ def _info(module) -> OpInfo:
         reference=module.reference)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _linear, _linear_gelu, _linear_residual, _matmul, _mean, _mm, _mul, _prod, _relu, _sigmoid, _silu, _sub, _sum, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _linear, _linear_gelu, _linear_residual, _log_softmax, _logsumexp, _matmul, _mean, _mm, _mul, _prod, _relu, _rms_norm, _sigmoid, _silu, _softmax, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "linear", "linear_gelu", "linear_residual", "matmul", "mean", "mm", "mul", "prod", "relu", "sigmoid", "silu", "sub", "sum", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "add_rms_norm", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "layer_norm", "linear", "linear_gelu", "linear_residual", "log_softmax", "logsumexp", "matmul", "mean", "mm", "mul", "prod", "relu", "rms_norm", "sigmoid", "silu", "softmax", "sub", "sum", "swiglu", "tanh", ]

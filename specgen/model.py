@@ -25,8 +25,9 @@ class TensorArg:
 @dataclass(frozen=True)
 class ScalarArg:
     name: str
-    type: str                       # float | int | bool
-    default: Union[float, int, bool, None] = None
+    type: str                       # float | int | bool | shape (a list of ints)
+    default: Union[float, int, bool, tuple[int, ...], None] = None
+    optional: bool = False          # may be None (the default); the family says what None means
 
     @property
     def kind(self) -> str:

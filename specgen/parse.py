@@ -13,8 +13,8 @@ from specgen.families.common import check_name
 from specgen.model import DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
 from specgen.table import Table, check_type, parse_list
 
-ARG_KINDS = ("tensor", "float", "int", "bool", "choice")
-_SCALAR_TYPES = {"float": float, "int": int, "bool": bool}
+ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape")
+_SCALAR_TYPES = {"float": float, "int": int, "bool": bool, "shape": list}
 # names a reference expression may use besides the op's arguments
 REFERENCE_NAMES = ("torch", "F", "math")
 
@@ -90,7 +90,7 @@ def _parse_args(table: Table) -> tuple[Arg, ...]:
             raise where.error("argument name 'out' is reserved for the out= keyword")
         arg = _parse_arg(name, raw, where)
         has_default = not isinstance(arg, TensorArg) and arg.default is not None or \
-            isinstance(arg, TensorArg) and arg.optional
+            getattr(arg, "optional", False)
         if seen_default and not has_default:
             raise where.error(f"argument '{name}' has no default but follows one that has")
         seen_default = seen_default or has_default
@@ -125,8 +125,14 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
         table.finish()
         return ChoiceArg(name, values, default)
     default = table.pop("default", _SCALAR_TYPES[kind], None)
+    if kind == "shape" and default is not None:
+        # a list of ints, as torch's normalized_shape
+        default = parse_list(default, int, where.child("default"))
+    optional = table.pop("optional", bool, False)
+    if optional and default is not None:
+        raise where.child("optional").error("an optional argument defaults to None; drop 'default'")
     table.finish()
-    return ScalarArg(name, kind, default)
+    return ScalarArg(name, kind, default, optional)
 
 
 def _parse_range(table: Table) -> tuple[float, float]:

@@ -22,7 +22,7 @@ def test_matches_reference(name, data):
     case = data.draw(testing.CASES[info.family](info))
     note(case.describe)
     note(f"overrides: {case.overrides}")
-    expected = _outputs(testing.reference64(info, case.args))
+    expected = _outputs(testing.reference64(info, case.reference_args or case.args))
 
     with runtime.override(**case.overrides):
         fresh = _outputs(case.call(info))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from specgen.families import cross_entropy, matmul, pointwise, reduce
+from specgen.families import cross_entropy, matmul, pointwise, reduce, rowwise
 
 
 @dataclass(frozen=True)
@@ -23,4 +23,5 @@ class Family:
 
 
 FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("reduce", reduce),
-                                 Family("cross_entropy", cross_entropy), Family("matmul", matmul))}
+                                 Family("cross_entropy", cross_entropy), Family("matmul", matmul),
+                                 Family("rowwise", rowwise))}

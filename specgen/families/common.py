@@ -25,7 +25,8 @@ RESERVED = frozenset({
 OP_RESERVED = frozenset({"torch", "triton", "tl", "rt", "reference", "pointwise", "generated",
                          "specgen", "math", "F"}) | frozenset(callee for _, callee in FUNCTIONS.values())
 
-_ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str"}
+_ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
+                "shape": "list[int]"}
 
 
 def check_name(name: str, where: Where, what: str) -> None:
@@ -96,6 +97,9 @@ def arg_plans(spec: OpSpec) -> tuple[ArgPlan, ...]:
         elif isinstance(arg, ChoiceArg):
             default = None if arg.default is None else repr(arg.default)
             plans.append(ArgPlan(arg.name, "choice", "str", default, arg.constexpr, arg.values))
+        elif arg.optional:
+            plans.append(ArgPlan(arg.name, arg.type, f"Optional[{_ANNOTATIONS[arg.type]}]", "None",
+                                 type=arg.type))
         else:
             default = None if arg.default is None else repr(arg.default)
             plans.append(ArgPlan(arg.name, arg.type, _ANNOTATIONS[arg.type], default,
@@ -120,6 +124,8 @@ def arg_info_code(spec: OpSpec) -> tuple[str, ...]:
                       f"choices={arg.values!r}"]
         else:
             fields = [f'"{arg.name}"', f'"{arg.type}"', f"default={arg.default!r}"]
+            if arg.optional:
+                fields.append("optional=True")
         infos.append(f"rt.ArgInfo({', '.join(fields)})")
     return tuple(infos)
 

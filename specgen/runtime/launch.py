@@ -164,17 +164,23 @@ def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
 _tuned: dict[tuple, triton.Config] = {}
 
 
-def launch(kernel: triton.runtime.Autotuner, grid, *args, tune_key: tuple = (), **kwargs) -> None:
-    """Starts an autotuned kernel.
+def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, *args,
+           tune_key: tuple = (), **kwargs) -> None:
+    """Starts an autotuned kernel (or a plain jit kernel whose launcher chose its meta-parameters).
 
     ``tune_key`` identifies what autotuning depends on (the launcher passes its cached launch plan
     and the tensors' dtypes); once a key is tuned, launches call the chosen config directly, which
     saves the autotuner's per-call bookkeeping. When the tests force a config, that config runs
     without tuning, so the property suite checks every point of a config space. On plain tensors
     the kernel starts directly: ``wrap_triton`` exists for tracing, and its eager dispatch costs
-    about a millisecond a call.
+    about a millisecond a call. A plain jit kernel (``kwargs`` carry its block sizes and
+    ``num_warps``) is only started, directly or through ``wrap_triton`` as above.
     """
     direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    if not isinstance(kernel, triton.runtime.Autotuner):
+        # no config space: nothing to tune, cache or force
+        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
+        return
     key = (kernel, tune_key, tuple(sorted(kwargs.items())))
     if _overrides.config is not None:
         config = forced_config(kernel, args, kwargs, _overrides.config)

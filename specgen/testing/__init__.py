@@ -16,12 +16,14 @@ from specgen.testing.cross_entropy import cross_entropy_cases
 from specgen.testing.matmul import matmul_cases
 from specgen.testing.pointwise import pointwise_cases
 from specgen.testing.reduce import reduce_cases
+from specgen.testing.rowwise import rowwise_cases
 
 CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
     "pointwise": pointwise_cases,
     "reduce": reduce_cases,
     "cross_entropy": cross_entropy_cases,
     "matmul": matmul_cases,
+    "rowwise": rowwise_cases,
 }
 
 __all__ = [

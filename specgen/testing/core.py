@@ -138,6 +138,9 @@ class Case:
     # per-dtype (rtol, atol) replacing TOLERANCES, for ops whose error grows with a size
     # (a reduction's length, a matmul's K); None keeps the element-wise bounds
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    # arguments for the float64 reference when they must differ from ``args``: a None that torch
+    # resolves from the input dtype (rms_norm's eps) is spelled out, as upcasting would change it
+    reference_args: dict[str, Any] | None = None
     # what the output layout must match: "eager" (the eager reference's result), a tensor whose
     # layout torch defines for this call (when the reference composes several ops, each with its
     # own layout rule), or None where torch has no single answer

@@ -1,0 +1,734 @@
+"""Row-wise family: ordered reductions over one axis of a tensor, then output expressions.
+
+Spec tables: ``[rows]`` (which tensor is reduced and over which dims, tensors read along a row),
+``[reduce]`` (ordered steps ``name = { op, of, scale }``; each result is a per-row symbol),
+``[compute]`` (outputs, in order: element-wise when they read a tensor, else per row),
+``[tuning]`` (``CHUNK``, ``num_warps`` of the chunked kernels) and ``[schedule]`` (``strategy``).
+
+The planner decides everything the template spells out: the passes a chunked kernel makes over a
+row (steps that do not read each other share a pass), whether the max-then-sum-of-exp pattern lets
+the online strategy fuse two steps into one pass, the workspace slots of the split strategy, and
+which tensors each pass loads.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from dataclasses import dataclass
+
+from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
+from specgen.families.common import CommonPlan, check_name, common_plan, power_of_two_list
+from specgen.model import OpSpec, Output, ScalarArg, TensorArg
+from specgen.table import Table, check_type, parse_list
+
+OPS = ("sum", "max", "min")
+STRATEGIES = ("auto", "single", "looped", "online", "split")
+# identities the masked lanes of each reduction take, written out in the kernels: torch.compile
+# re-emits a constexpr global by its repr, and tl.constexpr(-inf) would not parse back
+IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
+N_SYMBOL = "N"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    op: str
+    of: Expr
+    scale: Expr | None
+
+
+@dataclass(frozen=True)
+class RowwiseBody:
+    tensor: str                          # the tensor whose rows are reduced
+    dim: str | int | None                # an int (or list of ints) argument, or a fixed dim
+    normalized_shape: str | None         # a shape argument: reduce over the trailing dims
+    along: tuple[str, ...]               # tensors of the reduced shape, read along each row
+    absent: tuple[tuple[str, float], ...]  # the value an omitted optional tensor stands for
+    finfo_eps: tuple[str, ...]           # optional floats that mean finfo(x.dtype).eps when None
+    steps: tuple[Step, ...]
+    outputs: tuple[Output, ...]
+    row_outputs: tuple[str, ...]         # outputs with one value per row (they read no tensor)
+    pointwise_outputs: tuple[tuple[str, tuple[str, ...]], ...]  # outputs that read no reduction,
+                                         # with the tensors they read: laid out as torch's
+                                         # element-wise ops would lay them out
+    chunks: tuple[int, ...]
+    num_warps: tuple[int, ...]
+    strategy: str
+
+
+def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[str, ...]:
+    raw = table.pop_any(key)
+    if raw is None:
+        return ()
+    where = table.where.child(key)
+    names = parse_list(raw, str, where)
+    for name in names:
+        if name not in allowed:
+            raise where.error(f"'{name}' is not {what} (expected one of: "
+                              f"{', '.join(sorted(allowed)) or 'none'})")
+    return names
+
+
+def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
+    args = {a.name: a for a in spec_args}
+    tensors = {a.name: a for a in spec_args if isinstance(a, TensorArg)}
+    rows = top.pop_table("rows")
+    tensor = rows.pop("tensor", str)
+    if tensor not in tensors or tensors[tensor].optional:
+        raise rows.where.child("tensor").error(
+            f"'{tensor}' is not a required tensor argument (tensors: {', '.join(tensors) or 'none'})")
+    dim, normalized_shape = _parse_axis(rows, args)
+    along = _names(rows, "along", {n: "" for n in tensors if n != tensor}, "a tensor argument")
+    absent = _parse_absent(rows, tensors, along)
+    optional_floats = {a.name: "" for a in spec_args
+                       if isinstance(a, ScalarArg) and a.type == "float" and a.optional}
+    finfo_eps = _names(rows, "finfo_eps", optional_floats, "an optional float argument")
+    rows.finish()
+    for arg in spec_args:
+        where = top.where.child("args").child(arg.name)
+        if isinstance(arg, TensorArg) and arg.dims:
+            raise where.error("row-wise tensors take no 'dims': [rows] sets their shapes")
+        if isinstance(arg, TensorArg) and arg.optional and arg.name not in along:
+            raise where.error("only tensors read along a row ([rows] along) may be optional")
+        if isinstance(arg, ScalarArg) and arg.optional and arg.name not in finfo_eps:
+            raise where.error("an optional scalar must say what None means: list it in "
+                              "[rows] finfo_eps")
+        if isinstance(arg, ScalarArg) and arg.type == "shape" and arg.name not in (normalized_shape,
+                                                                                  dim):
+            raise where.error("a shape argument is only used as [rows] normalized_shape or dim")
+
+    symbols = _symbols(spec_args, dim)
+    elementwise = set(tensors)
+    steps = _parse_steps(top.pop_table("reduce"), symbols, elementwise)
+    outputs, row_outputs = _parse_outputs(top.pop_table("compute"), symbols, elementwise)
+    pointwise_outputs = _pointwise_outputs(outputs, row_outputs,
+                                           [n for n in tensors if n not in along])
+
+    tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
+    chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096))
+    num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16))
+    tuning.finish()
+    schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
+    strategy = schedule.pop("strategy", str, "auto")
+    if strategy not in STRATEGIES:
+        raise schedule.where.child("strategy").error(
+            f"expected one of {', '.join(STRATEGIES)}, got '{strategy}'")
+    if strategy == "online" and online_pair(steps) is None:
+        raise schedule.where.child("strategy").error(
+            "'online' needs a max step directly followed by a sum of exp(E - max), E being the "
+            "expression the max reduces; this op's [reduce] has no such pair")
+    schedule.finish()
+    return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, steps, outputs,
+                       row_outputs, pointwise_outputs, chunks, num_warps, strategy)
+
+
+def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
+    raw_dim = rows.pop_any("dim")
+    shape = rows.pop("normalized_shape", str, None)
+    if (raw_dim is None) == (shape is None):
+        raise rows.where.error("give exactly one of 'dim' (an int argument or an integer) and "
+                               "'normalized_shape' (a shape argument)")
+    if shape is not None:
+        arg = args.get(shape)
+        if not (isinstance(arg, ScalarArg) and arg.type == "shape"):
+            raise rows.where.child("normalized_shape").error(
+                f"'{shape}' is not an argument of kind \"shape\"")
+        return None, shape
+    where = rows.where.child("dim")
+    if isinstance(raw_dim, str):
+        arg = args.get(raw_dim)
+        if not (isinstance(arg, ScalarArg) and arg.type in ("int", "shape") and not arg.optional):
+            raise where.error(f"'{raw_dim}' is not an argument of kind \"int\" (one dim) or "
+                              f"\"shape\" (a list of dims)")
+        return raw_dim, None
+    return check_type(raw_dim, int, where), None
+
+
+def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    table = rows.pop_table("absent", required=False) or Table({}, rows.where.child("absent"))
+    absent = {}
+    while table.keys():
+        key, raw, where = table.pop_item()
+        if key not in along or not tensors[key].optional:
+            raise where.error(f"'{key}' is not an optional tensor listed in 'along'")
+        absent[key] = check_type(raw, float, where)
+    missing = [n for n in along if tensors[n].optional and n not in absent]
+    if missing:
+        raise table.where.error(f"say what the omitted optional tensor '{missing[0]}' stands for, "
+                                f"as in {missing[0]} = 1.0")
+    return tuple((n, absent[n]) for n in along if n in absent)
+
+
+def _symbols(spec_args: tuple, dim: str | int | None) -> dict[str, Symbol]:
+    """Names an expression may read: tensors, float/int/bool scalars (not the dim), choices, N."""
+    symbols = {N_SYMBOL: Symbol(N_SYMBOL, "scalar")}
+    for arg in spec_args:
+        if isinstance(arg, TensorArg):
+            symbols[arg.name] = Symbol(arg.name, "tensor")
+        elif arg.kind == "choice":
+            symbols[arg.name] = Symbol(arg.name, "choice", arg.values)
+        elif arg.kind != "shape" and arg.name != dim:
+            symbols[arg.name] = Symbol(arg.name, "scalar")
+    return symbols
+
+
+def _new_name(name: str, where, symbols: dict, what: str) -> None:
+    check_name(name, where, what)
+    if name in symbols:
+        raise where.error(f"{what} '{name}' has the name of an argument, N or an earlier name")
+
+
+def _parse_steps(table: Table, symbols: dict, elementwise: set) -> tuple[Step, ...]:
+    steps = []
+    while table.keys():
+        name, raw, where = table.pop_item()
+        _new_name(name, where, symbols, "reduction")
+        check_type(raw, dict, where)
+        entry = Table(raw, where)
+        op = entry.pop("op", str)
+        if op not in OPS:
+            raise where.child("op").error(f"expected one of {', '.join(OPS)}, got '{op}'")
+        of = parse_expr(entry.pop("of", str), where.child("of"), symbols)
+        if not of.names & elementwise:
+            raise where.child("of").error("reduces no tensor: the expression must read a tensor "
+                                          "argument")
+        scale_source = entry.pop("scale", str, None)
+        scale = None
+        if scale_source is not None:
+            per_row = {k: s for k, s in symbols.items() if k not in elementwise}
+            scale = parse_expr(scale_source, where.child("scale"), per_row)
+        entry.finish()
+        steps.append(Step(name, op, of, scale))
+        symbols[name] = Symbol(name, "value")
+    if not steps:
+        raise table.where.error('expected at least one step, as in '
+                                'mean = { op = "sum", of = "x", scale = "1 / N" }')
+    return tuple(steps)
+
+
+def _parse_outputs(table: Table, symbols: dict, elementwise: set) -> tuple[tuple[Output, ...],
+                                                                         tuple[str, ...]]:
+    outputs, row_outputs = [], []
+    while table.keys():
+        name, source, where = table.pop_item()
+        _new_name(name, where, symbols, "output")
+        check_type(source, str, where)
+        expr = parse_expr(source, where, symbols)
+        outputs.append(Output(name, expr))
+        symbols[name] = Symbol(name, "value")
+        if expr.names & elementwise:
+            elementwise.add(name)
+        else:
+            row_outputs.append(name)
+    if not outputs:
+        raise table.where.error('expected at least one output, as in out = "x / sum"')
+    return tuple(outputs), tuple(row_outputs)
+
+
+def _pointwise_outputs(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
+                       full: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Element outputs that depend on no reduction (``h = x + residual``), with the full-shape
+    tensors they read, directly or through earlier such outputs.
+
+    torch lays the result of an element-wise op out like its inputs, and the result of softmax or
+    a norm out contiguously; the outputs follow the torch op they stand for.
+    """
+    reads: dict[str, set[str]] = {}
+    for output in outputs:
+        if output.name in row_outputs:
+            continue
+        names = output.expr.names
+        upstream = names - set(full)
+        if all(n in reads for n in upstream):
+            reads[output.name] = (names & set(full)).union(*(reads[n] for n in upstream))
+    # in argument order: the first operand decides torch's memory order
+    return tuple((name, tuple(n for n in full if n in tensors)) for name, tensors in reads.items())
+
+
+def variance_pair(steps: tuple[Step, ...]) -> int | None:
+    """Index of a mean step (a sum of E scaled by 1 / N) that the next step sums (E - mean)**2 over.
+
+    Chunked passes compute that pair in one read: each chunk's mean and squared deviations,
+    merged into the running ones (Chan et al.), as exact as two passes and never subtracting
+    two large sums.
+    """
+    for i, (first, second) in enumerate(zip(steps, steps[1:])):
+        if first.op != "sum" or second.op != "sum" or first.scale is None:
+            continue
+        if ast.dump(first.scale.tree) != ast.dump(ast.parse("1 / N", mode="eval").body):
+            continue
+        tree = second.of.tree
+        if not isinstance(tree, ast.BinOp):
+            continue
+        if isinstance(tree.op, ast.Mult):
+            squared = ast.dump(tree.left) == ast.dump(tree.right) and tree.left
+        else:
+            squared = isinstance(tree.op, ast.Pow) and _int_power(tree.right) == 2 and tree.left
+        if squared and _is_shifted(squared, first):
+            return i
+    return None
+
+
+def _int_power(node: ast.expr) -> int | None:
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+
+def online_pair(steps: tuple[Step, ...]) -> int | None:
+    """Index of a max step that the next step sums exp(E - max) over (E: what the max reduces).
+
+    That pair is what online softmax fuses into one pass: a running max and a running sum
+    rescaled whenever the max grows.
+    """
+    for i, (first, second) in enumerate(zip(steps, steps[1:])):
+        if first.op != "max" or first.scale is not None or second.op != "sum":
+            continue
+        call = second.of.tree
+        if (isinstance(call, ast.Call) and call.func.id == "exp" and len(call.args) == 1
+                and _is_shifted(call.args[0], first)):
+            return i
+    return None
+
+
+# ---- the plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    role: str                      # row | like | along | out | row_out
+    optional: bool = False
+    absent: float = 0.0
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+    @property
+    def has(self) -> str:
+        return f"HAS_{self.name.upper()}"
+
+    @property
+    def elementwise(self) -> bool:
+        return self.role in ("row", "like", "out")
+
+    @property
+    def var(self) -> str:
+        return f"row_{self.name}" if self.role == "row_out" else self.name
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    name: str
+    op: str
+    value: str                     # the element-wise value reduced, as Triton source
+    scale: str | None
+    slot: int                      # first workspace slot of the split strategy
+    tensors: tuple[str, ...]       # tensors the value reads
+    shift: bool = False            # a max whose -inf-safe copy a later sum of exp subtracts
+
+    @property
+    def var(self) -> str:
+        return f"row_{self.name}"
+
+    @property
+    def acc(self) -> str:
+        return f"acc_{self.name}"
+
+    @property
+    def identity(self) -> str:
+        return IDENTITY[self.op]
+
+    def masked(self, mask: str = "mask") -> str:
+        return f"tl.where({mask}, {self.value}, {self.identity})"
+
+    def accumulate(self) -> str:
+        if self.op == "sum":
+            return f"{self.acc} += {self.masked()}"
+        return f"{self.acc} = {COMBINE[self.op]}({self.acc}, {self.masked()})"
+
+    def reduce(self, tile: str) -> str:
+        if self.op == "sum":
+            return f"tl.sum({tile}, axis=1, keep_dims=True)"
+        return f"tl.reduce({tile}, 1, {COMBINE[self.op]}, keep_dims=True)"
+
+    def scaled(self, code: str) -> str:
+        return code if self.scale is None else f"{code} * ({self.scale})"
+
+
+# specgen.kernel_lib helpers that combine max and min partials (NaN propagates, as in torch)
+COMBINE = {"max": "maximum_f32", "min": "minimum_f32"}
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One read of the row by a chunked kernel: plain steps accumulated side by side, the online
+    max/sum pair, or the mean/variance pair."""
+
+    steps: tuple[StepPlan, ...]
+    kind: str                      # plain | online | variance
+    tensors: tuple[str, ...]
+
+    @property
+    def online(self) -> bool:
+        return self.kind == "online"
+
+    @property
+    def variance(self) -> bool:
+        return self.kind == "variance"
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    name: str
+    code: str
+    per_row: bool
+    like: tuple[str, ...] = ()     # laid out as an element-wise op on these tensors; () contiguous
+
+
+@dataclass(frozen=True)
+class RowwisePlan(CommonPlan):
+    row_tensor: str = ""
+    dim: str | int | None = None
+    normalized_shape: str | None = None
+    finfo_eps: tuple[str, ...] = ()
+    tensors: tuple[TensorPlan, ...] = ()
+    steps: tuple[StepPlan, ...] = ()
+    looped_passes: tuple[PassPlan, ...] = ()
+    online_passes: tuple[PassPlan, ...] = ()
+    outputs: tuple[OutputPlan, ...] = ()
+    output_tensors: tuple[str, ...] = ()       # what element outputs load
+    strategy: str = "auto"
+    chunked_configs: tuple[dict, ...] = ()
+    interpreter_config: dict | None = None
+    split_interpreter_config: dict | None = None
+    max_chunk: int = 0
+    helpers: tuple[str, ...] = ()      # specgen.kernel_lib functions the kernels call
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        online = ("online",) if self.online_passes else ()
+        return ("single", "looped") + online + ("split",)
+
+    @property
+    def split_passes(self) -> tuple[PassPlan, ...]:
+        """The split strategy makes the fewest passes it can: online ones when the pattern is there."""
+        return self.online_passes or self.looped_passes
+
+    @property
+    def slot_count(self) -> int:
+        """float32 partials per row and split: one per step, and the count of a variance pair."""
+        return len(self.steps) + sum(p.variance for p in self.split_passes)
+
+    def of_role(self, *roles: str) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.tensors if t.role in roles)
+
+    @property
+    def inputs(self) -> tuple[TensorPlan, ...]:
+        return self.of_role("row", "like", "along")
+
+    @property
+    def elem_tensors(self) -> tuple[TensorPlan, ...]:
+        """Element-wise tensors in RowSpace order: outputs first, then the inputs."""
+        return self.of_role("out") + self.of_role("row", "like")
+
+    @property
+    def optional_tensors(self) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.tensors if t.optional)
+
+    @property
+    def kernel_scalars(self) -> tuple:
+        return tuple(a for a in self.scalars if a.name != self.dim)
+
+    @property
+    def pointers(self) -> str:
+        return ", ".join(t.ptr for t in self.inputs + self.of_role("out", "row_out"))
+
+    @property
+    def size_and_stride_lines(self) -> tuple[str, ...]:
+        """Kernel parameters in ``RowSpace.kernel_args`` order, one line per group."""
+        rows = lambda name: [f"{name}_{d}" for d in range(ROW_RANK)]
+        cols = lambda name: [f"{name}_{d}" for d in range(COL_RANK)]
+        groups = [rows("row_size") + cols("col_size")]
+        for t in self.elem_tensors:
+            groups.append(rows(f"{t.name}_row_stride") + cols(f"{t.name}_col_stride"))
+        groups += [cols(f"{t.name}_col_stride") for t in self.of_role("along")]
+        groups += [rows(f"{t.name}_row_stride") for t in self.of_role("row_out")]
+        return tuple(", ".join(g) + "," for g in groups)
+
+    def row_offsets_of(self) -> tuple[TensorPlan, ...]:
+        return self.elem_tensors + self.of_role("row_out")
+
+    def col_offsets_of(self, names: tuple[str, ...]) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.elem_tensors + self.of_role("along") if t.name in names)
+
+    def loads(self, names: tuple[str, ...]) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.inputs if t.name in names)
+
+    @property
+    def elem_outputs(self) -> tuple[OutputPlan, ...]:
+        return tuple(o for o in self.outputs if not o.per_row)
+
+    @property
+    def row_outputs(self) -> tuple[OutputPlan, ...]:
+        return tuple(o for o in self.outputs if o.per_row)
+
+    @property
+    def stored_elem(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.elem_outputs)
+
+    @property
+    def row_dims(self) -> range:
+        return range(ROW_RANK)
+
+    @property
+    def col_dims(self) -> range:
+        return range(COL_RANK)
+
+    @property
+    def along_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.of_role("along"))
+
+    @property
+    def like_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.of_role("like"))
+
+    @property
+    def dtype_key(self) -> str:
+        return ", ".join(f"{t.name}.dtype" if not t.optional else
+                         f"None if {t.name} is None else {t.name}.dtype" for t in self.tensors)
+
+    @property
+    def input_list(self) -> str:
+        return ", ".join(t.name for t in self.inputs)
+
+    @property
+    def shape_args(self) -> tuple[str, ...]:
+        """Arguments torch takes as an int or a list of ints, passed on as a list."""
+        return tuple(a.name for a in self.args if a.kind == "shape")
+
+    @property
+    def used_tensors(self) -> tuple[str, ...]:
+        """Inputs any step or output reads: what the single-tile kernel loads."""
+        names = {t for s in self.steps for t in s.tensors} | set(self.output_tensors)
+        return tuple(t.name for t in self.inputs if t.name in names)
+
+    @property
+    def rows_code(self) -> str:
+        return repr({"tensor": self.row_tensor, "dim": self.dim,
+                     "normalized_shape": self.normalized_shape, "along": self.along_names,
+                     "like": self.like_names})
+
+    @property
+    def axis_doc(self) -> str:
+        if self.normalized_shape:
+            return f"the trailing dims `{self.normalized_shape}`"
+        return f"dim `{self.dim}`" if isinstance(self.dim, str) else f"dim {self.dim}"
+
+    @staticmethod
+    def _dict(names) -> str:
+        return ", ".join(f'"{n}": {n}' for n in names)
+
+    @property
+    def input_dict(self) -> str:
+        return self._dict(t.name for t in self.inputs)
+
+    @property
+    def like_dict(self) -> str:
+        return self._dict(self.like_names)
+
+    @property
+    def along_dict(self) -> str:
+        return self._dict(self.along_names)
+
+    @property
+    def tensor_dict(self) -> str:
+        return self._dict(t.name for t in self.tensors)
+
+    @property
+    def elem_list(self) -> str:
+        return ", ".join(t.name for t in self.elem_tensors)
+
+    @property
+    def along_list(self) -> str:
+        return ", ".join(self.along_names)
+
+    @property
+    def row_out_list(self) -> str:
+        return ", ".join(t.name for t in self.of_role("row_out"))
+
+    @property
+    def pointer_args(self) -> str:
+        return ", ".join(f"{t.name} if {t.name} is not None else {self.row_tensor}" if t.optional
+                         else t.name for t in self.inputs + self.of_role("out", "row_out"))
+
+    @property
+    def launch_params(self) -> str:
+        names = [t.name for t in self.inputs] + [a.name for a in self.kernel_scalars]
+        names += [c.name for c in self.choices] + list(self.output_names) + ["reduced"]
+        return ", ".join(names)
+
+    @property
+    def launch_args(self) -> str:
+        return self.launch_params
+
+    @property
+    def output_list(self) -> str:
+        return ", ".join(self.output_names)
+
+
+ROW_RANK = 4
+COL_RANK = 3
+
+
+def plan(spec: OpSpec) -> RowwisePlan:
+    body: RowwiseBody = spec.body
+    absent = dict(body.absent)
+    roles = {body.tensor: "row", **{n: "along" for n in body.along}}
+    tensors = [TensorPlan(t.name, roles.get(t.name, "like"), t.optional, absent.get(t.name, 0.0))
+               for t in spec.tensors]
+    tensors += [TensorPlan(o.name, "row_out" if o.name in body.row_outputs else "out")
+                for o in body.outputs]
+    tensor_names = {t.name for t in spec.tensors}
+
+    pair = online_pair(body.steps)
+    variance = variance_pair(body.steps)
+    if variance is not None and pair is not None and variance == pair + 1:
+        variance = None   # the online pair's sum is not a mean to fuse again
+    names = {c.name: c.constexpr for c in spec.choices}
+    names[N_SYMBOL] = "n_float"
+    names.update({s.name: f"row_{s.name}" for s in body.steps})
+    names.update({n: f"row_{n}" for n in body.row_outputs})
+    per_row = {s.name for s in body.steps} | set(body.row_outputs)
+    shift = (body.steps[pair], f"row_{body.steps[pair].name}_shift") if pair is not None else None
+    steps = []
+    for i, step in enumerate(body.steps):
+        scale = None if step.scale is None else emit(step.scale, names)
+        value = emit(_rewrite(step.of, shift if i != pair else None, per_row), names)
+        # a variance pair keeps a third partial, its element count, after its two
+        slot = i + (variance is not None and i > variance + 1)
+        steps.append(StepPlan(step.name, step.op, value, scale, slot,
+                              tuple(sorted(step.of.names & tensor_names)),
+                              shift=pair is not None and i == pair))
+    steps = tuple(steps)
+
+    looped = _passes(steps, body.steps, None, variance)
+    online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
+    like = dict(body.pointwise_outputs)
+    outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
+                               o.name in body.row_outputs, like.get(o.name, ()))
+                    for o in body.outputs)
+    # the output pass computes every element output, so it loads what any of them reads
+    output_tensors = tuple(sorted({t for o in body.outputs if o.name not in body.row_outputs
+                                   for t in o.expr.names & tensor_names}))
+    configs = tuple({"BLOCK_M": 1, "BLOCK_N": c, "num_warps": w}
+                    for c, w in itertools.product(body.chunks, body.num_warps))
+    # helpers are imported by name (torch.compile re-emits them under their own names): the
+    # expressions' functions, the max/min combines, and maximum_f32 of the online update
+    called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),
+                         *(helpers(o.expr) for o in body.outputs))
+    called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
+    common = common_plan(spec, tuple(o.name for o in body.outputs))
+    return RowwisePlan(
+        **common.__dict__, row_tensor=body.tensor, dim=body.dim,
+        normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, tensors=tuple(tensors),
+        steps=steps, looped_passes=looped, online_passes=online, outputs=outputs,
+        output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
+        # under the interpreter: two rows a program and 16-wide chunks, so tiny rows still take
+        # the row masks and several chunks
+        interpreter_config={"BLOCK_M": 2, "BLOCK_N": 16, "num_warps": 4},
+        split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
+        max_chunk=max(body.chunks), helpers=tuple(sorted(called)))
+
+
+def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:
+    """Two rewrites of an expression before it is emitted.
+
+    - In the online pattern, ``exp(E - max)`` subtracts the -inf-safe max (0 when the row's max is
+      -inf) wherever it appears: an all -inf row then sums to 0 in every strategy, as in the online
+      update (softmax still gives NaN there, 0 / 0), and the single-tile kernel computes the exps
+      of the sum and of the output once.
+    - ``a / r`` with ``r`` a per-row value becomes ``a * (1.0 / r)``: one division per row rather
+      than per element (one more rounding, in float32).
+    """
+    tree = ast.parse(ast.unparse(expr.tree), mode="eval").body
+
+    class Rewriter(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if shift is not None and node.func.id == "exp" and _is_shifted(node.args[0], shift[0]):
+                node.args[0].right = ast.Name(shift[1], ast.Load())
+            return node
+
+        def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+            self.generic_visit(node)
+            if (isinstance(node.op, ast.Div) and isinstance(node.right, ast.Name)
+                    and node.right.id in per_row):
+                reciprocal = ast.BinOp(ast.Constant(1.0), ast.Div(), node.right)
+                return ast.BinOp(node.left, ast.Mult(), reciprocal)
+            return node
+
+    tree = ast.fix_missing_locations(Rewriter().visit(tree))
+    return Expr(expr.source, tree, expr.names)
+
+
+def _is_shifted(node: ast.expr, step: Step) -> bool:
+    """``E - max``, E being what the max step reduces."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+            and isinstance(node.right, ast.Name) and node.right.id == step.name
+            and ast.dump(node.left) == ast.dump(step.of.tree))
+
+
+def _passes(steps: tuple[StepPlan, ...], specs: tuple[Step, ...], pair: int | None,
+            variance: int | None) -> tuple[PassPlan, ...]:
+    """Groups steps into reads of the row: a step joins the current pass unless its value reads a
+    step of that pass (a variance needs its mean first); the online pair and the mean/variance
+    pair are passes of their own."""
+    passes: list[list[int]] = []
+    kinds: list[str] = []
+    i = 0
+    while i < len(steps):
+        fused = {pair: "online", variance: "variance"}.get(i)
+        if fused is not None:
+            passes.append([i, i + 1])
+            kinds.append(fused)
+            i += 2
+            continue
+        current = passes[-1] if passes and kinds[-1] == "plain" else None
+        reads = specs[i].of.names
+        if current is None or any(specs[j].name in reads for j in current):
+            passes.append([i])
+            kinds.append("plain")
+        else:
+            current.append(i)
+        i += 1
+    plans = []
+    for members, kind in zip(passes, kinds):
+        members_steps = tuple(steps[j] for j in members)
+        tensors = tuple(sorted({t for s in members_steps for t in s.tensors}))
+        plans.append(PassPlan(members_steps, kind, tensors))
+    return tuple(plans)
+
+
+def scaffold(name: str) -> str:
+    return f'''# A row-wise op: see README.md, "Row-wise family".
+[op]
+name = "{name}"
+family = "rowwise"
+doc = "x / sqrt(mean(x * x) + eps) over the last dim"
+reference = "x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)"
+
+[args]
+x = "tensor"
+eps = {{ kind = "float", default = 1e-6 }}
+
+[rows]
+tensor = "x"
+dim = -1
+
+[reduce]
+ms = {{ op = "sum", of = "x * x", scale = "1 / N" }}
+
+[compute]
+out = "x * rsqrt(ms + eps)"
+'''

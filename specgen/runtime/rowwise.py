@@ -1,0 +1,304 @@
+"""Row-wise launches: the reduced dims, the (rows, N) view through strides, and the strategy choice.
+
+A row-wise op reduces ``x`` over one axis (``dim``) or over its trailing dims (``normalized_shape``).
+Every other dim is a row dim. Both groups are collapsed separately (dims that are contiguous in every
+operand merge), so the kernels see ``rows`` rows of ``N`` elements, with up to ``ROW_RANK`` row dims
+and ``COL_RANK`` reduced dims to split an index into. Nothing is copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+import triton
+
+from specgen.runtime.launch import _multiprocessors, max_programs, overrides, untraced, use_int64
+from specgen.runtime.layout import collapse
+
+ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
+COL_RANK = 3    # collapsed reduced dims a kernel splits a column index into
+
+STRATEGIES = ("single", "looped", "online", "split")
+# auto: the whole row in registers up to this many elements (next power of two of N); at
+# 16 elements a thread this is 32 warps, the most a program has
+SINGLE_MAX = 16384
+# forced single tile: the longest row one program may hold (past it a tile would not compile
+# in reasonable time, and would spill most of its registers)
+SINGLE_LIMIT = 1 << 16
+# auto: rows at least this long are split over several programs when there are few rows
+SPLIT_MIN = 16384
+# programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
+SPLIT_PROGRAMS_PER_SM = 4
+# the multiprocessor count assumed where there is no GPU (the interpreter, planner tests): an H100
+NOMINAL_SMS = 132
+# single tile: elements a program moves when rows are short (several rows a program)
+TILE_TARGET = 4096
+# single tile: elements a thread holds, which sets num_warps
+ELEMENTS_PER_THREAD = 16
+
+
+def as_shape(op: str, name: str, value: object) -> list[int]:
+    """torch accepts an int or a sequence of ints for ``normalized_shape``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, torch.Size) or isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
+                    f"got {type(value).__name__}")
+
+
+def reduced_by_dim(op: str, name: str, x: torch.Tensor, dim: object) -> tuple[int, ...]:
+    """The reduced dims named by ``dim``: an int, or a list of ints for ops that take several
+    (logsumexp). Negative counts from the end; a 0-dim x takes 0 or -1."""
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise TypeError(f"{op}: argument '{name}' must be an int or a list of ints, "
+                            f"got {type(d).__name__}")
+    if not dims and x.dim() > 0:
+        raise ValueError(f"{op}: argument '{name}' names no dim")
+    rank = max(x.dim(), 1)
+    reduced = []
+    for d in dims:
+        if not -rank <= d < rank:
+            raise ValueError(f"{op}: argument '{name}' is {dim}, out of range for a tensor of "
+                             f"{x.dim()} dims (expected {-rank} to {rank - 1})")
+        if d % rank in reduced:
+            raise ValueError(f"{op}: argument '{name}' names dim {d % rank} more than once")
+        reduced.append(d % rank)
+    return () if x.dim() == 0 else tuple(sorted(reduced))
+
+
+def reduced_by_shape(op: str, name: str, x: torch.Tensor, shape: Sequence[int]) -> tuple[int, ...]:
+    """The trailing dims of ``x`` that ``normalized_shape`` names, checked as torch checks them."""
+    shape = tuple(shape)
+    if not shape:
+        raise ValueError(f"{op}: argument '{name}' must have at least one dim, got []")
+    if tuple(x.shape[x.dim() - len(shape):]) != shape or len(shape) > x.dim():
+        raise ValueError(f"{op}: argument '{name}' is {list(shape)}, but the input's trailing "
+                         f"dims are {list(x.shape[max(x.dim() - len(shape), 0):])}")
+    return tuple(range(x.dim() - len(shape), x.dim()))
+
+
+def check_like(op: str, x_name: str, x: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Element-wise companions of the row tensor (a residual) have exactly its shape."""
+    for name, tensor in tensors.items():
+        if tensor.shape != x.shape:
+            raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, expected "
+                             f"the shape of '{x_name}' {tuple(x.shape)}")
+
+
+def check_along(op: str, x: torch.Tensor, reduced: tuple[int, ...],
+                tensors: Mapping[str, torch.Tensor | None]) -> None:
+    """Tensors read along each row (a weight, a bias) have the reduced shape."""
+    expected = tuple(x.shape[d] for d in reduced) or (1,)
+    for name, tensor in tensors.items():
+        if tensor is not None and tuple(tensor.shape) != expected:
+            raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, expected "
+                             f"{expected} (the reduced dims of the input)")
+
+
+def row_shape(x: torch.Tensor, reduced: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a per-row output: the input's shape without the reduced dims (keepdim=False)."""
+    return tuple(size for d, size in enumerate(x.shape) if d not in reduced)
+
+
+@dataclass(frozen=True)
+class RowSpace:
+    """The (rows, N) view. Sizes and strides are fastest first and padded to the kernel ranks.
+
+    ``elem_*``: one entry per element-wise tensor (outputs, then the row tensor and its companions);
+    ``along_cols``: column strides of the tensors read along a row; ``row_out_rows``: row strides of
+    the per-row outputs.
+    """
+
+    rows: int
+    n: int
+    row_dims: int
+    col_dims: int
+    row_sizes: tuple[int, ...]
+    col_sizes: tuple[int, ...]
+    elem_rows: tuple[tuple[int, ...], ...]
+    elem_cols: tuple[tuple[int, ...], ...]
+    along_cols: tuple[tuple[int, ...], ...]
+    row_out_rows: tuple[tuple[int, ...], ...]
+
+    @property
+    def max_col_stride(self) -> int:
+        strides = [abs(s) for group in self.elem_cols + self.along_cols for s in group]
+        return max(strides, default=1) or 1
+
+    def kernel_args(self) -> list[int]:
+        """Sizes, then strides in the order the kernels declare them."""
+        args = [*self.row_sizes, *self.col_sizes]
+        for rows, cols in zip(self.elem_rows, self.elem_cols):
+            args += [*rows, *cols]
+        for cols in self.along_cols:
+            args += cols
+        for rows in self.row_out_rows:
+            args += rows
+        return args
+
+
+def _collapsed(op: str, sizes: tuple[int, ...], strides: list[tuple[int, ...]], rank: int,
+               what: str) -> tuple[int, tuple[int, ...], list[tuple[int, ...]]]:
+    """Collapse one group of dims; returns (dims used, sizes, strides), fastest first, padded."""
+    if not strides:
+        strides = [tuple(0 for _ in sizes)]
+    space = collapse(sizes, strides) if sizes else None
+    if space is None or not space.sizes:
+        # no dims, or all of size 1: one index, stride irrelevant
+        count = 0 if any(s == 0 for s in sizes) else 1
+        return 1, (count,) + (1,) * (rank - 1), [(0,) * rank for _ in strides]
+    used = len(space.sizes)
+    if used > rank:
+        raise ValueError(f"{op}: the operands' {what} dims collapse to {used} dims that cannot be "
+                         f"merged (sizes {space.sizes}); at most {rank} are supported")
+    pad = rank - used
+    out_sizes = tuple(reversed(space.sizes)) + (1,) * pad
+    out_strides = [tuple(reversed(s)) + (0,) * pad for s in space.strides]
+    return used, out_sizes, out_strides
+
+
+def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
+              elements: Sequence[torch.Tensor], along: Sequence[torch.Tensor | None],
+              row_outputs: Sequence[torch.Tensor]) -> RowSpace:
+    """The (rows, N) view of ``x`` and its operands; ``elements`` have x's shape."""
+    shape = tuple(x.shape)
+    row_d = [d for d in range(len(shape)) if d not in reduced]
+    row_sizes = tuple(shape[d] for d in row_d)
+    col_sizes = tuple(shape[d] for d in reduced)
+    elem_row_strides = [tuple(t.stride(d) for d in row_d) for t in elements]
+    out_row_strides = [tuple(t.stride()) for t in row_outputs]
+    row_dims, rsizes, rstrides = _collapsed(op, row_sizes, elem_row_strides + out_row_strides,
+                                            ROW_RANK, "row")
+    elem_col_strides = [tuple(t.stride(d) for d in reduced) for t in elements]
+    # along tensors have exactly the reduced shape; an omitted one (None) is never read
+    along_strides = [tuple(t.stride()) if t is not None and reduced else (0,) * len(reduced)
+                     for t in along]
+    col_dims, csizes, cstrides = _collapsed(op, col_sizes, elem_col_strides + along_strides,
+                                            COL_RANK, "reduced")
+    rows = 1
+    for size in row_sizes:
+        rows *= size
+    n = 1
+    for size in col_sizes:
+        n *= size
+    count = len(elements)
+    return RowSpace(rows, n, row_dims, col_dims, rsizes, csizes,
+                    tuple(rstrides[:count]), tuple(cstrides[:count]),
+                    tuple(cstrides[count:count + len(along)]), tuple(rstrides[count:]))
+
+
+def multiprocessors(device: torch.device) -> int:
+    return _multiprocessors(device.index or 0) if device.type == "cuda" else NOMINAL_SMS
+
+
+def choose_strategy(rows: int, n: int, online: bool, sms: int) -> str:
+    """What ``strategy = "auto"`` runs for ``rows`` rows of ``n`` elements.
+
+    Few long rows cannot fill the GPU one program per row: split them. Rows whose next power of
+    two fits in registers are read once (single). Longer rows are re-read in chunks, in one pass
+    when the op has the max-then-sum-of-exp pattern (online), else one pass per dependent step.
+    """
+    if n >= SPLIT_MIN and rows < sms:
+        return "split"
+    if triton.next_power_of_2(max(n, 1)) <= SINGLE_MAX:
+        return "single"
+    return "online" if online else "looped"
+
+
+def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n: int,
+             device: torch.device) -> str:
+    """The strategy of this launch: forced by ``runtime.override(strategy=...)``, by the spec, or
+    chosen from the sizes."""
+    forced = overrides().strategy or spec_strategy
+    if forced != "auto":
+        if forced not in available:
+            raise ValueError(f"{op}: strategy '{forced}' is not available for this op "
+                             f"(available: {', '.join(available)}); 'online' needs a max step "
+                             f"followed by a sum of exp(x - max)")
+        if forced == "single" and triton.next_power_of_2(max(n, 1)) > SINGLE_LIMIT:
+            raise ValueError(f"{op}: strategy 'single' holds a whole row in one program; rows of "
+                             f"{n} elements are longer than {SINGLE_LIMIT}")
+        return forced
+    return choose_strategy(rows, n, "online" in available, multiprocessors(device))
+
+
+def split_count(rows: int, n: int, block_n: int, device: torch.device) -> int:
+    """Programs per row of a split launch: enough to fill the GPU, each with at least one chunk."""
+    target = SPLIT_PROGRAMS_PER_SM * multiprocessors(device)
+    return max(1, min(triton.cdiv(target, max(rows, 1)), triton.cdiv(n, block_n)))
+
+
+def single_config(rows: int, n: int) -> dict[str, int]:
+    """BLOCK_N, BLOCK_M and num_warps of a single-tile launch, chosen from the sizes.
+
+    The row is one power-of-two tile; short rows share a program (``BLOCK_M`` of them) so that each
+    program moves about ``TILE_TARGET`` elements; warps grow with the tile so that a thread holds
+    about 16 elements, between 4 and 32 warps.
+    """
+    block_n = triton.next_power_of_2(max(n, 1))
+    block_m = max(1, min(TILE_TARGET // block_n, triton.next_power_of_2(max(rows, 1))))
+    num_warps = max(4, min(32, block_m * block_n // (32 * ELEMENTS_PER_THREAD)))
+    return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
+
+
+# ---- launching -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch decides from sizes, strides, dtypes and the test overrides."""
+
+    space: RowSpace
+    strategy: str
+    index_64: bool
+    cap: int                      # most programs in a grid (a persistent launch loops)
+    single: dict | None           # BLOCK_N, BLOCK_M, num_warps of a single-tile launch
+    splits: int                   # programs per row of a split launch
+
+    def grid(self, meta: Mapping[str, int]) -> tuple[int]:
+        """Row blocks (single, looped, online), or rows times splits (split)."""
+        if self.strategy == "split":
+            return (max(1, min(self.space.rows * self.splits, self.cap)),)
+        return (max(1, min(triton.cdiv(self.space.rows, meta["BLOCK_M"]), self.cap)),)
+
+
+_plans: dict[tuple, LaunchPlan | None] = {}
+PLAN_CACHE_SIZE = 4096
+
+
+def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing: str,
+                max_block: int, max_chunk: int, row_outputs_only_need_rows: bool,
+                x: torch.Tensor, reduced: tuple[int, ...], elements: Sequence[torch.Tensor],
+                along: Sequence[torch.Tensor | None],
+                row_outputs: Sequence[torch.Tensor]) -> LaunchPlan | None:
+    """The launch of one call, or None when there is nothing to compute. Cached on plain tensors
+    by everything it reads, so repeated calls skip the collapsing and the checks."""
+    tensors = [*elements, *along, *row_outputs]
+    key = None
+    if untraced(tensors):
+        key = (op, reduced, x.device, tuple(vars(overrides()).items()),
+               tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors))
+        if key in _plans:
+            return _plans[key]
+    space = row_space(op, x, reduced, elements, along, row_outputs)
+    plan = None
+    # rows of length 0 still have per-row outputs
+    if space.rows and (space.n or row_outputs_only_need_rows):
+        chosen = strategy(op, spec_strategy, available, space.rows, space.n, x.device)
+        # int64 when any offset may pass 2**31 - 1: a tensor's span plus a tile of masked columns
+        spans = {f"#{i}": t for i, t in enumerate(tensors) if t is not None}
+        index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
+        single = single_config(space.rows, space.n) if chosen == "single" else None
+        splits = split_count(space.rows, space.n, max_chunk, x.device) if chosen == "split" else 1
+        plan = LaunchPlan(space, chosen, index_64, max_programs(x.device, "flat"), single, splits)
+    if key is not None:
+        if len(_plans) >= PLAN_CACHE_SIZE:  # many distinct shapes: start over rather than grow
+            _plans.clear()
+        _plans[key] = plan
+    return plan

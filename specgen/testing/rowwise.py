@@ -1,0 +1,187 @@
+"""Cases for the row-wise family: a row tensor in any layout, reduced over a drawn dim or over its
+trailing dims, with companions of its shape, tensors along the row (or omitted), -inf entries, and
+every strategy forced in turn."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from specgen.runtime import OpInfo, interpreting
+from specgen.testing.core import Case, knobs, layouts, make_tensor, max_numel, scalar_value, shapes
+
+# float32 sums over a row round at every step; the bound grows a little with the length
+TOLERANCES = {
+    torch.float32: (5e-5, 2e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (8e-3, 1e-5),
+}
+
+
+def _budget() -> int:
+    # the interpreter runs each program in numpy, and the looped kernels loop over 16-wide chunks
+    return 512 if interpreting() else max_numel()
+
+
+# under the interpreter, the chunked strategies are forced on at most this many rows: they run
+# one or two rows a program (a split one, one row per program and kernel), some 10 ms a row each
+# in numpy, while a single-tile program takes many short rows at once
+CHUNKED_ROWS = 32
+
+
+def _roles(info: OpInfo) -> dict[str, Any]:
+    """The ROWS table of the op's generated module: which argument plays which part."""
+    return sys.modules[info.function.__module__].ROWS
+
+
+def _strategies(info: OpInfo) -> tuple[str, ...]:
+    return sys.modules[info.function.__module__].STRATEGIES
+
+
+@st.composite
+def rowwise_cases(draw, info: OpInfo) -> Case:
+    roles = _roles(info)
+    x_name = roles["tensor"]
+    by_shape = roles["normalized_shape"] is not None
+    dim_arg = roles["dim"] if isinstance(roles["dim"], str) else None
+    # a 0-dim tensor has one row of one element; ops with a fixed dim or a normalized_shape
+    # need a dim to reduce
+    min_rank = 0 if dim_arg else 1
+    shape = draw(shapes(min_rank=min_rank, max_rank=4, max_elements=_budget()))
+    rank = len(shape)
+    if by_shape:
+        k = draw(st.integers(1, min(rank, 3)))
+        reduced = tuple(range(rank - k, rank))
+    elif dim_arg:
+        many = next(a for a in info.args if a.name == dim_arg).kind == "shape"
+        count = draw(st.integers(1, min(max(rank, 1), 3))) if many else 1
+        dims = draw(st.lists(st.integers(-max(rank, 1), max(rank, 1) - 1), min_size=count,
+                             max_size=count, unique_by=lambda d: d % max(rank, 1)))
+        dim = dims if many else dims[0]
+        reduced = () if rank == 0 else tuple(sorted(d % rank for d in dims))
+    else:
+        reduced = (roles["dim"] % rank,)
+    reduced_shape = tuple(shape[d] for d in reduced)
+
+    dtype = draw(st.sampled_from(info.dtypes))
+    seed = draw(st.integers(0, 2**31 - 1))
+    args: dict[str, Any] = {}
+    notes = [f"shape {shape}, reduced dims {reduced}, {dtype}"]
+    for i, arg in enumerate(info.args):
+        if arg.kind == "tensor":
+            if arg.optional and draw(st.booleans()):
+                args[arg.name] = None
+                continue
+            along = arg.name in roles["along"]
+            operand = reduced_shape if along else shape
+            layout = draw(layouts(len(operand)))
+            args[arg.name] = make_tensor(operand, dtype, layout, low=arg.low, high=arg.high,
+                                         seed=seed + i)
+            notes.append(f"{arg.name}: {operand} {layout}")
+        elif arg.name == dim_arg:
+            args[arg.name] = dim
+        elif arg.kind == "shape":
+            args[arg.name] = list(reduced_shape)
+        elif arg.kind == "float":
+            # eps-like scalars: positive, from tiny to large enough to matter
+            value = draw(st.floats(1e-6, 0.5))
+            if arg.optional:
+                value = draw(st.sampled_from([None, value]))
+            elif arg.default is not None:
+                value = draw(st.sampled_from([arg.default, value]))
+            args[arg.name] = value
+        else:
+            args[arg.name] = scalar_value(draw, arg)
+
+    x = args[x_name]
+    if x.numel() and draw(st.booleans()) and _writable(x):
+        # -inf entries: one row all -inf (torch: NaN for softmax, -inf for logsumexp) and some
+        # scattered ones (partial rows must match torch too)
+        generator = torch.Generator().manual_seed(seed)
+        scattered = torch.rand(x.shape, generator=generator, device="cpu") < 0.2
+        x.masked_fill_(scattered.to(x.device), -math.inf)
+        if reduced and len(reduced) < rank:
+            rows_view = x.permute(*[d for d in range(rank) if d not in reduced], *reduced)
+            rows_view[(0,) * (rank - len(reduced))].fill_(-math.inf)
+        notes.append("with -inf entries")
+        if "online" in _strategies(info) and draw(st.booleans()):
+            # +inf in the max-then-sum-of-exp ops: torch gives NaN rows for softmax and
+            # log_softmax, inf for logsumexp (exp(inf - inf) is NaN; the max is the answer).
+            # Not in the norms, where torch's fused kernels and the float64 reference may
+            # disagree on inf * 0.
+            spikes = torch.rand(x.shape, generator=generator, device="cpu") < 0.05
+            x.masked_fill_(spikes.to(x.device), math.inf)
+            notes.append("with +inf entries")
+
+    reference_args = None
+    none_floats = [a.name for a in info.args if a.kind == "float" and a.optional
+                   and args[a.name] is None]
+    if none_floats:
+        # torch reads None as finfo(x.dtype).eps; the float64 reference would take float64's
+        reference_args = {**args, **{n: torch.finfo(dtype).eps for n in none_floats}}
+
+    forced = draw(knobs())
+    rows = math.prod(size for d, size in enumerate(shape) if d not in reduced)
+    strategies = _strategies(info)
+    if interpreting() and rows > CHUNKED_ROWS:
+        strategies = ("single",)
+    strategy = draw(st.sampled_from(("auto",) + strategies))
+    if strategy != "auto":
+        forced["strategy"] = strategy
+    # layout: the eager reference's result is torch's rule for each output on CPU and CUDA alike.
+    # Outputs that read a reduction are contiguous (torch's softmax, log_softmax, layer_norm and
+    # rms_norm kernels make their input contiguous; logsumexp is a reduction); add_rms_norm's
+    # reference composes an add (whose layout rule its `x + residual` output follows) and
+    # F.rms_norm (contiguous), one torch op per output, so "eager" checks both.
+    return Case(args, (), forced, describe="; ".join(notes), tolerances=TOLERANCES,
+                reference_args=reference_args)
+
+
+def _writable(tensor: torch.Tensor) -> bool:
+    """In-place fills need every element at its own address (no stride-0 broadcast dims)."""
+    return all(stride != 0 or size <= 1 for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def compile_kernels(module, arch: int = 90) -> list[str]:
+    """Compiles every kernel of a generated row-wise module to a CUDA binary, without a GPU.
+
+    The interpreter runs kernels as plain Python, so it accepts what the compiler rejects (a
+    loop-carried value whose shape changes, a non-constexpr where one is needed). Both index widths
+    and the deepest row and column splits are compiled, with bf16 tensors. Needs Triton's NVIDIA
+    backend (ptxas ships with it) and no TRITON_INTERPRET. Returns one line per kernel.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specgen.runtime.rowwise import COL_RANK, ROW_RANK
+
+    done = []
+    for name, kernel in sorted(vars(module).items()):
+        if not name.endswith("_kernel"):
+            continue
+        fn = kernel
+        while not isinstance(fn, triton.runtime.JITFunction):
+            fn = fn.fn
+        for index_64 in (False, True):
+            constexprs = {"ROW_DIMS": ROW_RANK, "COL_DIMS": COL_RANK, "INDEX_64": index_64,
+                          "BLOCK_M": 1 if "_split" in name else 2, "BLOCK_N": 256,
+                          "SPLITS_BLOCK": 16}
+            constexprs.update({a: True for a in fn.arg_names if a.startswith("HAS_")})
+            signature, constants = {}, {}
+            for i, arg in enumerate(fn.arg_names):
+                if arg in constexprs:
+                    signature[arg] = "constexpr"
+                    constants[(i,)] = constexprs[arg]
+                elif arg.endswith("_ptr"):
+                    signature[arg] = "*fp32" if arg == "ws_ptr" else "*bf16"
+                else:
+                    signature[arg] = "i64" if index_64 else "i32"
+            triton.compile(ASTSource(fn, signature, constants),
+                           target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+            done.append(f"{name} int{64 if index_64 else 32}")
+    return done

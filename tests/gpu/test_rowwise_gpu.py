@@ -1,0 +1,146 @@
+"""Row-wise ops on a real GPU: bf16 at realistic sizes under every strategy, few very long rows,
+many rows, a tensor past 2**31 elements (int64 indexing), and torch.compile through the ops."""
+
+import gc
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+from specgen import runtime
+
+pytestmark = pytest.mark.gpu
+
+STRATEGIES = ["single", "looped", "online", "split"]
+
+
+def close(actual, expected, dtype=torch.bfloat16):
+    """Against a float64 result: one bf16 rounding (2**-8 relative) plus float32 sums."""
+    tolerance = {torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (2e-3, 1e-4),
+                 torch.float32: (1e-4, 1e-5)}[dtype]
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tolerance[0],
+                               atol=tolerance[1], equal_nan=True)
+
+
+def ops(x, weight, bias, residual):
+    """(name, specgen call, float64 reference) for every row-wise op, over the last dim."""
+    n = x.shape[-1]
+    x64, w64, b64, r64 = x.double(), weight.double(), bias.double(), residual.double()
+    return [
+        ("softmax", lambda: generated.softmax(x, -1), lambda: torch.softmax(x64, -1)),
+        ("log_softmax", lambda: generated.log_softmax(x, -1), lambda: torch.log_softmax(x64, -1)),
+        ("logsumexp", lambda: generated.logsumexp(x, -1), lambda: torch.logsumexp(x64, -1)),
+        ("layer_norm", lambda: generated.layer_norm(x, [n], weight, bias),
+         lambda: F.layer_norm(x64, [n], w64, b64)),
+        ("rms_norm", lambda: generated.rms_norm(x, [n], weight),
+         lambda: F.rms_norm(x64, [n], w64, torch.finfo(torch.bfloat16).eps)),
+        ("add_rms_norm", lambda: generated.add_rms_norm(x, residual, weight)[1],
+         lambda: F.rms_norm(x64 + r64, [n], w64, 1e-6)),
+    ]
+
+
+# auto at the benchmark shapes and a row of 2**20; every forced strategy at two shapes (forced
+# runs autotune their own kernels, about a second each, so the grid is kept small)
+CASES = [("auto", shape) for shape in [(4096, 4096), (32768, 1024), (1024, 32768), (8, 262144),
+                                        (3, 1 << 20)]]
+CASES += [(strategy, shape) for strategy in STRATEGIES for shape in [(64, 20000), (8, 262144)]
+          if not (strategy == "single" and shape[1] > 1 << 16)]
+
+
+@pytest.mark.parametrize("strategy, shape", CASES)
+def test_bf16_every_strategy(strategy, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 3
+    residual = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16)
+    x[0, : shape[1] // 3] = -math.inf       # a partial -inf row
+    for name, call, reference in ops(x, weight, bias, residual):
+        if strategy == "online" and name not in ("softmax", "log_softmax", "logsumexp"):
+            continue
+        with runtime.override(strategy=None if strategy == "auto" else strategy):
+            with runtime.record_launches() as launches:
+                actual = call()
+        if strategy != "auto":
+            assert {launch.kernel for launch in launches} == {strategy}
+        if name in ("layer_norm", "rms_norm", "add_rms_norm"):
+            # the -inf row is NaN in torch too; compare the others
+            actual, expected = actual[1:], reference()[1:]
+        else:
+            expected = reference()
+        close(actual, expected)
+
+
+def test_auto_picks_split_for_few_long_rows():
+    x = torch.randn(8, 262144, device="cuda", dtype=torch.bfloat16)
+    with runtime.record_launches() as launches:
+        generated.layer_norm(x, [262144])
+        generated.softmax(x)
+    assert [launch.kernel for launch in launches] == ["split", "split"]
+
+
+def test_transposed_and_sliced_bf16():
+    base = torch.randn(3000, 4096, device="cuda", dtype=torch.bfloat16)
+    x = base.t()[::2]                       # (2048, 3000), the reduced dim strided by 4096
+    for strategy in STRATEGIES:
+        with runtime.override(strategy=strategy):
+            close(generated.softmax(x, 1), torch.softmax(x.double(), 1))
+            close(generated.log_softmax(x, 0), torch.log_softmax(x.double(), 0))
+    w = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
+    close(generated.rms_norm(x, 3000, w), F.rms_norm(x.double(), [3000], w.double(), 2**-7))
+
+
+def test_many_rows_past_grid_limits():
+    rows = (1 << 24) + 3
+    x = torch.randn(rows, 4, device="cuda", dtype=torch.bfloat16)
+    close(generated.softmax(x, -1), torch.softmax(x.float(), -1))
+    with runtime.override(launch="persistent"):
+        close(generated.layer_norm(x, [4]), F.layer_norm(x.float(), [4]))
+    close(generated.logsumexp(x, 1), torch.logsumexp(x.float(), 1))
+
+
+def test_int64_indexing_past_2_31_elements():
+    rows, n = (1 << 16) + 1, 1 << 15           # 2**31 + 2**15 elements, 4 GiB in bf16
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    with runtime.record_launches() as launches:
+        out = generated.softmax(x, -1)
+    assert [(launch.kernel, launch.index_bits) for launch in launches] == [("online", 64)]
+    close(out[-3:], torch.softmax(x[-3:].double(), -1))
+    close(out[:2], torch.softmax(x[:2].double(), -1))
+    del out
+    with runtime.override(strategy="single"):
+        out = generated.rms_norm(x, [n])
+    close(out[-3:], F.rms_norm(x[-3:].double(), [n], None, 2**-7))
+    del x, out
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_int32_is_kept_below_the_limit():
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with runtime.record_launches() as launches:
+        generated.softmax(x)
+    assert [launch.index_bits for launch in launches] == [32]
+
+
+def test_torch_compile_sees_through_the_ops():
+    x = torch.randn(512, 3000, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
+
+    def block(x):
+        # every op once: Inductor re-emits each kernel with the helpers it calls by name
+        h = generated.layer_norm(x, [3000], w, b)
+        hidden, normed = generated.add_rms_norm(h, x, w)
+        return (generated.softmax(h * 2, -1), generated.rms_norm(h, [3000], w), hidden, normed,
+                generated.log_softmax(normed, 0), generated.logsumexp(hidden, [1]))
+
+    compiled = torch.compile(block, fullgraph=True)
+    for actual, expected in zip(compiled(x), block(x)):
+        torch.testing.assert_close(actual, expected)
+    # the split strategy (several kernels and a workspace) under compile as well
+    long = torch.randn(4, 65536, device="cuda", dtype=torch.bfloat16)
+    compiled_long = torch.compile(lambda t: generated.layer_norm(t, [65536]), fullgraph=True)
+    torch.testing.assert_close(compiled_long(long), generated.layer_norm(long, [65536]))

@@ -1,0 +1,216 @@
+"""Row-wise ops at launch: argument errors before any launch, the strategy a launch takes, the
+(rows, N) view of odd layouts, and torch's edge cases (empty rows, 0-dim inputs, -inf rows)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+from specgen import runtime
+from specgen.runtime import rowwise
+from specgen.runtime.launch import _tuned as tuned_configs
+from specgen.testing import device
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=device())
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda x: generated.softmax(x, 2), ValueError, "argument 'dim' is 2, out of range"),
+    (lambda x: generated.softmax(x, 1.0), TypeError, "argument 'dim' must be int"),
+    (lambda x: generated.logsumexp(x, [1, -1]), ValueError, "'dim' names dim 1 more than once"),
+    (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),
+    (lambda x: generated.logsumexp(x, 1.5), TypeError, "'dim' must be an int or a sequence"),
+    (lambda x: generated.softmax(x.tolist()), TypeError, "argument 'x' must be a torch.Tensor"),
+    (lambda x: generated.softmax(x.double()), TypeError, "argument 'x' has dtype torch.float64"),
+    (lambda x: generated.layer_norm(x, [4]), ValueError,
+     "argument 'normalized_shape' is [4], but the input's trailing dims are [5]"),
+    (lambda x: generated.layer_norm(x, []), ValueError, "'normalized_shape' must have at least one"),
+    (lambda x: generated.layer_norm(x, "5"), TypeError, "'normalized_shape' must be an int or a"),
+    (lambda x: generated.layer_norm(x, 5, randn(4)), ValueError,
+     "argument 'weight' has shape (4,), expected (5,)"),
+    (lambda x: generated.rms_norm(x, [5], None, "1e-6"), TypeError, "argument 'eps' must be float"),
+    (lambda x: generated.add_rms_norm(x, randn(5), randn(5)), ValueError,
+     "argument 'residual' has shape (5,), expected the shape of 'x' (3, 5)"),
+])
+def test_bad_arguments(call, error, words):
+    with runtime.record_launches() as launches, pytest.raises(error) as info:
+        call(randn(3, 5))
+    assert words in str(info.value)
+    assert launches == [], "errors come before any launch"
+
+
+def test_forcing_online_without_the_pattern_is_an_error():
+    with runtime.override(strategy="online"), pytest.raises(ValueError) as info:
+        generated.layer_norm(randn(3, 5), [5])
+    assert "strategy 'online' is not available" in str(info.value)
+
+
+def test_forcing_single_on_very_long_rows_is_an_error():
+    with runtime.override(strategy="single"), runtime.record_launches() as launches, \
+            pytest.raises(ValueError) as info:
+        generated.softmax(torch.empty(2, (1 << 16) + 1, device=device()))
+    assert "rows of 65537 elements are longer than 65536" in str(info.value)
+    assert launches == []
+
+
+@pytest.mark.parametrize("strategy", ["single", "looped", "online", "split"])
+def test_forced_strategy_is_the_one_launched(strategy):
+    x = randn(3, 40)
+    with runtime.override(strategy=strategy), runtime.record_launches() as launches:
+        out = generated.softmax(x, -1)
+    assert [launch.kernel for launch in launches] == [strategy]
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+def test_auto_strategy_and_int64():
+    x = randn(4, 33)
+    with runtime.record_launches() as launches:
+        generated.rms_norm(x, [33])
+    with runtime.override(indexing="int64"), runtime.record_launches() as wide:
+        out = generated.rms_norm(x, [33])
+    assert [(launch.kernel, launch.index_bits) for launch in launches] == [("single", 32)]
+    assert [(launch.kernel, launch.index_bits) for launch in wide] == [("single", 64)]
+    torch.testing.assert_close(out, F.rms_norm(x, [33]))
+
+
+def test_edge_cases_match_torch():
+    empty_rows = randn(3, 0)
+    torch.testing.assert_close(generated.logsumexp(empty_rows, 1), torch.logsumexp(empty_rows, 1))
+    assert generated.softmax(empty_rows, 1).shape == (3, 0)
+    scalar = randn(())
+    torch.testing.assert_close(generated.softmax(scalar, 0), torch.softmax(scalar, 0))
+    torch.testing.assert_close(generated.logsumexp(scalar, -1), torch.logsumexp(scalar, -1))
+    cube = randn(3, 4, 5).transpose(0, 2)
+    for strategy in ["single", "looped", "online", "split"]:
+        with runtime.override(strategy=strategy):
+            torch.testing.assert_close(generated.logsumexp(cube, (0, 2)),
+                                       torch.logsumexp(cube, (0, 2)))
+    rows = randn(6, 37)                      # 37: several 16-wide chunks under the interpreter
+    rows[0] = -math.inf
+    rows[1, :3] = -math.inf
+    rows[2, 20] = math.inf                   # torch: softmax NaN, logsumexp inf
+    rows[3, 5], rows[3, 30] = math.inf, -math.inf
+    rows[4, 33] = math.nan                   # NaN everywhere, logsumexp too
+    for strategy in ["single", "looped", "online", "split"]:
+        with runtime.override(strategy=strategy):
+            torch.testing.assert_close(generated.softmax(rows, 1), torch.softmax(rows, 1),
+                                       equal_nan=True)
+            torch.testing.assert_close(generated.log_softmax(rows, 1),
+                                       torch.log_softmax(rows, 1), equal_nan=True)
+            torch.testing.assert_close(generated.logsumexp(rows, 1), torch.logsumexp(rows, 1),
+                                       equal_nan=True)
+
+
+def test_row_space_collapses_and_splits_dims():
+    x = randn(6, 4, 5).permute(2, 1, 0)             # (5, 4, 6), strides (1, 5, 20)
+    out = torch.empty(x.shape, device=device())
+    space = rowwise.row_space("op", x, (1, 2), [out, x], [], [])
+    assert (space.rows, space.n) == (5, 24)
+    # (4, 6) is one dense block in each tensor, but in opposite orders: two reduced dims,
+    # fastest (in the output) first
+    assert space.col_dims == 2 and space.row_dims == 1
+    assert space.elem_cols == ((1, 6, 0), (20, 5, 0))
+    merged = randn(4, 6, 5).permute(2, 0, 1)        # strides (1, 30, 5): (4, 6) merges
+    assert rowwise.row_space("op", merged, (1, 2), [out, merged], [], []).col_dims == 1
+    dense = randn(2, 3, 4, 5)
+    space = rowwise.row_space("op", dense, (3,), [dense], [], [])
+    assert (space.rows, space.row_dims, space.col_dims) == (24, 1, 1)
+
+
+def test_layer_norm_over_dims_that_do_not_merge():
+    x = randn(6, 4, 5).permute(2, 1, 0)
+    weight, bias = randn(4, 6), randn(4, 6)
+    for strategy in ["single", "looped", "split"]:
+        with runtime.override(strategy=strategy):
+            out = generated.layer_norm(x, [4, 6], weight, bias)
+        torch.testing.assert_close(out, F.layer_norm(x, [4, 6], weight, bias),
+                                   atol=2e-5, rtol=1e-5)
+        assert out.is_contiguous()
+
+
+FUSED = """
+[op]
+name = "test_norm_with_stats"
+family = "rowwise"
+reference = "None"
+
+[args]
+x = "tensor"
+bias = "tensor"
+dim = "int"
+
+[rows]
+tensor = "x"
+dim = "dim"
+along = ["bias"]
+
+[reduce]
+max = { op = "max", of = "x + bias" }
+sum = { op = "sum", of = "exp(x + bias - max)" }
+low = { op = "min", of = "x" }
+mean = { op = "sum", of = "x", scale = "1 / N" }
+var = { op = "sum", of = "(x - mean) * (x - mean)", scale = "1 / N" }
+
+[compute]
+rstd = "rsqrt(var + 0.001)"
+out = "(x - mean) * rstd + exp(x + bias - max) / sum"
+lse = "max + log(sum)"
+span = "mean - low"
+"""
+
+
+def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
+    """Element-wise and per-row outputs together, every step kind, in every strategy."""
+    from specgen.model import Source
+    from specgen.parse import parse_spec
+    from specgen.render import render_op
+
+    spec = parse_spec(FUSED, Source("specs/test_norm_with_stats.toml", "0" * 64, FUSED))
+    (tmp_path / "test_norm_with_stats.py").write_text(render_op(spec))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import test_norm_with_stats as module
+
+    x = randn(6, 3, 7).permute(1, 2, 0)                 # (3, 7, 6): reduce the middle dim
+    bias = randn(7)
+    x64, b64 = x.double(), bias.double().view(1, 7, 1)
+    shifted = x64 + b64
+    mean = x64.mean(1)
+    rstd = torch.rsqrt(x64.var(1, unbiased=False) + 0.001)
+    expected = (rstd, (x64 - mean.unsqueeze(1)) * rstd.unsqueeze(1) + torch.softmax(shifted, 1),
+                torch.logsumexp(shifted, 1), mean - x64.amin(1))
+    assert module.STRATEGIES == ("single", "looped", "online", "split")
+    for strategy in module.STRATEGIES:
+        with runtime.override(strategy=strategy):
+            actual = module.test_norm_with_stats(x, bias, 1)
+        assert [tuple(a.shape) for a in actual] == [(3, 6), (3, 7, 6), (3, 6), (3, 6)]
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
+
+
+def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():
+    x = randn(5, 40)
+    for strategy in ["looped", "split"]:
+        with runtime.override(strategy=strategy):
+            first = generated.layer_norm(x, [40])
+            plans, tuned = len(rowwise._plans), len(tuned_configs)
+            second = generated.layer_norm(x.clone(), [40])        # cached plan, cached config
+            assert (len(rowwise._plans), len(tuned_configs)) == (plans, tuned)
+        torch.testing.assert_close(second, first)
+        torch.testing.assert_close(first, F.layer_norm(x, [40]), atol=2e-5, rtol=1e-5)
+    # the registered op (what torch.compile sees) computes the same through the dispatcher
+    torch.testing.assert_close(torch.ops.specgen.softmax(x, 1), generated.softmax(x, 1))
+    torch.testing.assert_close(torch.ops.specgen.logsumexp(x, [0]), torch.logsumexp(x, 0))
+
+
+def test_one_pass_variance_is_exact_with_a_large_mean():
+    # E[x^2] - E[x]^2 would lose every digit here (x^2 ~ 1e8, float32 ulp 8, variance 1)
+    x = randn(3, 100) + 1e4
+    expected = F.layer_norm(x.double(), [100])
+    for strategy in ["looped", "split"]:
+        with runtime.override(strategy=strategy):
+            torch.testing.assert_close(generated.layer_norm(x, [100]).double(), expected,
+                                       atol=5e-3, rtol=0)

@@ -1,0 +1,240 @@
+"""Row-wise specs: located errors for [rows], [reduce], [compute], [schedule]; planner decisions."""
+
+import ast
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+import triton.language as tl
+
+import generated
+from specgen.errors import SpecError
+from specgen.families import rowwise as family
+from specgen.model import Source
+from specgen.parse import parse_spec
+from specgen.runtime import rowwise
+
+GOOD = """
+[op]
+name = "norm"
+family = "rowwise"
+reference = "F.layer_norm(x, normalized_shape, weight, None, eps)"
+
+[args]
+x = "tensor"
+normalized_shape = "shape"
+weight = { kind = "tensor", optional = true }
+eps = { kind = "float", default = 1e-5 }
+
+[rows]
+tensor = "x"
+normalized_shape = "normalized_shape"
+along = ["weight"]
+absent = { weight = 1.0 }
+
+[reduce]
+mean = { op = "sum", of = "x", scale = "1 / N" }
+var = { op = "sum", of = "(x - mean) * (x - mean)", scale = "1 / N" }
+
+[compute]
+out = "(x - mean) * rsqrt(var + eps) * weight"
+"""
+
+SOFTMAX = """
+[op]
+name = "sm"
+family = "rowwise"
+reference = "torch.softmax(x, dim)"
+
+[args]
+x = "tensor"
+dim = { kind = "int", default = -1 }
+
+[rows]
+tensor = "x"
+dim = "dim"
+
+[reduce]
+max = { op = "max", of = "x * 2" }
+sum = { op = "sum", of = "exp(x * 2 - max)" }
+
+[compute]
+out = "exp(x * 2 - max) / sum"
+lse = "max + log(sum)"
+"""
+
+
+def parse(text: str):
+    return parse_spec(text, Source("specs/bad.toml", "0" * 64, text))
+
+
+# (what is wrong, text replaced -> replacement, key path, words of the message)
+CASES = [
+    ("rows missing", 'tensor = "x"\nnormalized_shape = "normalized_shape"\nalong = ["weight"]\n'
+     'absent = { weight = 1.0 }\n', "", "rows", "missing required key 'tensor'"),
+    ("row tensor unknown", 'tensor = "x"', 'tensor = "y"', "rows.tensor",
+     "'y' is not a required tensor argument"),
+    ("both axes", 'normalized_shape = "normalized_shape"\nalong',
+     'normalized_shape = "normalized_shape"\ndim = -1\nalong', "rows",
+     "give exactly one of 'dim'"),
+    ("dim not an int arg", 'normalized_shape = "normalized_shape"\nalong', 'dim = "eps"\nalong',
+     "rows.dim", "'eps' is not an argument of kind \"int\""),
+    ("shape arg wrong kind", 'normalized_shape = "normalized_shape"\nalong',
+     'normalized_shape = "eps"\nalong', "rows.normalized_shape",
+     "'eps' is not an argument of kind \"shape\""),
+    ("along unknown", 'along = ["weight"]', 'along = ["bias"]', "rows.along",
+     "'bias' is not a tensor argument"),
+    ("absent missing", "absent = { weight = 1.0 }", "", "rows.absent",
+     "say what the omitted optional tensor 'weight' stands for"),
+    ("absent not optional", "absent = { weight = 1.0 }", "absent = { weight = 1.0, x = 0.0 }",
+     "rows.absent.x", "'x' is not an optional tensor listed in 'along'"),
+    ("optional scalar without meaning", 'eps = { kind = "float", default = 1e-5 }',
+     'eps = { kind = "float", optional = true }', "args.eps",
+     "an optional scalar must say what None means"),
+    ("optional with default", 'eps = { kind = "float", default = 1e-5 }',
+     'eps = { kind = "float", default = 1e-5, optional = true }', "args.eps.optional",
+     "an optional argument defaults to None"),
+    ("unknown reduction op", 'mean = { op = "sum"', 'mean = { op = "prod"', "reduce.mean.op",
+     "expected one of sum, max, min, got 'prod'"),
+    ("reduction of no tensor", 'of = "x", scale', 'of = "eps", scale', "reduce.mean.of",
+     "reduces no tensor"),
+    ("scale reads a tensor", 'scale = "1 / N" }\nvar', 'scale = "1 / x" }\nvar',
+     "reduce.mean.scale", "name 'x' is used but not declared"),
+    ("later step used early", 'of = "x", scale', 'of = "x - var", scale', "reduce.mean.of",
+     "name 'var' is used but not declared"),
+    ("step shadows an argument", "mean = {", "eps = {", "reduce.eps",
+     "has the name of an argument"),
+    ("reduction entry not a table", 'mean = { op = "sum", of = "x", scale = "1 / N" }',
+     'mean = "x"', "reduce.mean", "expected a table"),
+    ("unknown key in a step", 'scale = "1 / N" }\nvar', 'scale = "1 / N", axis = 1 }\nvar',
+     "reduce.mean.axis", "unknown key 'axis'"),
+    ("no steps", '[reduce]\nmean = { op = "sum", of = "x", scale = "1 / N" }\n'
+     'var = { op = "sum", of = "(x - mean) * (x - mean)", scale = "1 / N" }\n', "[reduce]\n",
+     "reduce", "expected at least one step"),
+    ("bad strategy", "[compute]", '[schedule]\nstrategy = "fast"\n[compute]', "schedule.strategy",
+     "expected one of auto, single, looped, online, split, got 'fast'"),
+    ("online without the pattern", "[compute]", '[schedule]\nstrategy = "online"\n[compute]',
+     "schedule.strategy", "'online' needs a max step directly followed by a sum of exp"),
+    ("chunk not a power of two", "[compute]", "[tuning]\nCHUNK = [1000]\n[compute]",
+     "tuning.CHUNK", "expected powers of two, got 1000"),
+    ("output undeclared name", 'out = "(x - mean)', 'out = "(x - mu)', "compute.out",
+     "name 'mu' is used but not declared"),
+    ("dims on a tensor", 'x = "tensor"', 'x = { kind = "tensor", dims = ["m"] }', "args.x",
+     "row-wise tensors take no 'dims'"),
+]
+
+
+@pytest.mark.parametrize("what, old, new, key, words", CASES, ids=[c[0] for c in CASES])
+def test_spec_error(what, old, new, key, words):
+    assert old in GOOD, what
+    with pytest.raises(SpecError) as info:
+        parse(GOOD.replace(old, new, 1))
+    assert info.value.path == "specs/bad.toml"
+    assert info.value.key == key, str(info.value)
+    assert words in info.value.message, str(info.value)
+
+
+def passes(plan):
+    return [(p.kind, [s.name for s in p.steps]) for p in plan.looped_passes]
+
+
+def test_passes_group_independent_steps():
+    # a mean and the squared deviations from it: one variance pass (count, mean, M2 partials)
+    plan = family.plan(parse(GOOD))
+    assert passes(plan) == [("variance", ["mean", "var"])]
+    assert plan.slot_count == 3
+    assert plan.online_passes == ()
+    assert plan.strategies == ("single", "looped", "split")
+    assert plan.output_tensors == ("weight", "x")
+    squared = GOOD.replace('"(x - mean) * (x - mean)"', '"(x - mean) ** 2"')
+    assert passes(family.plan(parse(squared))) == [("variance", ["mean", "var"])]
+    # not the pattern (the mean is not scaled by 1 / N): var reads mean, so two passes
+    unscaled = GOOD.replace('of = "x", scale = "1 / N"', 'of = "x", scale = "2 / N"')
+    assert passes(family.plan(parse(unscaled))) == [("plain", ["mean"]), ("plain", ["var"])]
+    independent = GOOD.replace('of = "(x - mean) * (x - mean)"', 'of = "x * x"')
+    assert passes(family.plan(parse(independent))) == [("plain", ["mean", "var"])]
+
+
+def test_online_pattern_is_recognized():
+    plan = family.plan(parse(SOFTMAX))
+    assert [p.online for p in plan.online_passes] == [True]
+    assert plan.strategies == ("single", "looped", "online", "split")
+    assert plan.split_passes == plan.online_passes
+    # the sum subtracts the -inf-safe max in every strategy
+    assert "row_max_shift" in plan.steps[1].value
+    # lse reads no tensor: one value per row; out reads reductions: contiguous like torch.softmax
+    assert [(o.name, o.per_row, o.like) for o in plan.outputs] == [("out", False, ()),
+                                                                   ("lse", True, ())]
+    # a different expression under the exp is not the pattern
+    other = SOFTMAX.replace('of = "exp(x * 2 - max)"', 'of = "exp(x - max)"')
+    assert family.plan(parse(other)).online_passes == ()
+
+
+@pytest.mark.parametrize("rows, n, online, expected", [
+    (4096, 4096, True, "single"),
+    (32768, 1024, False, "single"),
+    (1024, 16384, True, "single"),      # still fits in registers, and 1024 rows fill the GPU
+    (1024, 32768, True, "online"),
+    (1024, 65536, True, "online"),
+    (1024, 65536, False, "looped"),
+    (8, 262144, False, "split"),
+    (8, 262144, True, "split"),
+    (8, 1024, True, "single"),          # few rows but short: splitting would not pay
+    (100, 1 << 20, False, "split"),
+    (1 << 24, 8, False, "single"),
+])
+def test_auto_strategy(rows, n, online, expected):
+    assert rowwise.choose_strategy(rows, n, online, sms=132) == expected
+
+
+def test_single_config_scales_with_the_row():
+    short = rowwise.single_config(32768, 1024)
+    assert short["BLOCK_N"] == 1024 and short["BLOCK_M"] > 1
+    long = rowwise.single_config(1024, 16384)
+    assert long["BLOCK_N"] == 16384 and long["BLOCK_M"] == 1 and long["num_warps"] == 32
+    assert rowwise.single_config(3, 5)["BLOCK_M"] == 4    # no more rows than exist (rounded up)
+
+
+def test_split_count_fills_the_gpu():
+    import torch
+    cpu = torch.device("cpu")
+    assert rowwise.split_count(8, 262144, 4096, cpu) == 64   # 8 rows x 64 = 512 programs
+    assert rowwise.split_count(1, 100, 4096, cpu) == 1       # never more shares than chunks
+
+
+def test_scaffold_parses_and_plans():
+    text = family.scaffold("my_rms")
+    plan = family.plan(parse(text))
+    assert plan.name == "my_rms" and plan.strategies == ("single", "looped", "split")
+
+
+ROWWISE = sorted(name for name, info in generated.REGISTRY.items() if info.family == "rowwise")
+
+
+@pytest.mark.parametrize("name", ROWWISE)
+def test_kernels_are_what_torch_compile_can_re_emit(name):
+    """Inductor re-emits a kernel with the jit functions it calls under their own names and the
+    constexpr globals it reads as ``tl.constexpr(<repr>)``: helpers must be module globals of that
+    very name (never ``lib.x``), and no global may hold inf or nan (``tl.constexpr(-inf)``)."""
+    module = importlib.import_module(f"generated.{name}")
+    for value in vars(module).values():
+        if isinstance(value, tl.constexpr) and isinstance(value.value, float):
+            assert math.isfinite(value.value), f"{name}: constexpr global {value.value}"
+    tree = ast.parse(Path(module.__file__).read_text())
+    kernels = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+               and any("jit" in ast.unparse(d) for d in node.decorator_list)]
+    assert kernels
+    builtins = {"range", "float"}
+    for kernel in kernels:
+        for node in (n for statement in kernel.body for n in ast.walk(statement)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                # methods of locals are fine; a module's attribute is not (Inductor cannot see it)
+                assert node.value.id == "tl" or not hasattr(module, node.value.id), \
+                    f"{name}: {ast.unparse(node)}"
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
+                    node.id not in builtins and hasattr(module, node.id):
+                value = getattr(module, node.id)
+                helper = getattr(value, "fn", value)
+                if callable(helper):
+                    assert helper.__name__ == node.id, f"{name}: {node.id} is aliased"
