@@ -52,10 +52,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     reference_where = op.where.child("reference")
     reference = op.pop("reference", str)
     dtypes = _parse_dtypes(op)
-    indexing = op.pop("indexing", str, "auto")
-    if indexing not in INDEXING:
-        raise op.where.child("indexing").error(
-            f"expected one of {', '.join(INDEXING)}, got '{indexing}'")
+    indexing = op.pop_choice("indexing", INDEXING, "auto")
     op.finish()
 
     args = _parse_args(top.pop_table("args"))

@@ -36,6 +36,14 @@ class Table:
         value = self._data.pop(key)
         return check_type(value, kind, self.where.child(key))
 
+    def pop_choice(self, key: str, choices, default: Any = _MISSING) -> str:
+        """A string that must be one of ``choices`` (a missing key takes ``default``)."""
+        value = self.pop(key, str, default)
+        if value not in choices:
+            raise self.where.child(key).error(
+                f"expected one of {', '.join(choices)}, got '{value}'")
+        return value
+
     def pop_any(self, key: str, default: Any = None) -> Any:
         """The raw value, for keys whose shape the caller checks (arrays, value-or-table)."""
         self._known.append(key)

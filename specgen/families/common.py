@@ -39,16 +39,21 @@ def check_name(name: str, where: Where, what: str) -> None:
         raise where.error(f"{what} name '{name}' is reserved; choose another")
 
 
-def power_of_two_list(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+def int_list(table: Table, key: str, default: tuple[int, ...], valid, expected: str) -> tuple[int, ...]:
+    """``key = [ints]`` (or one int), each passing ``valid``; ``expected`` names the rule."""
     raw = table.pop_any(key)
     if raw is None:
         return default
     where = table.where.child(key)
     values = parse_list(raw, int, where)
     for value in values:
-        if value <= 0 or value & (value - 1):
-            raise where.error(f"expected powers of two, got {value}")
+        if not valid(value):
+            raise where.error(f"expected {expected}, got {value}")
     return values
+
+
+def power_of_two_list(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    return int_list(table, key, default, lambda v: v > 0 and not v & (v - 1), "powers of two")
 
 
 def tile_pairs(table: Table, key: str, default: tuple[tuple[int, int], ...],

@@ -17,15 +17,11 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import Symbol, emit, helpers, parse_expr
-from specgen.families.common import (
-    CommonPlan,
-    check_name,
-    common_plan,
-    power_of_two_list,
-)
+from specgen.families.common import (CommonPlan, check_name, common_plan, int_list,
+                                     power_of_two_list)
 from specgen.families.pointwise import symbols_of
 from specgen.model import DTYPES, OpSpec, Output, TensorArg
-from specgen.table import Table, check_type, parse_list
+from specgen.table import Table, check_type
 
 SWIZZLES = ("grouped", "swizzle2d", "none")
 SPLIT_K_MODES = ("auto", "atomic", "off")
@@ -139,19 +135,12 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
 
     outputs, out_dtype = _parse_epilogue(top.pop_table("epilogue"), spec_args, (a.name, b.name))
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
-    swizzle = _pop_choice(schedule, "swizzle", SWIZZLES)
-    split_k = _pop_choice(schedule, "split_k", SPLIT_K_MODES)
+    swizzle = schedule.pop_choice("swizzle", SWIZZLES, SWIZZLES[0])
+    split_k = schedule.pop_choice("split_k", SPLIT_K_MODES, SPLIT_K_MODES[0])
     schedule.finish()
     tuning = _parse_tuning(top.pop_table("tuning", required=False)
                            or Table({}, top.where.child("tuning")))
     return MatmulBody(a, b, tuple(epilogue_inputs), outputs, out_dtype, swizzle, split_k, tuning)
-
-
-def _pop_choice(table: Table, key: str, values: tuple[str, ...]) -> str:
-    value = table.pop(key, str, values[0])
-    if value not in values:
-        raise table.where.child(key).error(f"expected one of {', '.join(values)}, got '{value}'")
-    return value
 
 
 def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
@@ -179,18 +168,6 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
     return tuple(outputs), out_dtype
 
 
-def _positive_ints(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    raw = table.pop_any(key)
-    if raw is None:
-        return default
-    where = table.where.child(key)
-    values = parse_list(raw, int, where)
-    for value in values:
-        if value < 1:
-            raise where.error(f"expected positive integers, got {value}")
-    return values
-
-
 def _parse_tuning(table: Table) -> dict:
     tuning = {}
     for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -201,7 +178,8 @@ def _parse_tuning(table: Table) -> dict:
                 f"tl.dot needs blocks of at least {MIN_BLOCK}, got {small[0]}")
     tuning["num_warps"] = power_of_two_list(table, "num_warps", DEFAULT_TUNING["num_warps"])
     for key in ("GROUP_M", "num_stages", "SPLIT_K"):
-        tuning[key] = _positive_ints(table, key, DEFAULT_TUNING[key])
+        tuning[key] = int_list(table, key, DEFAULT_TUNING[key], lambda v: v >= 1,
+                               "positive integers")
     table.finish()
     return tuning
 

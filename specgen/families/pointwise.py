@@ -50,10 +50,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
-    launch = schedule.pop("launch", str, "flat")
-    if launch not in LAUNCHES:
-        raise schedule.where.child("launch").error(
-            f"expected one of {', '.join(LAUNCHES)}, got '{launch}'")
+    launch = schedule.pop_choice("launch", LAUNCHES, "flat")
     schedule.finish()
     return PointwiseBody(outputs, blocks, tiles, num_warps, launch)
 

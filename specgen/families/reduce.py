@@ -63,10 +63,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
         raise args_where.child(x.name).error(f"'{x.name}' is the name of an argument the family adds")
 
     table = top.pop_table("reduce")
-    combine = table.pop("combine", str)
-    if combine not in COMBINES:
-        raise table.where.child("combine").error(
-            f"expected one of {', '.join(COMBINES)}, got '{combine}'")
+    combine = table.pop_choice("combine", tuple(COMBINES))
     is_index = COMBINES[combine][1] == "index"
     symbols = {x.name: Symbol(x.name, "tensor")}
     map_source = table.pop("map", str, None)
@@ -78,9 +75,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     finish_symbols = {"acc": Symbol("acc", "value"), "N": Symbol("N", "value")}
     finish_expr = (parse_expr(finish_source, table.where.child("finish"), finish_symbols)
                    if finish_source else None)
-    dim = table.pop("dim", str, "optional")
-    if dim not in DIM_MODES:
-        raise table.where.child("dim").error(f"expected one of {', '.join(DIM_MODES)}, got '{dim}'")
+    dim = table.pop_choice("dim", DIM_MODES, "optional")
     table.finish()
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
@@ -93,10 +88,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
-    launch = schedule.pop("launch", str, "flat")
-    if launch not in LAUNCHES:
-        raise schedule.where.child("launch").error(
-            f"expected one of {', '.join(LAUNCHES)}, got '{launch}'")
+    launch = schedule.pop_choice("launch", LAUNCHES, "flat")
     schedule.finish()
     return ReduceBody(combine, map_source, map_expr, finish_expr, dim, inner, outer, num_warps,
                       launch)

@@ -110,10 +110,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
-    strategy = schedule.pop("strategy", str, "auto")
-    if strategy not in STRATEGIES:
-        raise schedule.where.child("strategy").error(
-            f"expected one of {', '.join(STRATEGIES)}, got '{strategy}'")
+    strategy = schedule.pop_choice("strategy", STRATEGIES, "auto")
     if strategy == "online" and online_pair(steps) is None:
         raise schedule.where.child("strategy").error(
             "'online' needs a max step directly followed by a sum of exp(E - max), E being the "
@@ -186,9 +183,7 @@ def _parse_steps(table: Table, symbols: dict, elementwise: set) -> tuple[Step, .
         _new_name(name, where, symbols, "reduction")
         check_type(raw, dict, where)
         entry = Table(raw, where)
-        op = entry.pop("op", str)
-        if op not in OPS:
-            raise where.child("op").error(f"expected one of {', '.join(OPS)}, got '{op}'")
+        op = entry.pop_choice("op", OPS)
         of = parse_expr(entry.pop("of", str), where.child("of"), symbols)
         if not of.names & elementwise:
             raise where.child("of").error("reduces no tensor: the expression must read a tensor "

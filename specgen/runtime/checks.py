@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 import torch
 
 from specgen.runtime.launch import interpreting
-from specgen.runtime.layout import has_internal_overlap, storage_span
+from specgen.runtime.layout import broadcast_shapes, has_internal_overlap, storage_span
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -44,18 +44,11 @@ def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
 
 
 def broadcast_shape(op: str, tensors: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
-    """torch's broadcasting rule, in plain Python (torch.broadcast_shapes costs ~20 us a call)."""
-    shapes = [tuple(t.shape) for t in tensors.values()]
-    rank = max(len(shape) for shape in shapes)
-    result = [1] * rank
-    for shape in shapes:
-        for i, size in enumerate(shape, start=rank - len(shape)):
-            if size != result[i] and size != 1:
-                if result[i] != 1:
-                    listed = ", ".join(f"'{n}' {tuple(t.shape)}" for n, t in tensors.items())
-                    raise ValueError(f"{op}: shapes do not broadcast: {listed}")
-                result[i] = size
-    return tuple(result)
+    shape = broadcast_shapes(*(tuple(t.shape) for t in tensors.values()))
+    if shape is None:
+        listed = ", ".join(f"'{n}' {tuple(t.shape)}" for n, t in tensors.items())
+        raise ValueError(f"{op}: shapes do not broadcast: {listed}")
+    return shape
 
 
 def check_choice(op: str, name: str, value: object, choices: Sequence[str]) -> None:

@@ -22,7 +22,7 @@ import triton.testing
 
 from specgen.runtime.checks import check_tensors
 from specgen.runtime.launch import Overrides, interpreting, overrides, untraced, use_int64
-from specgen.runtime.layout import broadcast_strides, collapse
+from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse
 
 BATCH = ("...", "B")
 # a split-K program should still loop over enough of K to keep its pipeline full
@@ -185,19 +185,6 @@ def _batch_strides(tensor: torch.Tensor, batch_t: tuple[int, ...], batch: tuple[
                                in zip(batch_t, tensor.stride()[:len(batch_t)], batch[lead:]))
 
 
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
-    """torch's broadcast of ``shapes`` (None where they do not broadcast), in plain Python."""
-    rank = max(len(shape) for shape in shapes)
-    result = [1] * rank
-    for shape in shapes:
-        for i, size in enumerate(shape, start=rank - len(shape)):
-            if size != result[i] and size != 1:
-                if result[i] != 1:
-                    return None
-                result[i] = size
-    return tuple(result)
-
-
 def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             dims: Mapping[str, tuple[str, ...]]) -> Problem:
     """Sizes, result shape and operand strides, with a ValueError naming the argument at fault."""
@@ -216,7 +203,7 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
                              f"{batch_a[0]} and {batch_b[0]}")
         batch = batch_a
     else:
-        batch = _broadcast(batch_a, batch_b)
+        batch = broadcast_shapes(batch_a, batch_b)
         if batch is None:
             raise ValueError(f"{op}: the batch dims of '{a}' {batch_a} and '{b}' {batch_b} do not "
                              f"broadcast")
@@ -230,7 +217,7 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
         if name in (a, b) or tensor is None:
             continue
         target = _target(dims[name], batch, m, n, keeps)
-        if _broadcast(tuple(tensor.shape), target) != target:
+        if broadcast_shapes(tuple(tensor.shape), target) != target:
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "
                              f"not broadcast to {target} ({' x '.join(dims[name])})")
         views[name] = _view(tensor, dims[name], batch, m, n, keeps)
