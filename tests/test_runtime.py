@@ -111,3 +111,16 @@ def test_out_may_alias_an_input_exactly_but_not_partly():
     buffer = _x(40)
     with pytest.raises(ValueError, match="add: 'out' overlaps input 'x' in memory"):
         generated.add(buffer[:32], _x(32), out=buffer[8:])
+
+
+def test_rank_beyond_eight_uncollapsible_dims_is_a_clear_error():
+    # every other dim permuted: no two neighbours merge, in any operand
+    x = testing.make_tensor((2,) * 9, torch.float32, testing.Layout(
+        (0, 2, 4, 6, 8, 1, 3, 5, 7), (1,) * 9))
+    y = testing.make_tensor((2,) * 9, torch.float32, testing.Layout.contiguous(9))
+    with pytest.raises(ValueError, match="add: the operands have 9 dimensions that cannot be collapsed"):
+        generated.add(x, y)
+    seven = (2, 3, 2, 3, 2, 3, 2)
+    a = testing.make_tensor(seven, torch.float32, testing.Layout((6, 4, 2, 0, 1, 3, 5), (1,) * 7))
+    b = testing.make_tensor(seven, torch.float32, testing.Layout.contiguous(7))
+    torch.testing.assert_close(generated.add(a, b), a + b)

@@ -103,11 +103,11 @@ class Collapsed:
         """All operands walk memory in the same order with no gaps: one flat offset serves all."""
         return len(self.sizes) <= 1 and all(s == (1,) * len(self.sizes) for s in self.strides)
 
-    def padded(self, rank: int) -> "Collapsed":
+    def padded(self, rank: int, op: str) -> "Collapsed":
         """Pads with outer size-1 dimensions to exactly ``rank`` dimensions."""
         if len(self.sizes) > rank:
-            raise ValueError(f"the operands have {len(self.sizes)} dimensions that cannot be "
-                             f"collapsed into each other; at most {rank} are supported")
+            raise ValueError(f"{op}: the operands have {len(self.sizes)} dimensions that cannot "
+                             f"be collapsed into each other; at most {rank} are supported")
         pad = rank - len(self.sizes)
         return Collapsed((1,) * pad + self.sizes, tuple((0,) * pad + s for s in self.strides))
 

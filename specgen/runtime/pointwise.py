@@ -69,7 +69,7 @@ def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device
         numel = space.numel
         return LaunchPlan(True, index_64, (numel,),
                           lambda meta: (grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),))
-    space = space.padded(rank)
+    space = space.padded(rank, op)
     size_m, size_n = space.sizes[-2:]
     outer = 1
     for size in space.sizes[:-2]:

@@ -16,7 +16,7 @@ from specgen.testing.core import (Case, broadcast_operand, knobs, layouts, make_
 
 @st.composite
 def pointwise_cases(draw, info: OpInfo) -> Case:
-    shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5]))))
+    shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5, 7]))))
     seed = draw(st.integers(0, 2**31 - 1))
     args: dict[str, Any] = {}
     notes = []
