@@ -160,8 +160,11 @@ def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
     return configs
 
 
-# (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner
+# (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner.
+# Bounded: when full it is emptied, and the next launches find their configs in the autotuners'
+# own caches (a little slower, never re-tuned).
 _tuned: dict[tuple, triton.Config] = {}
+_TUNED_LIMIT = 8192
 
 
 def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, *args,
@@ -189,6 +192,8 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
         if direct:
+            if len(_tuned) >= _TUNED_LIMIT:
+                _tuned.clear()
             _tuned[key] = kernel.best_config
         return
     meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
