@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ def plan_rows(op: str, indexing: str, max_tile: int, n_rows: int,
     metas = tuple((name, tuple(t.shape), tuple(t.stride())) for name, t in tensors.items()
                   if t is not None)
     device = next(t.device for t in tensors.values() if t is not None)
-    key = (op, indexing, max_tile, n_rows, metas, dataclasses.astuple(overrides()), device)
+    key = (op, indexing, max_tile, n_rows, metas, overrides(), device)
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash

@@ -23,9 +23,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Overrides:
-    """Knobs the test suite turns to reach every specialization on small inputs."""
+    """Knobs the test suite turns to reach every specialization on small inputs.
+
+    Frozen and hashable, so launch-plan caches key on it directly (a mapping ``config`` does not
+    hash: such calls take the uncached path)."""
 
     indexing: str | None = None      # force "int32" or "int64" over the spec's choice
     launch: str | None = None        # force "flat" or "persistent"
@@ -125,8 +128,14 @@ def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _multiprocessors(device_index: int) -> int:
+def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def multiprocessors(device: torch.device, nominal: int = 4) -> int:
+    """The device's multiprocessor count; ``nominal`` where there are none (the interpreter),
+    chosen by the caller so that its decisions there are those of some real GPU."""
+    return _sm_count(device.index or 0) if device.type == "cuda" else nominal
 
 
 def max_programs(device: torch.device, launch: str) -> int:
@@ -138,7 +147,7 @@ def max_programs(device: torch.device, launch: str) -> int:
         return _overrides.max_programs
     if device.type != "cuda":
         return 4
-    return PERSISTENT_PROGRAMS_PER_SM * _multiprocessors(device.index or 0)
+    return PERSISTENT_PROGRAMS_PER_SM * multiprocessors(device)
 
 
 def grid_size(num_tiles: int, cap: int) -> int:

@@ -11,7 +11,6 @@ Everything here reads sizes and strides only, so it runs unchanged on the fake t
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -21,7 +20,8 @@ import triton
 import triton.testing
 
 from specgen.runtime.checks import check_tensors
-from specgen.runtime.launch import Overrides, interpreting, overrides, untraced, use_int64
+from specgen.runtime.launch import (Overrides, interpreting, multiprocessors, overrides, untraced,
+                                    use_int64)
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse
 
 BATCH = ("...", "B")
@@ -228,16 +228,6 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
 # --- launch decisions ------------------------------------------------------------------------
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def multiprocessors(device: torch.device) -> int:
-    # the interpreter has no multiprocessors; a few keeps its decisions those of a small GPU
-    return _multiprocessors(device.index or 0) if device.type == "cuda" else 4
-
-
 def split_k_factor(m: int, n: int, k: int, batch: int, sms: int, factors: Sequence[int]) -> int:
     """How many programs share one output tile's K loop (1: no split).
 
@@ -426,9 +416,6 @@ class LaunchPlan:
         return (tiles,) + ((min(self.batch, 65535),) if self.batched else ())
 
 
-_NO_OVERRIDES = Overrides()
-
-
 def launch_plan(op: OpLayout, *tensors: torch.Tensor | None) -> LaunchPlan:
     """Checks the arguments (``tensors`` as in ``op.dims``) and returns their launch plan.
 
@@ -440,7 +427,7 @@ def launch_plan(op: OpLayout, *tensors: torch.Tensor | None) -> LaunchPlan:
                                      if t is not None}, op.dtypes)
     forced = overrides()
     key = (op, device, torch.backends.cuda.matmul.allow_tf32,
-           None if forced == _NO_OVERRIDES else dataclasses.astuple(forced),
+           forced,
            *(None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors))
     try:
         return _cached_plan(key)
@@ -488,7 +475,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
             epilogue += space.strides(name, letters, batched)
         else:   # an omitted optional operand
             epilogue += [0] * ((op.rank if batched else 0) + len(letters))
-    timed = (strategy_.kind != "direct" and forced == _NO_OVERRIDES and device.type == "cuda"
+    timed = (strategy_.kind != "direct" and forced == Overrides() and device.type == "cuda"
              and not interpreting())
     return LaunchPlan(
         shape=prob.shape, dtype=op.out_dtype or dtype,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -11,7 +10,7 @@ import torch
 import triton
 
 from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
-from specgen.runtime.layout import (Shape, broadcast_strides, collapse, dense_strides,
+from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
 
 
@@ -27,8 +26,18 @@ def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
 def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """An output laid out as torch lays out the result of an element-wise op on ``inputs``."""
-    order = memory_order(shape, [broadcast_strides(t, shape) for t in inputs])
-    return torch.empty_strided(shape, dense_strides(shape, order), dtype=dtype, device=device)
+    metas = tuple((tuple(t.shape), tuple(t.stride())) for t in inputs)
+    try:
+        strides = _output_strides(shape, metas)
+    except TypeError:  # symbolic sizes do not hash
+        strides = _output_strides.__wrapped__(shape, metas)
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_strides(shape: Shape, metas: tuple) -> Shape:
+    order = memory_order(shape, [strides_at(size, stride, shape) for size, stride in metas])
+    return dense_strides(shape, order)
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ def plan_launch(op: str, indexing: str, names: tuple[str, ...], tensors: Sequenc
     """
     metas = tuple((tuple(t.shape), tuple(t.stride())) for t in tensors)
     key = (op, indexing, names, metas, max_tile, launch, rank,
-           dataclasses.astuple(overrides()), tensors[0].device)
+           overrides(), tensors[0].device)
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash

@@ -8,7 +8,6 @@ sizes and strides only, so it also runs on the fake tensors torch.compile traces
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -253,7 +252,7 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
     """
     key = (op, indexing, launch, combine, logical, tuple(sorted(max_block_k.items())), max_tile,
            tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
-           dataclasses.astuple(overrides()), x.device)
+           overrides(), x.device)
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash

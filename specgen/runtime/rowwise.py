@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import _multiprocessors, max_programs, overrides, untraced, use_int64
+from specgen.runtime.launch import multiprocessors, max_programs, overrides, untraced, use_int64
 from specgen.runtime.layout import collapse
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
@@ -193,10 +193,6 @@ def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
                     tuple(cstrides[count:count + len(along)]), tuple(rstrides[count:]))
 
 
-def multiprocessors(device: torch.device) -> int:
-    return _multiprocessors(device.index or 0) if device.type == "cuda" else NOMINAL_SMS
-
-
 def choose_strategy(rows: int, n: int, online: bool, sms: int) -> str:
     """What ``strategy = "auto"`` runs for ``rows`` rows of ``n`` elements.
 
@@ -225,12 +221,12 @@ def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n
             raise ValueError(f"{op}: strategy 'single' holds a whole row in one program; rows of "
                              f"{n} elements are longer than {SINGLE_LIMIT}")
         return forced
-    return choose_strategy(rows, n, "online" in available, multiprocessors(device))
+    return choose_strategy(rows, n, "online" in available, multiprocessors(device, NOMINAL_SMS))
 
 
 def split_count(rows: int, n: int, block_n: int, device: torch.device) -> int:
     """Programs per row of a split launch: enough to fill the GPU, each with at least one chunk."""
-    target = SPLIT_PROGRAMS_PER_SM * multiprocessors(device)
+    target = SPLIT_PROGRAMS_PER_SM * multiprocessors(device, NOMINAL_SMS)
     return max(1, min(triton.cdiv(target, max(rows, 1)), triton.cdiv(n, block_n)))
 
 
@@ -282,7 +278,7 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
     tensors = [*elements, *along, *row_outputs]
     key = None
     if untraced(tensors):
-        key = (op, reduced, x.device, tuple(vars(overrides()).items()),
+        key = (op, reduced, x.device, overrides(),
                tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors))
         if key in _plans:
             return _plans[key]
