@@ -280,8 +280,11 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
     if untraced(tensors):
         key = (op, reduced, x.device, overrides(),
                tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors))
-        if key in _plans:
-            return _plans[key]
+        try:
+            if key in _plans:
+                return _plans[key]
+        except TypeError:  # a mapping config forced by the tests does not hash: plan uncached
+            key = None
     space = row_space(op, x, reduced, elements, along, row_outputs)
     plan = None
     # rows of length 0 still have per-row outputs
