@@ -2,6 +2,7 @@
 argument errors, prod on signed values, and the cross-entropy gradient through autograd."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,23 +13,13 @@ from hypothesis import strategies as st
 import generated
 from specgen import runtime, testing
 from specgen.errors import SpecError
+from specgen.families import reduce as reduce_family
 from specgen.model import Source
 from specgen.parse import parse_spec
 from specgen.runtime import reduce as reduction
 
-SUM = """
-[op]
-name = "sumsq"
-family = "reduce"
-reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"
-
-[args]
-x = "tensor"
-
-[reduce]
-combine = "sum"
-map = "x * x"
-"""
+# the spec `specgen new --family reduce` writes: a sum of squares
+SUM = reduce_family.scaffold("sumsq")
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +58,7 @@ def test_reduce_spec_errors(old, new, key, words):
 
 
 def test_cross_entropy_spec_checks_signature():
-    text = open("specs/cross_entropy.toml").read()
+    text = (Path(__file__).resolve().parent.parent / "specs" / "cross_entropy.toml").read_text()
     with pytest.raises(SpecError, match=r"\[args\]: expected logits \(tensor\)"):
         parse(text.replace("default = -100", "default = -1"))
 
