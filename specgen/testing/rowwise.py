@@ -101,7 +101,7 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     if x.numel() and draw(st.booleans()) and _writable(x):
         # -inf entries: one row all -inf (torch: NaN for softmax, -inf for logsumexp) and some
         # scattered ones (partial rows must match torch too)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
         scattered = torch.rand(x.shape, generator=generator, device="cpu") < 0.2
         x.masked_fill_(scattered.to(x.device), -math.inf)
         if reduced and len(reduced) < rank:
