@@ -182,6 +182,7 @@ def gelu(x, approximate='none', *, out=None):
     """
     rt.check_tensor_types(NAME, {"x": x})
     outs = () if out is None else (out,)
+    rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     eager = rt.runs_eagerly(x, *outs)

@@ -178,6 +178,7 @@ def silu(x, *, out=None):
     """
     rt.check_tensor_types(NAME, {"x": x})
     outs = () if out is None else (out,)
+    rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     eager = rt.runs_eagerly(x, *outs)

@@ -185,6 +185,7 @@ def swiglu(a, b, *, out=None):
     """
     rt.check_tensor_types(NAME, {"a": a, "b": b})
     outs = () if out is None else (out,)
+    rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     eager = rt.runs_eagerly(a, b, *outs)

@@ -124,3 +124,8 @@ def test_rank_beyond_eight_uncollapsible_dims_is_a_clear_error():
     a = testing.make_tensor(seven, torch.float32, testing.Layout((6, 4, 2, 0, 1, 3, 5), (1,) * 7))
     b = testing.make_tensor(seven, torch.float32, testing.Layout.contiguous(7))
     torch.testing.assert_close(generated.add(a, b), a + b)
+
+
+def test_non_tensor_out_is_a_type_error():
+    with pytest.raises(TypeError, match=r"add: argument 'out\[0\]' must be a torch.Tensor, got list"):
+        generated.add(_x(3), _x(3), out=[0.0, 0.0, 0.0])

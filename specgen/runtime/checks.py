@@ -26,8 +26,10 @@ def check_tensor_types(op: str, tensors: Mapping[str, object]) -> None:
 
 def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
                   dtypes: Sequence[torch.dtype]) -> torch.device:
-    """Same device for all, a device the kernels run on, a supported dtype. Returns the device."""
-    check_tensor_types(op, tensors)
+    """Same device for all, a device the kernels run on, a supported dtype. Returns the device.
+
+    Non-tensors never get here: public functions reject them first (``check_tensor_types``) and
+    the registered op's schema rejects them for direct ``torch.ops`` calls."""
     first_name, first = next(iter(tensors.items()))
     for name, tensor in tensors.items():
         if tensor.dtype not in dtypes:
@@ -83,7 +85,6 @@ def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
     Exact aliasing (``add(x, y, out=x)``) is what torch allows for element-wise ops: every element
     is read and written by the same lane. Partial overlap would make the result depend on timing.
     """
-    check_tensor_types(op, {name: out})
     if tuple(out.shape) != shape:
         raise ValueError(f"{op}: '{name}' has shape {tuple(out.shape)}, expected {shape}")
     if out.device != device:
