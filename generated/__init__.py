@@ -81,7 +81,7 @@ def _info(module) -> OpInfo:
         spec_sha256=module.SPEC_SHA256, doc=module.DOC, args=module.ARGS,
         outputs=module.OUTPUTS, dtypes=module.DTYPES, indexing=module.INDEXING,
         function=getattr(module, module.NAME), op=getattr(torch.ops.specgen, module.NAME),
-        reference=module.reference)
+        reference=module.reference, replays=module._replays)
 
 
 REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _linear, _linear_gelu, _linear_residual, _log_softmax, _logsumexp, _matmul, _mean, _mm, _mul, _prod, _relu, _rms_norm, _sigmoid, _silu, _softmax, _sub, _sum, _swiglu, _tanh, ])}

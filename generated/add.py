@@ -173,6 +173,7 @@ def _add_out(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
 triton_op("specgen::add", mutates_args=())(_add)
 # outputs come first: torch.library does not take keyword-only tensors
 triton_op("specgen::add_out", mutates_args=('out',))(_add_out)
+_replays = rt.Replays(NAME)
 
 
 def add(x, y, *, out=None):
@@ -181,6 +182,12 @@ def add(x, y, *, out=None):
     Same as ``torch.add(x, y)``. Pass ``out=`` to write into an existing tensor
     (one tensor).
     """
+    key = None
+    if out is None:
+        key, replay = _replays.lookup((x, y), ())
+        if replay is not None:
+            # a repeated eager call: replay what the recorded one allocated and launched
+            return replay((x, y))
     rt.check_tensor_types(NAME, {"x": x, "y": y})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
@@ -188,7 +195,9 @@ def add(x, y, *, out=None):
     # go through the registered op
     eager = rt.runs_eagerly(x, y, *outs)
     if out is None:
-        return _add(x, y) if eager else torch.ops.specgen.add(x, y)
+        if eager:
+            return _replays.record(key, _add, (x, y), x, y)
+        return torch.ops.specgen.add(x, y)
     out_op = _add_out if eager else torch.ops.specgen.add_out
     out_op(*outs, x, y)
     return out

@@ -557,7 +557,7 @@ def _launch(x, residual, weight, eps, hidden, out, reduced):
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
-        workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
+        workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _add_rms_norm_split_out_kernel):
@@ -579,12 +579,13 @@ def _add_rms_norm_impl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     reduced = _check_inputs(x, residual, weight, eps)
     # reads no reduction: laid out as torch lays out an element-wise result
     hidden = pointwise.empty_output(x.shape, x.dtype, x.device, [x, residual])
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = rt.empty(x.shape, x.dtype, x.device)
     _launch(x, residual, weight, eps, hidden, out, reduced)
     return hidden, out
 
 
 _add_rms_norm_op = triton_op("specgen::add_rms_norm", mutates_args=())(_add_rms_norm_impl)
+_replays = rt.Replays(NAME)
 
 
 def add_rms_norm(x, residual, weight, eps=1e-06):
@@ -592,12 +593,16 @@ def add_rms_norm(x, residual, weight, eps=1e-06):
 
     Same as ``(x + residual, F.rms_norm(x + residual, (x.shape[-1],), weight, eps))``.
     """
+    key, replay = _replays.lookup((x, residual, weight), (eps,))
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x, residual, weight))
     rt.check_tensor_types(NAME, {"x": x, "residual": residual, "weight": weight})
     # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
     rt.check_scalar(NAME, "eps", eps, float)
     if rt.runs_eagerly(x, residual, weight):
         # nothing traces or differentiates this call: skip the dispatcher
-        return _add_rms_norm_impl(x, residual, weight, eps)
+        return _replays.record(key, _add_rms_norm_impl, (x, residual, weight), x, residual, weight, eps)
     return torch.ops.specgen.add_rms_norm(x, residual, weight, eps)
 
 

@@ -149,8 +149,8 @@ def _launch(x, dims, keepdim, out):
         rt.note_launch(NAME, strategy.name, plan.index_64)
         _run(KERNELS[strategy.tiles], plan.first, (x, out, out, out, out), plan, dtypes)
         return
-    part = torch.empty((plan.part_rows, plan.num_kept), dtype=torch.float32, device=x.device)
-    part_index = torch.empty((plan.part_rows, plan.num_kept), dtype=torch.int64, device=x.device)
+    part = rt.empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
+    part_index = rt.empty((plan.part_rows, plan.num_kept), torch.int64, x.device)
     rt.note_launch(NAME, strategy.name, plan.index_64, splits=plan.part_rows)
     _run(KERNELS[strategy.tiles], plan.first, (x, out, part, out, part_index), plan, dtypes)
     second_pointers = (part, out, part, part_index, part_index)
@@ -176,12 +176,13 @@ def _argmax(x: torch.Tensor, dim: Optional[int], keepdim: bool = False) -> torch
     device, dims = _check_inputs(x, dim, keepdim)
     shape = reduction.output_shape(x.shape, dims, keepdim)
     # torch returns reductions contiguous, and indices as int64
-    out = torch.empty(shape, dtype=torch.int64, device=device)
+    out = rt.empty(shape, torch.int64, device)
     _launch(x, dims, keepdim, out)
     return out
 
 
 triton_op("specgen::argmax", mutates_args=())(_argmax)
+_replays = rt.Replays(NAME)
 
 
 def argmax(x, dim, keepdim=False):
@@ -189,13 +190,17 @@ def argmax(x, dim, keepdim=False):
 
     Same as ``torch.argmax(x, dim=dim, keepdim=keepdim)``.
     """
+    key, replay = _replays.lookup((x,), (dim, keepdim))
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x,))
     rt.check_tensor_types(NAME, {"x": x})
     if dim is not None:
         reduction.normalize_dims(NAME, dim, x.dim(), single=True)
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(x):
-        return _argmax(x, dim, keepdim)
+        return _replays.record(key, _argmax, (x,), x, dim, keepdim)
     return torch.ops.specgen.argmax(x, dim, keepdim)
 
 

@@ -314,12 +314,14 @@ def _run(strategy, plan, a, b, out):
 
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     plan = matmul_rt.launch_plan(OP, a, b)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=a.device)
+    out = rt.empty(plan.shape, plan.dtype, a.device)
     _launch(plan, a, b, out)
     return out
 
 
 triton_op("specgen::bmm", mutates_args=())(_bmm)
+# float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
+_replays = rt.Replays(NAME, state=matmul_rt.precision_setting)
 
 
 def bmm(a, b):
@@ -327,11 +329,15 @@ def bmm(a, b):
 
     Same as ``torch.bmm(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
+    key, replay = _replays.lookup((a, b), ())
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((a, b))
     rt.check_tensor_types(NAME, {"a": a, "b": b})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(a, b):
-        return _bmm(a, b)
+        return _replays.record(key, _bmm, (a, b), a, b)
     return torch.ops.specgen.bmm(a, b)
 
 

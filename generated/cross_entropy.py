@@ -263,21 +263,23 @@ def _check_targets(error, target, n_classes, ignore_index):
                          f"ignore_index ({ignore_index})")
 
 
-def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The loss, and what the backward needs: each row's logsumexp and the loss's denominator."""
+def _cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """The loss, what the backward needs (each row's logsumexp, the loss's denominator) and the
+    target-error flag (see ``_check_targets``): no value-dependent host work, so that repeated
+    eager calls can replay it."""
     device = _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothing)
     n_rows, n_classes = logits.shape
-    lse = torch.empty(n_rows, dtype=torch.float32, device=device)
-    denom = torch.ones((), dtype=torch.float32, device=device)
-    row_loss = torch.empty(n_rows, dtype=logits.dtype if reduction == "none" else torch.float32,
-                           device=device)
-    loss = row_loss if reduction == "none" else torch.empty((), dtype=logits.dtype, device=device)
+    lse = rt.empty((n_rows,), torch.float32, device)
+    denom = rt.full((), 1.0, torch.float32, device)
+    row_loss = rt.empty((n_rows,), logits.dtype if reduction == "none" else torch.float32, device)
+    error = rt.zeros((1,), torch.int64, device)
     if n_rows == 0:
-        if reduction != "none":
-            loss.fill_(float("nan") if reduction == "mean" else 0.0)  # torch's empty mean / sum
-        return loss, lse, denom
-    row_weight = torch.empty(n_rows, dtype=torch.float32, device=device)
-    error = torch.zeros(1, dtype=torch.int64, device=device)
+        # torch's loss over no rows: an empty "none", NaN for "mean", 0 for "sum"
+        loss = row_loss if reduction == "none" else rt.full(
+            (), float("nan") if reduction == "mean" else 0.0, logits.dtype, device)
+        return loss, lse, denom, error
+    loss = row_loss if reduction == "none" else rt.empty((), logits.dtype, device)
+    row_weight = rt.empty((n_rows,), torch.float32, device)
     plan = plan_rows(NAME, INDEXING, MAX_TILE, n_rows,
                      {"logits": logits, "target": target, "weight": weight})
     rt.note_launch(NAME, "forward", plan.index_64)
@@ -291,7 +293,13 @@ def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[
     if reduction != "none":
         rt.launch(_cross_entropy_finish_kernel, (1,), row_loss, row_weight, loss, denom, n_rows,
                   MEAN=reduction == "mean")
-    _check_targets(error, target, n_classes, ignore_index)
+    return loss, lse, denom, error
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loss and what the backward needs, after the target check."""
+    loss, lse, denom, error = _cross_entropy_forward(logits, target, weight, ignore_index, reduction, label_smoothing)
+    _check_targets(error, target, logits.shape[1], ignore_index)
     return loss, lse, denom
 
 
@@ -301,7 +309,7 @@ _cross_entropy_op = triton_op("specgen::cross_entropy", mutates_args=())(_cross_
 def _cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor,
                             weight: Optional[torch.Tensor], lse: torch.Tensor, denom: torch.Tensor,
                             ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    grad = rt.empty(logits.shape, logits.dtype, logits.device)
     n_rows, n_classes = logits.shape
     if grad.numel() == 0:
         return grad
@@ -340,6 +348,7 @@ def _backward(ctx, grad_loss, grad_lse, grad_denom):
 
 
 _cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
+_replays = rt.Replays(NAME)
 
 
 def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mean', label_smoothing=0.0):
@@ -347,13 +356,21 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mea
 
     Same as ``F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)``, for (N, C) logits and (N,) targets; differentiable in logits.
     """
+    key, replay = _replays.lookup((logits, target, weight), (ignore_index, reduction, label_smoothing))
+    if replay is not None:
+        # a repeated eager call: replay the recorded forward, then check its targets
+        loss, _, _, error = replay((logits, target, weight))
+        _check_targets(error, target, logits.shape[1], ignore_index)
+        return loss
     rt.check_tensor_types(NAME, {"logits": logits, "target": target, "weight": weight})
     rt.check_scalar(NAME, "label_smoothing", label_smoothing, float)
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing))
     # eager calls run the implementation directly; traced or differentiated ones (torch.compile,
     # autograd, modes) go through the registered op, whose autograd formula is the backward kernel
     if rt.runs_eagerly(logits, target, weight):
-        return _cross_entropy(*args)[0]
+        loss, _, _, error = _replays.record(key, _cross_entropy_forward, (logits, target, weight), *args)
+        _check_targets(error, target, logits.shape[1], ignore_index)
+        return loss
     return torch.ops.specgen.cross_entropy(*args)[0]
 
 

@@ -175,6 +175,7 @@ def _geglu_out(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 triton_op("specgen::geglu", mutates_args=())(_geglu)
 # outputs come first: torch.library does not take keyword-only tensors
 triton_op("specgen::geglu_out", mutates_args=('out',))(_geglu_out)
+_replays = rt.Replays(NAME)
 
 
 def geglu(a, b, *, out=None):
@@ -183,6 +184,12 @@ def geglu(a, b, *, out=None):
     Same as ``F.gelu(a, approximate='tanh') * b``. Pass ``out=`` to write into an existing tensor
     (one tensor).
     """
+    key = None
+    if out is None:
+        key, replay = _replays.lookup((a, b), ())
+        if replay is not None:
+            # a repeated eager call: replay what the recorded one allocated and launched
+            return replay((a, b))
     rt.check_tensor_types(NAME, {"a": a, "b": b})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
@@ -190,7 +197,9 @@ def geglu(a, b, *, out=None):
     # go through the registered op
     eager = rt.runs_eagerly(a, b, *outs)
     if out is None:
-        return _geglu(a, b) if eager else torch.ops.specgen.geglu(a, b)
+        if eager:
+            return _replays.record(key, _geglu, (a, b), a, b)
+        return torch.ops.specgen.geglu(a, b)
     out_op = _geglu_out if eager else torch.ops.specgen.geglu_out
     out_op(*outs, a, b)
     return out

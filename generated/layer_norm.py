@@ -560,7 +560,7 @@ def _launch(x, weight, bias, eps, out, reduced):
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
-        workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
+        workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _layer_norm_split_out_kernel):
@@ -581,12 +581,13 @@ def _check_inputs(x, normalized_shape, weight, bias, eps):
 
 def _layer_norm_impl(x: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-05) -> torch.Tensor:
     reduced = _check_inputs(x, normalized_shape, weight, bias, eps)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = rt.empty(x.shape, x.dtype, x.device)
     _launch(x, weight, bias, eps, out, reduced)
     return out
 
 
 _layer_norm_op = triton_op("specgen::layer_norm", mutates_args=())(_layer_norm_impl)
+_replays = rt.Replays(NAME)
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
@@ -594,13 +595,17 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
 
     Same as ``F.layer_norm(x, normalized_shape, weight, bias, eps)``.
     """
+    key, replay = _replays.lookup((x, weight, bias), (normalized_shape, eps))
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x, weight, bias))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
     # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
     rt.check_scalar(NAME, "eps", eps, float)
     normalized_shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     if rt.runs_eagerly(x, weight, bias):
         # nothing traces or differentiates this call: skip the dispatcher
-        return _layer_norm_impl(x, normalized_shape, weight, bias, eps)
+        return _replays.record(key, _layer_norm_impl, (x, weight, bias), x, normalized_shape, weight, bias, eps)
     return torch.ops.specgen.layer_norm(x, normalized_shape, weight, bias, eps)
 
 

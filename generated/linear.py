@@ -349,12 +349,14 @@ def _run(strategy, plan, x, weight, bias, out):
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     plan = matmul_rt.launch_plan(OP, x, weight, bias)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=x.device)
+    out = rt.empty(plan.shape, plan.dtype, x.device)
     _launch(plan, x, weight, bias, out)
     return out
 
 
 triton_op("specgen::linear", mutates_args=())(_linear)
+# float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
+_replays = rt.Replays(NAME, state=matmul_rt.precision_setting)
 
 
 def linear(x, weight, bias=None):
@@ -362,11 +364,15 @@ def linear(x, weight, bias=None):
 
     Same as ``F.linear(x, weight, bias)``, computed by one fused kernel (two for a split-K launch).
     """
+    key, replay = _replays.lookup((x, weight, bias), ())
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x, weight, bias))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias):
-        return _linear(x, weight, bias)
+        return _replays.record(key, _linear, (x, weight, bias), x, weight, bias)
     return torch.ops.specgen.linear(x, weight, bias)
 
 

@@ -374,12 +374,14 @@ def _run(strategy, plan, x, weight, bias, out):
 
 def _linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     plan = matmul_rt.launch_plan(OP, x, weight, bias)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=x.device)
+    out = rt.empty(plan.shape, plan.dtype, x.device)
     _launch(plan, x, weight, bias, out)
     return out
 
 
 triton_op("specgen::linear_gelu", mutates_args=())(_linear_gelu)
+# float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
+_replays = rt.Replays(NAME, state=matmul_rt.precision_setting)
 
 
 def linear_gelu(x, weight, bias=None):
@@ -387,11 +389,15 @@ def linear_gelu(x, weight, bias=None):
 
     Same as ``F.gelu(F.linear(x, weight, bias), approximate='tanh')``, computed by one fused kernel (two for a split-K launch).
     """
+    key, replay = _replays.lookup((x, weight, bias), ())
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x, weight, bias))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias):
-        return _linear_gelu(x, weight, bias)
+        return _replays.record(key, _linear_gelu, (x, weight, bias), x, weight, bias)
     return torch.ops.specgen.linear_gelu(x, weight, bias)
 
 

@@ -345,12 +345,14 @@ def _run(strategy, plan, x, weight, bias, residual, out):
 
 def _linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     plan = matmul_rt.launch_plan(OP, x, weight, bias, residual)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=x.device)
+    out = rt.empty(plan.shape, plan.dtype, x.device)
     _launch(plan, x, weight, bias, residual, out)
     return out
 
 
 triton_op("specgen::linear_residual", mutates_args=())(_linear_residual)
+# float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
+_replays = rt.Replays(NAME, state=matmul_rt.precision_setting)
 
 
 def linear_residual(x, weight, bias, residual):
@@ -358,11 +360,15 @@ def linear_residual(x, weight, bias, residual):
 
     Same as ``F.linear(x, weight, bias) + residual``, computed by one fused kernel (two for a split-K launch).
     """
+    key, replay = _replays.lookup((x, weight, bias, residual), ())
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x, weight, bias, residual))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias, "residual": residual})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias, residual):
-        return _linear_residual(x, weight, bias, residual)
+        return _replays.record(key, _linear_residual, (x, weight, bias, residual), x, weight, bias, residual)
     return torch.ops.specgen.linear_residual(x, weight, bias, residual)
 
 

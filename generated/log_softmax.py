@@ -629,7 +629,7 @@ def _launch(x, out, reduced):
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
-        workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
+        workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _log_softmax_split_out_kernel):
@@ -649,12 +649,13 @@ def _check_inputs(x, dim):
 
 def _log_softmax_impl(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     reduced = _check_inputs(x, dim)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = rt.empty(x.shape, x.dtype, x.device)
     _launch(x, out, reduced)
     return out
 
 
 _log_softmax_op = triton_op("specgen::log_softmax", mutates_args=())(_log_softmax_impl)
+_replays = rt.Replays(NAME)
 
 
 def log_softmax(x, dim=-1):
@@ -662,12 +663,16 @@ def log_softmax(x, dim=-1):
 
     Same as ``torch.log_softmax(x, dim)``.
     """
+    key, replay = _replays.lookup((x,), (dim,))
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x,))
     rt.check_tensor_types(NAME, {"x": x})
     # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
     rt.check_scalar(NAME, "dim", dim, int)
     if rt.runs_eagerly(x):
         # nothing traces or differentiates this call: skip the dispatcher
-        return _log_softmax_impl(x, dim)
+        return _replays.record(key, _log_softmax_impl, (x,), x, dim)
     return torch.ops.specgen.log_softmax(x, dim)
 
 

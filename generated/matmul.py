@@ -326,12 +326,14 @@ def _run(strategy, plan, a, b, out):
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     plan = matmul_rt.launch_plan(OP, a, b)
-    out = torch.empty(plan.shape, dtype=plan.dtype, device=a.device)
+    out = rt.empty(plan.shape, plan.dtype, a.device)
     _launch(plan, a, b, out)
     return out
 
 
 triton_op("specgen::matmul", mutates_args=())(_matmul)
+# float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
+_replays = rt.Replays(NAME, state=matmul_rt.precision_setting)
 
 
 def matmul(a, b):
@@ -339,11 +341,15 @@ def matmul(a, b):
 
     Same as ``torch.matmul(a, b)``, computed by one fused kernel (two for a split-K launch).
     """
+    key, replay = _replays.lookup((a, b), ())
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((a, b))
     rt.check_tensor_types(NAME, {"a": a, "b": b})
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(a, b):
-        return _matmul(a, b)
+        return _replays.record(key, _matmul, (a, b), a, b)
     return torch.ops.specgen.matmul(a, b)
 
 

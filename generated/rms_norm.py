@@ -496,7 +496,7 @@ def _launch(x, weight, eps, out, reduced):
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
     else:
-        workspace = torch.empty((SLOTS, space.rows, plan.splits), dtype=torch.float32, device=x.device)
+        workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _rms_norm_split_out_kernel):
@@ -520,12 +520,13 @@ def _check_inputs(x, normalized_shape, weight, eps):
 
 def _rms_norm_impl(x: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> torch.Tensor:
     reduced, eps = _check_inputs(x, normalized_shape, weight, eps)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = rt.empty(x.shape, x.dtype, x.device)
     _launch(x, weight, eps, out, reduced)
     return out
 
 
 _rms_norm_op = triton_op("specgen::rms_norm", mutates_args=())(_rms_norm_impl)
+_replays = rt.Replays(NAME)
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None):
@@ -533,6 +534,10 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
 
     Same as ``F.rms_norm(x, normalized_shape, weight, eps)``.
     """
+    key, replay = _replays.lookup((x, weight), (normalized_shape, eps))
+    if replay is not None:
+        # a repeated eager call: replay what the recorded one allocated and launched
+        return replay((x, weight))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight})
     # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
     if eps is not None:
@@ -540,7 +545,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     normalized_shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     if rt.runs_eagerly(x, weight):
         # nothing traces or differentiates this call: skip the dispatcher
-        return _rms_norm_impl(x, normalized_shape, weight, eps)
+        return _replays.record(key, _rms_norm_impl, (x, weight), x, normalized_shape, weight, eps)
     return torch.ops.specgen.rms_norm(x, normalized_shape, weight, eps)
 
 

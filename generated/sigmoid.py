@@ -166,6 +166,7 @@ def _sigmoid_out(out: torch.Tensor, x: torch.Tensor) -> None:
 triton_op("specgen::sigmoid", mutates_args=())(_sigmoid)
 # outputs come first: torch.library does not take keyword-only tensors
 triton_op("specgen::sigmoid_out", mutates_args=('out',))(_sigmoid_out)
+_replays = rt.Replays(NAME)
 
 
 def sigmoid(x, *, out=None):
@@ -174,6 +175,12 @@ def sigmoid(x, *, out=None):
     Same as ``torch.sigmoid(x)``. Pass ``out=`` to write into an existing tensor
     (one tensor).
     """
+    key = None
+    if out is None:
+        key, replay = _replays.lookup((x,), ())
+        if replay is not None:
+            # a repeated eager call: replay what the recorded one allocated and launched
+            return replay((x,))
     rt.check_tensor_types(NAME, {"x": x})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
@@ -181,7 +188,9 @@ def sigmoid(x, *, out=None):
     # go through the registered op
     eager = rt.runs_eagerly(x, *outs)
     if out is None:
-        return _sigmoid(x) if eager else torch.ops.specgen.sigmoid(x)
+        if eager:
+            return _replays.record(key, _sigmoid, (x,), x)
+        return torch.ops.specgen.sigmoid(x)
     out_op = _sigmoid_out if eager else torch.ops.specgen.sigmoid_out
     out_op(*outs, x)
     return out

@@ -3,6 +3,8 @@
 Parametrized over ``generated.REGISTRY``: a new spec is tested here with no new test code.
 """
 
+from collections.abc import Mapping
+
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
@@ -28,7 +30,14 @@ def test_matches_reference(name, data):
     eager = _outputs(info.reference(**case.args))
 
     with runtime.override(**case.overrides):
-        fresh = _outputs(case.call(info))
+        with runtime.replay.record_at_once():
+            fresh = _outputs(case.call(info))
+            # the same call again is replayed from a recording of the first (runtime/replay.py)
+            replayed_before = info.replays.replayed
+            replayed = _outputs(case.call(info))
+        if not isinstance(case.overrides.get("config"), Mapping):  # a mapping is not hashable
+            assert info.replays.replayed == replayed_before + 1, \
+                f"{name}: not replayed ({list(info.replays.failures.values())})"
         # the registered op (what torch.compile and autograd see) computes the same
         via_op = _outputs(info.op(**case.args))
         if case.outs:
@@ -40,9 +49,12 @@ def test_matches_reference(name, data):
                 testing.assert_matches(written, want, f"{name} {output} (out=)", case.tolerances,
                                        torch_result)
 
-    for output, allocated, from_op, want, torch_result in zip(
-            info.outputs, fresh, via_op, expected, eager):
+    for output, allocated, again, from_op, want, torch_result in zip(
+            info.outputs, fresh, replayed, via_op, expected, eager):
         testing.assert_matches(allocated, want, f"{name} {output}", case.tolerances, torch_result)
+        testing.assert_matches(again, want, f"{name} {output} (replayed)", case.tolerances,
+                               torch_result)
+        assert again.stride() == allocated.stride(), f"{name} {output}: replayed layout"
         testing.assert_matches(from_op, want, f"{name} {output} (torch.ops.specgen)",
                                case.tolerances, torch_result)
         # torch semantics beyond values: the result dtype and memory layout torch would give

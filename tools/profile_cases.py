@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import time
 
 import torch
@@ -18,7 +19,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench import harness
 from bench.__main__ import FAMILIES
-from specgen.runtime import launch
+
+# by module path: the package's attribute `launch` is the function of that name
+launch_module = importlib.import_module("specgen.runtime.launch")
 
 
 def host_us(fn, inputs, calls: int = 20) -> float:
@@ -65,9 +68,9 @@ def main() -> None:
                     for name, us, launches in kernels(fn, inputs):
                         print(f"      {us:8.1f} us  x{launches}  {name}", flush=True)
                     if impl == "specgen":
-                        for (kernel, _, kwargs), config in launch._tuned.items():
+                        for (kernel, _, kwargs), config in launch_module._tuned.items():
                             print(f"      tuned {kernel.fn.__name__} {dict(kwargs)}: {config}")
-                        launch._tuned.clear()
+                        launch_module._tuned.clear()
                 except Exception as exc:  # noqa: BLE001 - a diagnostic run reports and goes on
                     print(f"[{family}] {case.op} {case.shape} {impl}: FAILED {exc!r}", flush=True)
             del inputs

@@ -222,10 +222,26 @@ class CommonPlan:
         return self.op_params_plain
 
     @property
+    def tensor_args(self) -> str:
+        """The tensor arguments as a tuple expression, in signature order (a replay's inputs)."""
+        return _tuple_code(a.name for a in self.args if a.kind == "tensor")
+
+    @property
+    def other_args(self) -> str:
+        """The other arguments as a tuple expression (with the tensors' layouts, a call's
+        signature for replays)."""
+        return _tuple_code(a.name for a in self.args if a.kind != "tensor")
+
+    @property
     def return_annotation(self) -> str:
         if len(self.output_names) == 1:
             return "torch.Tensor"
         return f"tuple[{', '.join('torch.Tensor' for _ in self.output_names)}]"
+
+
+def _tuple_code(names) -> str:
+    names = list(names)
+    return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
 
 
 def common_plan(spec: OpSpec, output_names: tuple[str, ...]) -> CommonPlan:

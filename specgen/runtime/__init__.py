@@ -8,9 +8,11 @@ from specgen.runtime.launch import (Launch, choose_int64, configs, grid_size, in
 from specgen.runtime.layout import (Collapsed, broadcast_strides, collapse, dense_strides,
                                     memory_order, storage_span)
 from specgen.runtime.registry import ArgInfo, OpInfo
+from specgen.runtime import replay
+from specgen.runtime.replay import Replays, empty, full, zeros
 
 __all__ = [
-    "ArgInfo", "Collapsed", "Launch", "OpInfo", "broadcast_shape", "broadcast_strides",
+    "ArgInfo", "Collapsed", "Launch", "OpInfo", "Replays", "empty", "replay", "full", "zeros", "broadcast_shape", "broadcast_strides",
     "check_choice", "check_out", "check_scalar", "check_tensor_types", "check_tensors", "collapse",
     "configs", "dense_strides", "grid_size", "interpreting", "launch", "max_programs", "memory_order",
     "note_launch", "override", "overrides", "record_launches", "runs_eagerly", "storage_span",

@@ -12,6 +12,7 @@ import torch
 import triton
 from torch.library import wrap_triton
 
+from specgen.runtime import replay
 from specgen.runtime.layout import storage_span
 
 INT32_MAX = 2**31 - 1
@@ -78,6 +79,12 @@ def record_launches() -> Iterator[list[Launch]]:
         yield log
     finally:
         _launch_logs.remove(log)
+
+
+def launches_watched() -> bool:
+    """Whether a ``record_launches`` block is open (replays are off then: the log must see the
+    launch decisions)."""
+    return bool(_launch_logs)
 
 
 def note_launch(op: str, kernel: str, index_64: bool, **details) -> None:
@@ -191,7 +198,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
     if not isinstance(kernel, triton.runtime.Autotuner):
         # no config space: nothing to tune, cache or force
-        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
+        if not direct:
+            wrap_triton(kernel)[grid](*args, **kwargs)
+            return
+        compiled = kernel[grid](*args, **kwargs)
+        replay.note_launch(kernel, grid, args, kwargs, compiled)
         return
     key = (kernel, tune_key, tuple(sorted(kwargs.items())))
     if _overrides.config is not None:
@@ -201,13 +212,19 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
         if direct:
+            replay.note_tuning()
             if len(_tuned) >= _TUNED_LIMIT:
                 _tuned.clear()
             _tuned[key] = kernel.best_config
         return
     meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     fn = kernel.fn
-    (fn if direct else wrap_triton(fn))[grid](*args, **kwargs, **meta)
+    if not direct:
+        wrap_triton(fn)[grid](*args, **kwargs, **meta)
+        return
+    kwargs = {**kwargs, **meta}
+    compiled = fn[grid](*args, **kwargs)
+    replay.note_launch(fn, grid, args, kwargs, compiled)
 
 
 def forced_config(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,

@@ -23,6 +23,7 @@ from specgen.runtime.checks import check_tensors
 from specgen.runtime.launch import (Overrides, interpreting, multiprocessors, overrides, untraced,
                                     use_int64)
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse
+from specgen.runtime.replay import empty, note_tuning, zeros
 
 BATCH = ("...", "B")
 # a split-K program should still loop over enough of K to keep its pipeline full
@@ -282,6 +283,11 @@ def input_precision(dtype: torch.dtype) -> str:
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
+def precision_setting() -> bool:
+    """The global state matmul launches depend on (part of a replay's call signature)."""
+    return torch.backends.cuda.matmul.allow_tf32
+
+
 def even_k(k: int, block_ks: Sequence[int]) -> bool:
     """K is a multiple of every BLOCK_K that may run (powers of two: of the largest), so no tile
     of K is partial and the loads of the K loop need no mask."""
@@ -337,8 +343,8 @@ def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.devi
     """Float32 partial sums of a split-K launch: one slice per split (two_stage), or one slice
     that every split adds into atomically (zeroed)."""
     if strategy.kind == "atomic":
-        return torch.zeros((batch, 1, m, n), dtype=torch.float32, device=device)
-    return torch.empty((batch, strategy.factor, m, n), dtype=torch.float32, device=device)
+        return zeros((batch, 1, m, n), torch.float32, device)
+    return empty((batch, strategy.factor, m, n), torch.float32, device)
 
 
 # --- launch plans: every decision a call's tensor metadata fixes, made once -----------------------
@@ -505,6 +511,7 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None],
     if chosen is None:
         if not untraced(tensors):
             return plan.strategy
+        note_tuning()
         times = {s: triton.testing.do_bench(lambda s=s: run(s), return_mode="median")
                  for s in plan.candidates}
         chosen = _settled[key] = min(times, key=times.get)

@@ -12,6 +12,7 @@ import triton
 from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
 from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
+from specgen.runtime.replay import empty
 
 
 def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
@@ -31,7 +32,7 @@ def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
         strides = _output_strides(shape, metas)
     except TypeError:  # symbolic sizes do not hash
         strides = _output_strides.__wrapped__(shape, metas)
-    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    return empty(shape, dtype, device, strides)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -36,3 +36,4 @@ class OpInfo:
     function: Callable              # generated.<name>
     op: Callable                    # torch.ops.specgen.<name>, the registered op
     reference: Callable
+    replays: object                 # the generated module's runtime.Replays (tests, tools)

@@ -1,0 +1,135 @@
+"""Replays of repeated eager calls (specgen/runtime/replay.py): what keys them, what they skip.
+
+tests/test_ops.py replays every op once per drawn case; these tests cover what must *not* be
+replayed and the work that stays outside a replay.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import generated
+from specgen import runtime, testing
+from specgen.runtime import replay
+
+
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, device=testing.device())
+
+
+def _replayed(name: str) -> int:
+    return generated.REGISTRY[name].replays.replayed
+
+
+def test_second_call_records_and_third_replays():
+    x = _randn(3, 37)
+    before = _replayed("softmax")
+    for _ in range(3):
+        x = _randn(3, 37)
+        torch.testing.assert_close(generated.softmax(x, -1), torch.softmax(x, -1))
+    assert _replayed("softmax") == before + 1
+
+
+def test_alignment_is_part_of_the_signature():
+    # Triton specializes pointers on 16-byte alignment: a view starting one element in needs the
+    # kernel compiled for it, so it must not replay a recording taken on an aligned tensor
+    base = _randn(4 * 33 + 1)
+    aligned, shifted = base[:-1].view(4, 33), base[1:].view(4, 33)
+    with replay.record_at_once():
+        generated.softmax(aligned, -1)
+        before = _replayed("softmax")
+        torch.testing.assert_close(generated.softmax(shifted, -1), torch.softmax(shifted, -1))
+    assert _replayed("softmax") == before
+
+
+def test_scalar_types_are_part_of_the_signature():
+    x = _randn(5, 6)
+    with replay.record_at_once():
+        generated.sum(x, 1)
+        generated.sum(x, 1)
+        with pytest.raises(TypeError, match="dim"):
+            generated.sum(x, 1.0)  # equal to 1 and hashing alike, but not an int
+
+
+def test_overrides_are_part_of_the_signature():
+    x = _randn(4, 40)
+    with replay.record_at_once():
+        with runtime.override(strategy="looped"):
+            generated.rms_norm(x, [40])
+        with runtime.record_launches() as log:
+            # watching launches turns replays off, so the log shows what this call decides
+            generated.rms_norm(x, [40])
+        assert [launch.kernel for launch in log] != ["looped"]
+
+
+def test_differentiated_calls_are_not_replayed():
+    x = _randn(3, 9)
+    with replay.record_at_once():
+        generated.softmax(x, 0)
+        leaf = x.clone().requires_grad_()
+        before = _replayed("softmax")
+        out = generated.softmax(leaf, 0)
+    assert _replayed("softmax") == before
+    assert out.grad_fn is not None
+
+
+def test_cross_entropy_checks_targets_on_a_replay():
+    logits = _randn(6, 11)
+    target = torch.randint(0, 11, (6,), device=testing.device())
+    with replay.record_at_once():
+        for _ in range(2):  # the first call may autotune, which is not recorded
+            generated.cross_entropy(logits, target)
+        before = _replayed("cross_entropy")
+        bad = target.clone()
+        bad[4] = 11
+        with pytest.raises(ValueError, match=r"target\[4\] is 11"):
+            generated.cross_entropy(logits, bad)
+    assert _replayed("cross_entropy") == before + 1
+
+
+@triton.jit
+def _double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, 2 * tl.load(x_ptr + offsets, mask=mask), mask=mask)
+
+
+def _double(x):
+    out = runtime.empty(x.shape, x.dtype, x.device)
+    runtime.launch(_double_kernel, (triton.cdiv(x.numel(), 32),), x, out, x.numel(), BLOCK=32)
+    return out
+
+
+def _double_through_a_view(x):
+    out = runtime.empty(x.shape, x.dtype, x.device)
+    # a view made inside the call: neither an input nor a recorded allocation
+    runtime.launch(_double_kernel, (triton.cdiv(x.numel(), 32),), x.view(-1), out, x.numel(),
+                   BLOCK=32)
+    return out
+
+
+def _call(replays, impl, x):
+    key, found = replays.lookup((x,), ())
+    if found is not None:
+        return found((x,))
+    return replays.record(key, impl, (x,), x)
+
+
+def test_a_recording_replays_its_launches_and_allocations():
+    replays = runtime.Replays("double")
+    with replay.record_at_once():
+        for _ in range(3):
+            x = _randn(50)
+            torch.testing.assert_close(_call(replays, _double, x), 2 * x)
+    assert replays.replayed == 2 and not replays.failures
+
+
+def test_an_unknown_tensor_argument_drops_the_recording():
+    replays = runtime.Replays("double_view")
+    with replay.record_at_once():
+        for _ in range(3):
+            x = _randn(50)
+            torch.testing.assert_close(_call(replays, _double_through_a_view, x), 2 * x)
+    assert replays.replayed == 0
+    assert ["x_ptr" in why for why in replays.failures.values()] == [True]
