@@ -88,6 +88,11 @@ def cross_entropy_cases(gbps: float, quick: bool) -> None:
         knobs, label = forced(config={"BLOCK_V": block, "num_warps": warps})
         report("cross_entropy fwd", label + " (none)", nbytes, gbps, run_forced(
             knobs, lambda: CE._cross_entropy(x, target, None, -100, "none", 0.0)))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for programs in (sms, 2 * sms, 8 * sms):
+        knobs, label = forced(config={"BLOCK_V": 8192, "num_warps": 16}, programs=programs)
+        report("cross_entropy fwd", label + " (none)", nbytes, gbps, run_forced(
+            knobs, lambda: CE._cross_entropy(x, target, None, -100, "none", 0.0)))
     _, lse, denom = CE._cross_entropy(x, target, None, -100, "mean", 0.0)
     grad_loss = torch.ones((), device="cuda", dtype=DTYPE)
     backward = lambda: CE._cross_entropy_backward(grad_loss, x, target, None, lse, denom, -100,  # noqa: E731
