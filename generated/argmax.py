@@ -5,7 +5,8 @@
 A argmax reduction with torch's dim/keepdim rules; math in float32, one rounding on store.
 One kernel walks the kept elements in tiles of BLOCK_K and loops over the reduced ones in chunks of
 BLOCK_R; both index spaces are collapsed and decomposed into offsets, so any strides work without
-a copy. A split launch runs it twice: partials of slices of the reduced range, then their combine.
+a copy. A split launch runs it twice: partials of slices of the reduced range, then their combine;
+a "last" launch runs it once: the last program to finish an output tile's slices combines them.
 """
 
 from typing import Optional
@@ -46,6 +47,8 @@ INNER_CONFIGS = (
     {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 8},
     {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 4},
     {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 8},
+    {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 4},
+    {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 8},
 )
 OUTER_CONFIGS = (
     {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 4},
@@ -59,7 +62,7 @@ OUTER_CONFIGS = (
 )
 MAX_BLOCK_K = {'inner': 16, 'outer': 512}
 # the widest tile a program may cover: masked lanes past the end still form offsets
-MAX_TILE = 4096
+MAX_TILE = 16384
 KEY = ["num_kept", "num_red", "num_splits", "KEPT_DIMS", "RED_DIMS", "STAGE", "LEVEL", "INDEX_64"]
 
 # what a program does with its tile's result
@@ -71,7 +74,7 @@ NO_INDEX = tl.constexpr(2**63 - 1)
 
 @triton.jit
 def _argmax_kernel(
-    x_ptr, out_ptr, part_ptr, x_index_ptr, part_index_ptr,
+    x_ptr, out_ptr, part_ptr, counter_ptr, x_index_ptr, part_index_ptr,
     num_kept, num_red, num_splits, split_size, count,
     kept_size_1, kept_size_2, kept_size_3,
     x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
@@ -133,8 +136,11 @@ def _argmax_kernel(
 
 
 # one kernel, autotuned over two tile families; each keeps its own best config
-inner_kernel = triton.autotune(configs=rt.configs(INNER_CONFIGS), key=KEY)(_argmax_kernel)
-outer_kernel = triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY)(_argmax_kernel)
+PRUNE = {"early_config_prune": reduction.fitting_tiles}
+inner_kernel = triton.autotune(configs=rt.configs(INNER_CONFIGS), key=KEY,
+                               prune_configs_by=PRUNE)(_argmax_kernel)
+outer_kernel = triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY,
+                               prune_configs_by=PRUNE)(_argmax_kernel)
 KERNELS = {"inner": inner_kernel, "outer": outer_kernel}
 
 
@@ -147,13 +153,13 @@ def _launch(x, dims, keepdim, out):
     dtypes = (x.dtype, out.dtype)
     if plan.second is None:
         rt.note_launch(NAME, strategy.name, plan.index_64)
-        _run(KERNELS[strategy.tiles], plan.first, (x, out, out, out, out), plan, dtypes)
+        _run(KERNELS[strategy.tiles], plan.first, (x, out, out, out, out, out), plan, dtypes)
         return
     part = rt.empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
     part_index = rt.empty((plan.part_rows, plan.num_kept), torch.int64, x.device)
     rt.note_launch(NAME, strategy.name, plan.index_64, splits=plan.part_rows)
-    _run(KERNELS[strategy.tiles], plan.first, (x, out, part, out, part_index), plan, dtypes)
-    second_pointers = (part, out, part, part_index, part_index)
+    _run(KERNELS[strategy.tiles], plan.first, (x, out, part, part, out, part_index), plan, dtypes)
+    second_pointers = (part, out, part, part, part_index, part_index)
     _run(KERNELS[plan.second.tiles], plan.second, second_pointers, plan, dtypes)
 
 

@@ -5,7 +5,8 @@
 A sum reduction with torch's dim/keepdim rules; math in float32, one rounding on store.
 One kernel walks the kept elements in tiles of BLOCK_K and loops over the reduced ones in chunks of
 BLOCK_R; both index spaces are collapsed and decomposed into offsets, so any strides work without
-a copy. A split launch runs it twice: partials of slices of the reduced range, then their combine.
+a copy. A split launch runs it twice: partials of slices of the reduced range, then their combine;
+a "last" launch runs it once: the last program to finish an output tile's slices combines them.
 """
 
 from typing import Optional
@@ -46,6 +47,8 @@ INNER_CONFIGS = (
     {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 8},
     {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 4},
     {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 8},
+    {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 4},
+    {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 8},
 )
 OUTER_CONFIGS = (
     {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 4},
@@ -59,18 +62,19 @@ OUTER_CONFIGS = (
 )
 MAX_BLOCK_K = {'inner': 16, 'outer': 512}
 # the widest tile a program may cover: masked lanes past the end still form offsets
-MAX_TILE = 4096
+MAX_TILE = 16384
 KEY = ["num_kept", "num_red", "num_splits", "KEPT_DIMS", "RED_DIMS", "STAGE", "LEVEL", "INDEX_64"]
 
 # what a program does with its tile's result
 FINAL = tl.constexpr(reduction.FINAL)      # finish it and store it to out
 PARTIAL = tl.constexpr(reduction.PARTIAL)  # store it to row `split` of the float32 partials
 ATOMIC = tl.constexpr(reduction.ATOMIC)    # add it to the float32 partials with an atomic
+LAST = tl.constexpr(reduction.LAST)        # PARTIAL; the tile's last program combines them
 
 
 @triton.jit
 def _sum_kernel(
-    x_ptr, out_ptr, part_ptr,
+    x_ptr, out_ptr, part_ptr, counter_ptr,
     num_kept, num_red, num_splits, split_size, count,
     kept_size_1, kept_size_2, kept_size_3,
     x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
@@ -120,21 +124,48 @@ def _sum_kernel(
                                           out_kept_stride_3, KEPT_DIMS)
             result = result
             tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty), mask=kept_mask)
-        elif STAGE == PARTIAL:
-            tl.store(part_ptr + split * num_kept + kept, result, mask=kept_mask)
-        else:
+        elif STAGE == ATOMIC:
             tl.atomic_add(part_ptr + kept, result, mask=kept_mask)
+        else:
+            part = split * num_kept + kept
+            tl.store(part_ptr + part, result, mask=kept_mask)
+            if STAGE == LAST:
+                # every thread's partial is stored before the ticket, whose release publishes them
+                tl.debug_barrier()
+                ticket = tl.atomic_add(counter_ptr + kept_tile, 1, sem="acq_rel")
+                if ticket == num_splits - 1:
+                    # the last of the tile's programs: combine its partials (read from L2, past
+                    # this SM's L1) in split order, reset the ticket for the next launch
+                    acc = tl.full([BLOCK_K, BLOCK_R], 0.0, tl.float32)
+                    for split_block in range(0, num_splits, BLOCK_R):
+                        splits = split_block + tl.arange(0, BLOCK_R)
+                        part_mask = kept_mask[:, None] & (splits < num_splits)[None, :]
+                        partials = tl.load(part_ptr + splits[None, :] * num_kept + kept[:, None],
+                                           mask=part_mask, other=0.0,
+                                           cache_modifier=".cg")
+                        acc = sum_combine_f32(acc, partials)
+                    result = sum_reduce_f32(acc, 1)
+                    out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
+                                                  out_kept_stride_0, out_kept_stride_1,
+                                                  out_kept_stride_2, out_kept_stride_3, KEPT_DIMS)
+                    result = result
+                    tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty),
+                             mask=kept_mask)
+                    tl.store(counter_ptr + kept_tile, 0)
 
 
 # one kernel, autotuned over two tile families; each keeps its own best config
-inner_kernel = triton.autotune(configs=rt.configs(INNER_CONFIGS), key=KEY)(_sum_kernel)
-outer_kernel = triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY)(_sum_kernel)
+PRUNE = {"early_config_prune": reduction.fitting_tiles}
+inner_kernel = triton.autotune(configs=rt.configs(INNER_CONFIGS), key=KEY,
+                               prune_configs_by=PRUNE)(_sum_kernel)
+outer_kernel = triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY,
+                               prune_configs_by=PRUNE)(_sum_kernel)
 KERNELS = {"inner": inner_kernel, "outer": outer_kernel}
 # atomics accumulate into `part`: every autotune trial must start from zeros again
 ATOMIC_KERNELS = {
-    "inner": triton.autotune(configs=rt.configs(INNER_CONFIGS), key=KEY,
+    "inner": triton.autotune(configs=rt.configs(INNER_CONFIGS), key=KEY, prune_configs_by=PRUNE,
                              reset_to_zero=["part_ptr"])(_sum_kernel),
-    "outer": triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY,
+    "outer": triton.autotune(configs=rt.configs(OUTER_CONFIGS), key=KEY, prune_configs_by=PRUNE,
                              reset_to_zero=["part_ptr"])(_sum_kernel),
 }
 
@@ -146,17 +177,24 @@ def _launch(x, dims, keepdim, out):
         return  # the output is empty: nothing to compute
     strategy = plan.strategy
     dtypes = (x.dtype, out.dtype)
+    if plan.counters:
+        # one launch: partials, and the last program of each output tile combines them into out
+        part = rt.empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
+        counters = reduction.tile_counters(x.device, plan.counters)
+        rt.note_launch(NAME, strategy.name, plan.index_64, splits=strategy.splits)
+        _run(KERNELS[strategy.tiles], plan.first, (x, out, part, counters), plan, dtypes)
+        return
     if plan.second is None:
         rt.note_launch(NAME, strategy.name, plan.index_64)
-        _run(KERNELS[strategy.tiles], plan.first, (x, out, out), plan, dtypes)
+        _run(KERNELS[strategy.tiles], plan.first, (x, out, out, out), plan, dtypes)
         return
     atomic = strategy.name == "atomic"
     part = (rt.zeros if atomic else rt.empty)((plan.part_rows, plan.num_kept), torch.float32,
                                               x.device)
     rt.note_launch(NAME, strategy.name, plan.index_64, splits=strategy.splits)
-    _run((ATOMIC_KERNELS if atomic else KERNELS)[strategy.tiles], plan.first, (x, out, part), plan,
-         dtypes)
-    second_pointers = (part, out, part)
+    _run((ATOMIC_KERNELS if atomic else KERNELS)[strategy.tiles], plan.first, (x, out, part, part),
+         plan, dtypes)
+    second_pointers = (part, out, part, part)
     _run(KERNELS[plan.second.tiles], plan.second, second_pointers, plan, dtypes)
 
 

@@ -98,6 +98,37 @@ def test_auto_strategy(shape, dims, expected, monkeypatch):
     if expected == "split":
         assert strategy.splits * strategy.split_size >= prob.reduced.numel
         assert strategy.splits >= 2
+        # aligned splits: the kernel's loads vectorize
+        assert strategy.split_size % reduction.SPLIT_ALIGN == 0
+        # an untraced call splits in one launch; argmax's partials carry indices: two launches
+        one = reduction.choose("sum", prob, torch.device("cpu"), "flat", "sum", BLOCKS, True)
+        assert one.name == "last" and one.splits == strategy.splits
+        assert reduction.choose("argmax", prob, torch.device("cpu"), "flat", "argmax", BLOCKS,
+                                True).name == "split"
+
+
+def test_last_launches_once_and_resets_its_tickets():
+    x = torch.randn(300, 70)
+    for dim in (0, None, 1):
+        with runtime.record_launches() as log, runtime.override(strategy="last"):
+            torch.testing.assert_close(generated.sum(x, dim), torch.sum(x.double(), dim).float())
+        assert [l.kernel for l in log] == ["last"]
+        assert not reduction.tile_counters(x.device, 1).any()
+
+
+def test_fitting_tiles_prunes_wide_tiles():
+    import triton
+    configs = [triton.Config({"BLOCK_K": k, "BLOCK_R": r}) for k, r in
+               ((4, 256), (1, 4096), (16, 256), (1, 16384))]
+
+    def kept(num_kept, split_size):
+        args = {"num_kept": num_kept, "split_size": split_size, "num_red": split_size}
+        return [(c.kwargs["BLOCK_K"], c.kwargs["BLOCK_R"])
+                for c in reduction.fitting_tiles(configs, args)]
+
+    assert kept(1, 1 << 19) == [(1, 4096), (1, 16384)]       # a full reduction's split
+    assert kept(32768, 1024) == [(4, 256), (16, 256)]        # short rows: no long chunks
+    assert kept(1, 10) == [(4, 256)]                         # none fits: the smallest tile
 
 
 def test_forced_strategies_and_their_errors():

@@ -81,8 +81,9 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     # rows x reduced elements per tile: many short rows, or a few long ones. The first config of
     # each list is the one the interpreter runs (see rt.configs): keep it small
-    inner = tile_pairs(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256)),
-                       "kept, reduced")
+    # (1, 16384): a full reduction's long splits, with 32-64 elements in flight per thread
+    inner = tile_pairs(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256),
+                                         (1, 16384)), "kept, reduced")
     # kept x reduced elements per tile: wide along the contiguous kept dim
     outer = tile_pairs(tuning, "OUTER", ((64, 64), (128, 32), (256, 16), (512, 8)), "kept, reduced")
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8))

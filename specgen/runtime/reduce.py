@@ -16,16 +16,24 @@ from typing import Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides, untraced
 from specgen.runtime.layout import Shape, merge_dims, span
+from specgen.runtime.replay import persistent
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
 MAX_DIMS = 4
-STRATEGIES = ("inner", "outer", "split", "atomic")
+STRATEGIES = ("inner", "outer", "split", "atomic", "last")
 # what a program does with its tile's result (the kernel's STAGE)
 FINAL = 0      # finish it and store it to out
 PARTIAL = 1    # store it to row `split` of the float32 partials
 ATOMIC = 2     # add it to the float32 partials with an atomic (sum-like reductions)
+LAST = 3       # PARTIAL, then the last program of the output tile combines the partials into out
+# reductions whose partials carry an index too: they split in two launches
+INDEX_COMBINES = ("argmax", "argmin")
+# a split's length is a multiple of this many elements: where the reduced dim is the contiguous
+# one, every split then starts 16-element aligned, and the kernel's split_size argument is
+# specialized as divisible by 16, so loads vectorize (an odd split_size makes them scalar)
+SPLIT_ALIGN = 16
 # a split never hands a program fewer reduced elements than this
 MIN_SPLIT_CHUNK = 64
 # auto splits when the output tiles fill less than this share of a persistent grid
@@ -144,7 +152,7 @@ class Strategy:
 
 
 def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: str,
-           max_block_k: dict[str, int]) -> Strategy:
+           max_block_k: dict[str, int], one_launch: bool = False) -> Strategy:
     """The strategy for a reduction: forced by ``override(strategy=...)`` or picked from sizes.
 
     One-level strategies give each output tile one program that loops over the whole reduced range
@@ -152,7 +160,10 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     over the reduced one). When the output tiles cannot fill the machine (a full reduction, a few
     long columns), ``split`` cuts the reduced range among programs that write float32 partials a
     second kernel combines (deterministic), and ``atomic`` adds them into a float32 buffer instead
-    (sum-like reductions only).
+    (sum-like reductions only). ``last`` is the split in one launch: the last program to finish a
+    slice of an output tile (an atomic ticket per tile) combines its partials. It needs counters
+    that persist between launches (``tile_counters``), so only untraced calls may use it
+    (``one_launch``); elsewhere, and for the index reductions, a split runs in two launches.
     """
     forced = overrides().strategy
     if forced is not None and forced not in STRATEGIES:
@@ -170,10 +181,13 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     if forced is None:
         if splits < 2 or kept_tiles >= SPLIT_BELOW * target or num_red < 2 * MIN_SPLIT_CHUNK:
             return Strategy(tiles, tiles, 1, max(num_red, 1))
+        # deterministic like split, without its second launch: as fast as atomics plus a cast
+        forced = "last"
+    if forced == "last" and (not one_launch or combine in INDEX_COMBINES):
         forced = "split"
     # a forced split splits even a small input (the test suite reaches the second level that way)
     splits = max(1, min(max(splits, 2), math.ceil(num_red / MIN_SPLIT_CHUNK)))
-    split_size = max(math.ceil(num_red / splits), 1)
+    split_size = max(SPLIT_ALIGN * math.ceil(num_red / (splits * SPLIT_ALIGN)), 1)
     return Strategy(forced, tiles, math.ceil(num_red / split_size) if num_red else 1, split_size)
 
 
@@ -241,6 +255,11 @@ class ReduceLaunch:
     first: Level
     second: Level | None      # the combine of the partials (split and atomic)
 
+    @property
+    def counters(self) -> int:
+        """Tickets a ``last`` launch takes, one per output tile of its narrowest tiles."""
+        return self.num_kept if self.strategy.name == "last" else 0
+
 
 def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool,
                 max_block_k: dict[str, int], max_tile: int, x: torch.Tensor, out: torch.Tensor,
@@ -252,7 +271,7 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
     """
     key = (op, indexing, launch, combine, logical, tuple(sorted(max_block_k.items())), max_tile,
            tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
-           overrides(), x.device)
+           overrides(), x.device, untraced([x, out]))
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
@@ -260,13 +279,14 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
 
 
 def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, strides,
-          out_shape, out_strides, dims, keepdim, _overrides, device) -> ReduceLaunch | None:
+          out_shape, out_strides, dims, keepdim, _overrides, device,
+          one_launch) -> ReduceLaunch | None:
     prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
     num_kept, num_red = prob.kept.numel, prob.reduced.numel
     if num_kept == 0:
         return None
     count = float(num_red)
-    strategy = choose(op, prob, device, launch, combine, dict(max_block_k))
+    strategy = choose(op, prob, device, launch, combine, dict(max_block_k), one_launch)
     cap = max_programs(device, launch)
     spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
 
@@ -285,8 +305,10 @@ def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, 
     # atomics add every split into one row; a split writes a row per split
     rows = 1 if atomic else strategy.splits
     index_64 = choose_int64(op, indexing, {**spans, "part": rows * num_kept}, max_tile)
-    first = level(prob, strategy.tiles, strategy.splits, strategy.split_size,
-                  ATOMIC if atomic else PARTIAL, 1)
+    stage = {"atomic": ATOMIC, "split": PARTIAL, "last": LAST}[strategy.name]
+    first = level(prob, strategy.tiles, strategy.splits, strategy.split_size, stage, 1)
+    if strategy.name == "last":
+        return ReduceLaunch(strategy, index_64, rows, num_kept, first, None)
     # second level: the partials, a dense (rows, kept) float32 buffer, reduced over its rows
     second_prob = partials_problem(prob, rows)
     second = level(second_prob, "inner" if second_prob.inner else "outer", 1, rows, FINAL, 2)
@@ -294,3 +316,40 @@ def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, 
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
+
+
+# device -> int32 tickets of ``last`` launches, zero between launches: the last program of each
+# output tile resets its own. Shared by every reduction on the device, so ``last`` launches must
+# not run concurrently on two streams.
+_counters: dict[torch.device, torch.Tensor] = {}
+# outgrown counters stay allocated: a captured CUDA graph may still use them
+_retired: list[torch.Tensor] = []
+
+
+def tile_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least ``count`` zeroed ticket counters on ``device`` (allocated once, grown as needed)."""
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < count:
+        if counters is not None:
+            _retired.append(counters)
+        size = max(count, 1024, 2 * counters.numel() if counters is not None else 0)
+        counters = torch.zeros(size, dtype=torch.int32, device=device)
+        _counters[device] = counters
+    return persistent(counters)
+
+
+def fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:
+    """``early_config_prune`` of the reduce kernels: no tile much larger than the problem.
+
+    A full reduction keeps one element: a tile of 4 or 16 kept rows would mask most of its lanes;
+    rows of 1024 would mask most of a 16384-long chunk. Configs up to the kept count and the
+    split's length (each rounded up to a power of two) stay; where none does, the smallest tiles.
+    """
+    widest_k = triton.next_power_of_2(max(named_args["num_kept"], 1))
+    widest_r = triton.next_power_of_2(max(min(named_args["split_size"], named_args["num_red"]), 1))
+    fitting = [c for c in configs
+               if c.kwargs["BLOCK_K"] <= widest_k and c.kwargs["BLOCK_R"] <= widest_r]
+    if fitting:
+        return fitting
+    smallest = min(c.kwargs["BLOCK_K"] * c.kwargs["BLOCK_R"] for c in configs)
+    return [c for c in configs if c.kwargs["BLOCK_K"] * c.kwargs["BLOCK_R"] == smallest]

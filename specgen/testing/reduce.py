@@ -22,6 +22,8 @@ _REDUCE_TOLERANCES = {
 def _strategies(info: OpInfo) -> tuple[str | None, ...]:
     module = sys.modules[info.function.__module__]
     forced = ("inner", "outer", "split") + (("atomic",) if module.COMBINE == "sum" else ())
+    if module.COMBINE not in ("argmax", "argmin"):
+        forced += ("last",)  # the one-launch split (argmax/argmin split in two launches)
     return (None,) + forced
 
 
