@@ -38,6 +38,7 @@ CONFIGS = (
     {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
 )
 # every BLOCK_K of the space: K divisible by the largest means no partial K block for any
 BLOCK_KS = (64, 128)

@@ -61,9 +61,9 @@ LARGE = [
 DECODE = [
     config(16, 64, 128, 4, 4), config(16, 128, 128, 4, 4), config(16, 64, 64, 4, 4),
     config(16, 128, 64, 4, 4), config(16, 256, 64, 8, 3), config(16, 64, 256, 4, 3),
-    config(32, 64, 128, 4, 4),
+    config(32, 64, 128, 4, 4), config(16, 32, 128, 4, 4), config(16, 32, 256, 4, 4),
 ]
-DECODE_STRATEGIES = ["direct", "two_stage:2", "two_stage:4", "two_stage:8", "atomic:4"]
+DECODE_STRATEGIES = ["direct", "two_stage:2", "two_stage:4", "two_stage:8"]
 
 
 def gelu_linear(x, w, b):

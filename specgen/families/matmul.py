@@ -59,9 +59,11 @@ DEFAULT_CONFIGS = (
     # too few 128 x 128 tiles to fill the GPU, or float32 inputs (twice the shared memory)
     _config(64, 128, 64, warps=4, stages=4),
     _config(128, 64, 64, warps=4, stages=4),
-    # small M (decode): B streams through, long K blocks keep more of it in flight
+    # small M (decode): B streams through, long K blocks keep more of it in flight; 16 x 32
+    # tiles give a 4096-column output 128 programs, which may stream B without split-K
     _config(16, 64, 128, warps=4, stages=4),
     _config(16, 128, 128, warps=4, stages=4),
+    _config(16, 32, 128, warps=4, stages=4),
 )
 # the product form: what a key left out takes
 PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),
