@@ -56,6 +56,8 @@ LARGE = [
     config(128, 256, 64, 8, 4), config(256, 128, 64, 8, 4), config(128, 256, 32, 8, 4),
     config(128, 128, 128, 8, 3), config(128, 128, 64, 4, 4), config(64, 256, 64, 4, 4),
     config(128, 256, 64, 8, 3, group=4), config(128, 256, 64, 8, 3, group=16),
+    # 96 KB of shared memory and 64 accumulator registers a thread: two programs per SM
+    config(128, 128, 64, 8, 3),
 ]
 # decode (M = 16): 16-row tiles (what the large configs clamp to, and longer K blocks)
 DECODE = [

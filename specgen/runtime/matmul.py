@@ -286,7 +286,7 @@ def input_precision(dtype: torch.dtype) -> str:
 
 def even_k(k: int, block_ks: Sequence[int]) -> bool:
     """K is a multiple of every BLOCK_K that may run (powers of two: of the largest), so no tile
-    of K is partial and the loads of the K loop need no mask."""
+    of K is partial and the kernels leave out the masked step for a partial last block."""
     return k % max(block_ks) == 0
 
 
