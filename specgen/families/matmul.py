@@ -7,7 +7,8 @@ broadcast as in ``torch.matmul``; a leading ``"B"`` one batch dim that must matc
 
 Spec tables: ``[epilogue]`` (one output per key, over ``acc``, the epilogue operands, scalars and
 earlier outputs; ``dtype`` sets the output dtype, default the inputs'), ``[schedule]``
-(``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches).
+(``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches: an
+explicit ``configs`` list, or lists whose product is the space).
 """
 
 from __future__ import annotations
