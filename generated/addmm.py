@@ -33,33 +33,18 @@ ARGS = (
 )
 OUTPUTS = ('out',)
 CONFIGS = (
-    {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
+    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
+    {'BLOCK_M': 256, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
     {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
 )
 # every BLOCK_K of the space: K divisible by the largest means no partial K block for any
-BLOCK_KS = (64,)
+BLOCK_KS = (64, 128)
 SWIZZLE = "none"
 SPLIT_K = "auto"
 SPLIT_FACTORS = (1, 2, 4, 8, 16)
@@ -110,17 +95,20 @@ def _addmm_kernel(
     a_ptrs = a_ptr + offs_am[:, None] * a_stride_m + offs_k[None, :] * a_stride_k
     b_ptrs = b_ptr + offs_k[:, None] * b_stride_k + offs_bn[None, :] * b_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a_tile = tl.load(a_ptrs)
-            b_tile = tl.load(b_ptrs)
-        else:
-            # the last K block is partial: zeros add nothing to the dot
-            a_tile = tl.load(a_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
-            b_tile = tl.load(b_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+    # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
+    for k in range(0, K - K % BLOCK_K, BLOCK_K):
+        a_tile = tl.load(a_ptrs)
+        b_tile = tl.load(b_ptrs)
         acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * a_stride_k
         b_ptrs += BLOCK_K * b_stride_k
+    if not EVEN_K:
+        # a partial last K block (where the pointers now are)
+        if K % BLOCK_K != 0:
+            # lanes past K load zeros, which add nothing to the dot
+            a_tile = tl.load(a_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+            b_tile = tl.load(b_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
+            acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_cm < M
@@ -175,17 +163,20 @@ def _addmm_split_kernel(
     a_ptrs = a_ptr + offs_am[:, None] * a_stride_m + (k_start + offs_k)[None, :] * a_stride_k
     b_ptrs = b_ptr + (k_start + offs_k)[:, None] * b_stride_k + offs_bn[None, :] * b_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, K, BLOCK_K * SPLIT_K):
-        if EVEN_K:
-            a_tile = tl.load(a_ptrs)
-            b_tile = tl.load(b_ptrs)
-        else:
-            # the last K block is partial: zeros add nothing to the dot
-            a_tile = tl.load(a_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
-            b_tile = tl.load(b_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+    # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
+    for k in range(k_start, K - K % BLOCK_K, BLOCK_K * SPLIT_K):
+        a_tile = tl.load(a_ptrs)
+        b_tile = tl.load(b_ptrs)
         acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * SPLIT_K * a_stride_k
         b_ptrs += BLOCK_K * SPLIT_K * b_stride_k
+    if not EVEN_K:
+        # a partial last K block, in the sequence of one split (where the pointers now are)
+        if (K % BLOCK_K != 0) & ((K // BLOCK_K) % SPLIT_K == pid_k):
+            # lanes past K load zeros, which add nothing to the dot
+            a_tile = tl.load(a_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+            b_tile = tl.load(b_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
+            acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_cm < M

@@ -33,33 +33,18 @@ ARGS = (
 )
 OUTPUTS = ('out',)
 CONFIGS = (
-    {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
+    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
+    {'BLOCK_M': 256, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
     {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
-    {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
 )
 # every BLOCK_K of the space: K divisible by the largest means no partial K block for any
-BLOCK_KS = (64,)
+BLOCK_KS = (64, 128)
 SWIZZLE = "grouped"
 SPLIT_K = "auto"
 SPLIT_FACTORS = (1, 2, 4, 8, 16)
@@ -131,17 +116,20 @@ def _linear_residual_kernel(
         x_ptrs = x_ptr + x_base + offs_am[:, None] * x_stride_m + offs_k[None, :] * x_stride_k
         weight_ptrs = weight_ptr + offs_k[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            if EVEN_K:
-                x_tile = tl.load(x_ptrs)
-                weight_tile = tl.load(weight_ptrs)
-            else:
-                # the last K block is partial: zeros add nothing to the dot
-                x_tile = tl.load(x_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
-                weight_tile = tl.load(weight_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+        # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
+        for k in range(0, K - K % BLOCK_K, BLOCK_K):
+            x_tile = tl.load(x_ptrs)
+            weight_tile = tl.load(weight_ptrs)
             acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
             x_ptrs += BLOCK_K * x_stride_k
             weight_ptrs += BLOCK_K * weight_stride_k
+        if not EVEN_K:
+            # a partial last K block (where the pointers now are)
+            if K % BLOCK_K != 0:
+                # lanes past K load zeros, which add nothing to the dot
+                x_tile = tl.load(x_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+                weight_tile = tl.load(weight_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
+                acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_cm < M
@@ -216,17 +204,20 @@ def _linear_residual_split_kernel(
         x_ptrs = x_ptr + x_base + offs_am[:, None] * x_stride_m + (k_start + offs_k)[None, :] * x_stride_k
         weight_ptrs = weight_ptr + (k_start + offs_k)[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(k_start, K, BLOCK_K * SPLIT_K):
-            if EVEN_K:
-                x_tile = tl.load(x_ptrs)
-                weight_tile = tl.load(weight_ptrs)
-            else:
-                # the last K block is partial: zeros add nothing to the dot
-                x_tile = tl.load(x_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
-                weight_tile = tl.load(weight_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+        # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
+        for k in range(k_start, K - K % BLOCK_K, BLOCK_K * SPLIT_K):
+            x_tile = tl.load(x_ptrs)
+            weight_tile = tl.load(weight_ptrs)
             acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
             x_ptrs += BLOCK_K * SPLIT_K * x_stride_k
             weight_ptrs += BLOCK_K * SPLIT_K * weight_stride_k
+        if not EVEN_K:
+            # a partial last K block, in the sequence of one split (where the pointers now are)
+            if (K % BLOCK_K != 0) & ((K // BLOCK_K) % SPLIT_K == pid_k):
+                # lanes past K load zeros, which add nothing to the dot
+                x_tile = tl.load(x_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+                weight_tile = tl.load(weight_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
+                acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_cm < M

@@ -70,6 +70,18 @@ def test_good_spec_plans():
     assert plan.outputs[0].code == "(acc + bias) * scale + residual"
 
 
+def test_config_list_and_default_space():
+    listed = GOOD.replace("BLOCK_M = [64, 128]\nnum_stages = [3]",
+                          "configs = [{ BLOCK_M = 16, BLOCK_N = 64, BLOCK_K = 128, num_warps = 4, "
+                          "num_stages = 4 }]")
+    assert family.plan(parse(listed)).configs == (
+        {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4,
+         "num_stages": 4},)
+    default = family.plan(parse(GOOD.replace("[tuning]\nBLOCK_M = [64, 128]\nnum_stages = [3]", "")))
+    assert default.configs == family.DEFAULT_CONFIGS
+    assert default.split_factors == family.DEFAULT_SPLIT_K
+
+
 # (what is wrong, text replaced -> replacement, key path, words of the message)
 CASES = [
     ("no dims", 'w = { kind = "tensor", dims = ["N", "K"] }', 'w = "tensor"', "args.w",
@@ -104,6 +116,28 @@ CASES = [
      "expected positive integers"),
     ("unknown tuning key", "num_stages = [3]", "num_stage = [3]", "tuning.num_stage",
      "unknown key 'num_stage'"),
+    ("lists and a config list", "num_stages = [3]",
+     "num_stages = [3]\nconfigs = [{ BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4, "
+     "num_stages = 3 }]", "tuning.BLOCK_M", "not both"),
+    ("config missing a key", "BLOCK_M = [64, 128]\nnum_stages = [3]",
+     "configs = [{ BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4 }]",
+     "tuning.configs.0", "missing required key 'num_stages'"),
+    ("config block too small", "BLOCK_M = [64, 128]\nnum_stages = [3]",
+     "configs = [{ BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4, num_stages = 3 },\n"
+     "  { BLOCK_M = 64, BLOCK_N = 8, BLOCK_K = 32, num_warps = 4, num_stages = 3 }]",
+     "tuning.configs.1.BLOCK_N", "at least 16"),
+    ("config value a list", "BLOCK_M = [64, 128]\nnum_stages = [3]",
+     "configs = [{ BLOCK_M = [64], BLOCK_N = 64, BLOCK_K = 32, num_warps = 4, num_stages = 3 }]",
+     "tuning.configs.0.BLOCK_M", "expected an integer"),
+    ("config unknown key", "BLOCK_M = [64, 128]\nnum_stages = [3]",
+     "configs = [{ BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4, num_stages = 3, "
+     "split = 2 }]", "tuning.configs.0.split", "unknown key 'split'"),
+    ("config repeated", "BLOCK_M = [64, 128]\nnum_stages = [3]",
+     "configs = [{ BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4, num_stages = 3 },\n"
+     "  { BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, GROUP_M = 8, num_warps = 4, num_stages = 3 }]",
+     "tuning.configs.1", "repeats config 0"),
+    ("configs not tables", "BLOCK_M = [64, 128]\nnum_stages = [3]", "configs = [64]",
+     "tuning.configs", "expected a table"),
     ("missing epilogue", '[epilogue]\nout = "(acc + bias) * scale + residual"', "", "",
      "missing required table [epilogue]"),
 ]
@@ -183,6 +217,12 @@ def test_prune_fits_tiles_to_small_problems():
                            num_warps=4, num_stages=3), configs[0]]
     big = {**args, "M": 4096}
     assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs(spill, big)] == [64]
+    # small-M configs run on small M only (unless nothing else is left)
+    decode = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8},
+                           num_warps=4, num_stages=4)
+    assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs([decode, configs[0]], big)] == [64]
+    assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs([decode, configs[0]], args)] == [16, 16]
+    assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs([decode], big)] == [16]
 
 
 def _space(op, *tensors):

@@ -7,7 +7,8 @@ broadcast as in ``torch.matmul``; a leading ``"B"`` one batch dim that must matc
 
 Spec tables: ``[epilogue]`` (one output per key, over ``acc``, the epilogue operands, scalars and
 earlier outputs; ``dtype`` sets the output dtype, default the inputs'), ``[schedule]``
-(``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches).
+(``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches: an
+explicit ``configs`` list, or lists whose product is the space).
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import Symbol, emit, helpers, parse_expr
-from specgen.families.common import (CommonPlan, check_name, common_plan, int_list,
-                                     power_of_two_list)
+from specgen.families.common import CommonPlan, check_name, common_plan, int_list
 from specgen.families.pointwise import symbols_of
 from specgen.model import DTYPES, OpSpec, Output, TensorArg
-from specgen.table import Table, check_type
+from specgen.table import Table, check_type, parse_list
 
 SWIZZLES = ("grouped", "swizzle2d", "none")
 SPLIT_K_MODES = ("auto", "atomic", "off")
@@ -38,12 +38,38 @@ KERNEL_NAMES = frozenset({
 A_DIMS = ("M", "K")
 B_DIMS = (("K", "N"), ("N", "K"))
 EPILOGUE_DIMS = (("N",), ("M",), ("M", "N"))
-# the default config space: the first point is what the interpreter runs; 128 x 128 x 64 and
-# 128 x 256 x 64 with 8 warps are the tiles that reach cuBLAS speed on Hopper
-DEFAULT_TUNING = {
-    "BLOCK_M": (128, 64), "BLOCK_N": (128, 256, 64), "BLOCK_K": (64,), "GROUP_M": (8,),
-    "num_warps": (8, 4), "num_stages": (3, 4), "SPLIT_K": (1, 2, 4, 8, 16),
-}
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def _config(m: int, n: int, k: int, warps: int, stages: int) -> dict:
+    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": stages}
+
+
+# The default config space, an explicit list (a product of lists would either miss these or
+# explode). The first is what the interpreter runs. Blocks are clamped to the problem at launch
+# (a 16-row problem runs every config with 16 rows), and configs under 64 rows only run on
+# problems that small (runtime/matmul.py, prune_configs).
+DEFAULT_CONFIGS = (
+    # large problems, one program per SM: the Hopper bf16/fp16 tiles closest to cuBLAS
+    _config(128, 256, 64, warps=8, stages=3),
+    _config(256, 128, 64, warps=8, stages=3),
+    _config(128, 128, 64, warps=8, stages=4),
+    # 96 KB of shared memory: two programs per SM, so one's epilogue overlaps the other's K loop
+    _config(128, 128, 64, warps=4, stages=3),
+    # too few 128 x 128 tiles to fill the GPU, or float32 inputs (twice the shared memory)
+    _config(64, 128, 64, warps=4, stages=4),
+    _config(128, 64, 64, warps=4, stages=4),
+    # small M (decode): B streams through, long K blocks keep more of it in flight; 16 x 32
+    # tiles give a 4096-column output 128 programs, which may stream B without split-K
+    _config(16, 64, 128, warps=4, stages=4),
+    _config(16, 128, 128, warps=4, stages=4),
+    _config(16, 32, 128, warps=4, stages=4),
+)
+# the product form: what a key left out takes
+PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),
+                    "num_warps": (8,), "num_stages": (3,)}
+DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
 MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
 
 
@@ -169,19 +195,66 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
 
 
 def _parse_tuning(table: Table) -> dict:
-    tuning = {}
-    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
-        tuning[key] = power_of_two_list(table, key, DEFAULT_TUNING[key])
-        small = [v for v in tuning[key] if v < MIN_BLOCK]
-        if small:
-            raise table.where.child(key).error(
-                f"tl.dot needs blocks of at least {MIN_BLOCK}, got {small[0]}")
-    tuning["num_warps"] = power_of_two_list(table, "num_warps", DEFAULT_TUNING["num_warps"])
-    for key in ("GROUP_M", "num_stages", "SPLIT_K"):
-        tuning[key] = int_list(table, key, DEFAULT_TUNING[key], lambda v: v >= 1,
-                               "positive integers")
+    """``[tuning]``: ``configs = [{ BLOCK_M = 128, ... }, ...]``, an explicit list, or lists of
+    ``BLOCK_M`` ... ``num_stages`` whose product is the space (neither: DEFAULT_CONFIGS);
+    ``SPLIT_K``, the factors auto split-K may pick."""
+    raw = table.pop_any("configs")
+    lists = [key for key in CONFIG_KEYS if key in table]
+    if raw is not None and lists:
+        raise table.where.child(lists[0]).error(
+            "give either configs = [...] or lists of BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, "
+            "num_warps, num_stages (their product), not both")
+    if raw is not None:
+        configs = _config_list(raw, table.where.child("configs"))
+    elif lists:
+        values = {}
+        for key in CONFIG_KEYS:
+            values[key] = _config_values(table, key, PRODUCT_DEFAULTS[key])
+        configs = tuple(dict(zip(CONFIG_KEYS, point))
+                        for point in itertools.product(*(values[key] for key in CONFIG_KEYS)))
+    else:
+        configs = DEFAULT_CONFIGS
+    split_k = int_list(table, "SPLIT_K", DEFAULT_SPLIT_K, lambda v: v >= 1, "positive integers")
     table.finish()
-    return tuning
+    return {"configs": configs, "SPLIT_K": split_k}
+
+
+def _config_values(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """The product form's list of one config key (or one value)."""
+    raw = table.pop_any(key)
+    if raw is None:
+        return default
+    where = table.where.child(key)
+    return tuple(_check_value(key, value, where) for value in parse_list(raw, int, where))
+
+
+def _config_list(raw, where: Where) -> tuple[dict, ...]:
+    """``configs = [{ BLOCK_M = 128, BLOCK_N = 256, BLOCK_K = 64, num_warps = 8, num_stages = 3 },
+    ...]``; GROUP_M may be left out (8)."""
+    configs: list[dict] = []
+    for i, item in enumerate(parse_list(raw, dict, where)):
+        entry = Table(item, where.child(str(i)))
+        config = {}
+        for key in CONFIG_KEYS:
+            value = entry.pop(key, int, 8) if key == "GROUP_M" else entry.pop(key, int)
+            config[key] = _check_value(key, value, entry.where.child(key))
+        entry.finish()
+        if config in configs:
+            raise entry.where.error(f"repeats config {configs.index(config)}")
+        configs.append(config)
+    return tuple(configs)
+
+
+def _check_value(key: str, value: int, where: Where) -> int:
+    if key in ("GROUP_M", "num_stages"):
+        if value < 1:
+            raise where.error(f"expected positive integers, got {value}")
+        return value
+    if value <= 0 or value & (value - 1):
+        raise where.error(f"expected powers of two, got {value}")
+    if key.startswith("BLOCK_") and value < MIN_BLOCK:
+        raise where.error(f"tl.dot needs blocks of at least {MIN_BLOCK}, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -292,17 +365,13 @@ def plan(spec: OpSpec) -> MatmulPlan:
     names = {c.name: c.constexpr for c in spec.choices}
     outputs = tuple(OutputTensor(o.name, emit(o.expr, names)) for o in body.outputs)
     t = body.tuning
-    configs = tuple(
-        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": g, "num_warps": w, "num_stages": s}
-        for m, n, k, g, w, s in itertools.product(t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"],
-                                                  t["GROUP_M"], t["num_warps"], t["num_stages"]))
     operands = (body.a, body.b, *body.epilogue_inputs)
     batches = {o.dims[0] for o in operands if o.batched}
     batch_rank = 0 if not batches else (1 if "B" in batches else BROADCAST_BATCH_RANK)
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return MatmulPlan(**common.__dict__, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
                       outputs=outputs, out_dtype=body.out_dtype, batch_rank=batch_rank,
-                      swizzle=body.swizzle, split_k=body.split_k, configs=configs,
+                      swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
                       split_factors=tuple(sorted(set(t["SPLIT_K"]))),
                       helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))
 

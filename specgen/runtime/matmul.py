@@ -32,6 +32,8 @@ MIN_K_PER_SPLIT = 512
 SPLIT_PROGRAMS_PER_SM = 4
 # tl.dot needs every block dimension to be at least 16
 MIN_DOT_BLOCK = 16
+# Hopper's wgmma works on 64-row tiles: configs with fewer rows are meant for problems that small
+WGMMA_ROWS = 64
 
 
 def _letters(dims: Sequence[str]) -> tuple[str, ...]:
@@ -290,7 +292,7 @@ def precision_setting() -> bool:
 
 def even_k(k: int, block_ks: Sequence[int]) -> bool:
     """K is a multiple of every BLOCK_K that may run (powers of two: of the largest), so no tile
-    of K is partial and the loads of the K loop need no mask."""
+    of K is partial and the kernels leave out the masked step for a partial last block."""
     return k % max(block_ks) == 0
 
 
@@ -312,7 +314,8 @@ def prune_configs(configs, named_args, **kwargs):
     Block sizes larger than the (power-of-two rounded) problem only add masked work, so they are
     clamped and the configs that become equal merged: a 16-row problem tunes over 16-row tiles.
     Configs whose pipelined tiles exceed the shared memory, or whose accumulator would spill
-    (more than 128 float32 registers per thread), are dropped unless nothing else is left.
+    (more than 128 float32 registers per thread), are dropped unless nothing else is left; so are
+    small-M configs (under WGMMA_ROWS rows) on problems with WGMMA_ROWS rows or more.
     """
     m, n, k = named_args["M"], named_args["N"], named_args["K"]
     a = next(v for v in named_args.values() if hasattr(v, "element_size"))
@@ -336,7 +339,9 @@ def prune_configs(configs, named_args, **kwargs):
         registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
         return smem <= limit and registers <= 128
 
-    return [c for c in fitted if fits(c)] or fitted[:1]
+    rows = min(WGMMA_ROWS, triton.next_power_of_2(m))
+    fitting = [c for c in fitted if fits(c)]
+    return [c for c in fitting if c.kwargs["BLOCK_M"] >= rows] or fitting or fitted[:1]
 
 
 def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device) -> torch.Tensor:
