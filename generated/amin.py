@@ -39,26 +39,36 @@ LAUNCH = "flat"
 INNER_CONFIGS = (
     {'BLOCK_K': 4, 'BLOCK_R': 256, 'num_warps': 4},
     {'BLOCK_K': 4, 'BLOCK_R': 256, 'num_warps': 8},
+    {'BLOCK_K': 4, 'BLOCK_R': 256, 'num_warps': 16},
     {'BLOCK_K': 4, 'BLOCK_R': 1024, 'num_warps': 4},
     {'BLOCK_K': 4, 'BLOCK_R': 1024, 'num_warps': 8},
+    {'BLOCK_K': 4, 'BLOCK_R': 1024, 'num_warps': 16},
     {'BLOCK_K': 1, 'BLOCK_R': 4096, 'num_warps': 4},
     {'BLOCK_K': 1, 'BLOCK_R': 4096, 'num_warps': 8},
+    {'BLOCK_K': 1, 'BLOCK_R': 4096, 'num_warps': 16},
     {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 4},
     {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 8},
+    {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 16},
     {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 4},
     {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 8},
+    {'BLOCK_K': 16, 'BLOCK_R': 256, 'num_warps': 16},
     {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 4},
     {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 8},
+    {'BLOCK_K': 1, 'BLOCK_R': 16384, 'num_warps': 16},
 )
 OUTER_CONFIGS = (
     {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 4},
     {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 8},
+    {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 16},
     {'BLOCK_K': 128, 'BLOCK_R': 32, 'num_warps': 4},
     {'BLOCK_K': 128, 'BLOCK_R': 32, 'num_warps': 8},
+    {'BLOCK_K': 128, 'BLOCK_R': 32, 'num_warps': 16},
     {'BLOCK_K': 256, 'BLOCK_R': 16, 'num_warps': 4},
     {'BLOCK_K': 256, 'BLOCK_R': 16, 'num_warps': 8},
+    {'BLOCK_K': 256, 'BLOCK_R': 16, 'num_warps': 16},
     {'BLOCK_K': 512, 'BLOCK_R': 8, 'num_warps': 4},
     {'BLOCK_K': 512, 'BLOCK_R': 8, 'num_warps': 8},
+    {'BLOCK_K': 512, 'BLOCK_R': 8, 'num_warps': 16},
 )
 MAX_BLOCK_K = {'inner': 16, 'outer': 512}
 # the widest tile a program may cover: masked lanes past the end still form offsets

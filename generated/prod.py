@@ -39,24 +39,33 @@ LAUNCH = "flat"
 INNER_CONFIGS = (
     {'BLOCK_K': 2, 'BLOCK_R': 32, 'num_warps': 4},
     {'BLOCK_K': 2, 'BLOCK_R': 32, 'num_warps': 8},
+    {'BLOCK_K': 2, 'BLOCK_R': 32, 'num_warps': 16},
     {'BLOCK_K': 4, 'BLOCK_R': 256, 'num_warps': 4},
     {'BLOCK_K': 4, 'BLOCK_R': 256, 'num_warps': 8},
+    {'BLOCK_K': 4, 'BLOCK_R': 256, 'num_warps': 16},
     {'BLOCK_K': 4, 'BLOCK_R': 1024, 'num_warps': 4},
     {'BLOCK_K': 4, 'BLOCK_R': 1024, 'num_warps': 8},
+    {'BLOCK_K': 4, 'BLOCK_R': 1024, 'num_warps': 16},
     {'BLOCK_K': 1, 'BLOCK_R': 4096, 'num_warps': 4},
     {'BLOCK_K': 1, 'BLOCK_R': 4096, 'num_warps': 8},
+    {'BLOCK_K': 1, 'BLOCK_R': 4096, 'num_warps': 16},
     {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 4},
     {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 8},
+    {'BLOCK_K': 8, 'BLOCK_R': 512, 'num_warps': 16},
 )
 OUTER_CONFIGS = (
     {'BLOCK_K': 32, 'BLOCK_R': 2, 'num_warps': 4},
     {'BLOCK_K': 32, 'BLOCK_R': 2, 'num_warps': 8},
+    {'BLOCK_K': 32, 'BLOCK_R': 2, 'num_warps': 16},
     {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 4},
     {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 8},
+    {'BLOCK_K': 64, 'BLOCK_R': 64, 'num_warps': 16},
     {'BLOCK_K': 128, 'BLOCK_R': 32, 'num_warps': 4},
     {'BLOCK_K': 128, 'BLOCK_R': 32, 'num_warps': 8},
+    {'BLOCK_K': 128, 'BLOCK_R': 32, 'num_warps': 16},
     {'BLOCK_K': 256, 'BLOCK_R': 16, 'num_warps': 4},
     {'BLOCK_K': 256, 'BLOCK_R': 16, 'num_warps': 8},
+    {'BLOCK_K': 256, 'BLOCK_R': 16, 'num_warps': 16},
 )
 MAX_BLOCK_K = {'inner': 8, 'outer': 256}
 # the widest tile a program may cover: masked lanes past the end still form offsets

@@ -86,7 +86,9 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
                                          (1, 16384)), "kept, reduced")
     # kept x reduced elements per tile: wide along the contiguous kept dim
     outer = tile_pairs(tuning, "OUTER", ((64, 64), (128, 32), (256, 16), (512, 8)), "kept, reduced")
-    num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
+    # 16 warps: a full reduction's long splits reach 94% of copy bandwidth with them (H200 sweep,
+    # tools/sweep_reduce.py), 83% with 8
+    num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     launch = schedule.pop_choice("launch", LAUNCHES, "flat")
