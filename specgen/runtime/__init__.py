@@ -4,7 +4,7 @@ from specgen.runtime.checks import (broadcast_shape, check_choice, check_out, ch
                                     check_tensor_types, check_tensors)
 from specgen.runtime.launch import (Launch, choose_int64, configs, grid_size, interpreting, launch,
                                     max_programs, note_launch, override, overrides, record_launches,
-                                    runs_eagerly, use_int64)
+                                    runs_eagerly, untraced, use_int64)
 from specgen.runtime.layout import (Collapsed, broadcast_strides, collapse, dense_strides,
                                     memory_order, storage_span)
 from specgen.runtime.registry import ArgInfo, OpInfo
@@ -16,5 +16,6 @@ __all__ = [
     "check_choice", "check_out", "check_scalar", "check_tensor_types", "check_tensors", "collapse",
     "configs", "dense_strides", "grid_size", "interpreting", "launch", "max_programs", "memory_order",
     "note_launch", "override", "overrides", "record_launches", "runs_eagerly", "storage_span",
+    "untraced",
     "use_int64", "choose_int64",
 ]

@@ -209,6 +209,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         config = forced_config(kernel, args, kwargs, _overrides.config)
     elif direct and key in _tuned:
         config = _tuned[key]
+    elif not direct and kernel.reset_to_zero:
+        # Inductor benchmarks a user kernel's configs without its reset_to_zero hook, so atomic
+        # targets would keep every trial's sums: traced, such a kernel runs one config (the one
+        # eager tuning chose for this plan, else the first that fits), untuned
+        config = _tuned.get(key) or forced_config(kernel, args, kwargs, 0)
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
         if direct:
