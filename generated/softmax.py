@@ -434,7 +434,7 @@ def _softmax_split0_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -498,9 +498,9 @@ def _softmax_split0_kernel(
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
             acc_sum = acc_sum * tl.exp(acc_max - shift) + tl.exp(value - shift)
             acc_max = new_max
-        part_max = tl.reduce(acc_max, 1, maximum_f32, keep_dims=True)
+        part_max = tl.reduce(acc_max, None, maximum_f32)
         part_shift = tl.where(part_max == float("-inf"), 0.0, part_max)
-        part_sum = tl.sum(acc_sum * tl.exp(acc_max - part_shift), axis=1, keep_dims=True)
+        part_sum = tl.sum(acc_sum * tl.exp(acc_max - part_shift))
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, part_max)
         tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, part_sum)
 
@@ -532,7 +532,7 @@ def _softmax_split_out_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -562,14 +562,14 @@ def _softmax_split_out_kernel(
             row_coord = row_rest
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)[None, :]
+        splits = tl.arange(0, SPLITS_BLOCK)
         split_mask = splits < n_splits
         part_max = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=float("-inf"))
         part_sum = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_max = tl.reduce(part_max, 1, maximum_f32, keep_dims=True)
+        row_max = tl.reduce(part_max, None, maximum_f32)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
         row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-        row_sum = tl.sum(part_sum * tl.exp(part_max - row_max_shift), axis=1, keep_dims=True)
+        row_sum = tl.sum(part_sum * tl.exp(part_max - row_max_shift))
         lo = split * share
         hi = tl.minimum(lo + share, N)
 

@@ -244,9 +244,10 @@ def _pointwise_outputs(outputs: tuple[Output, ...], row_outputs: tuple[str, ...]
 def variance_pair(steps: tuple[Step, ...]) -> int | None:
     """Index of a mean step (a sum of E scaled by 1 / N) that the next step sums (E - mean)**2 over.
 
-    Chunked passes compute that pair in one read: each chunk's mean and squared deviations,
-    merged into the running ones (Chan et al.), as exact as two passes and never subtracting
-    two large sums.
+    Chunked passes compute that pair in one read: each lane of the chunk tile keeps a running
+    mean and sum of squared deviations (Welford), and the lanes are merged once after the loop
+    (Chan et al.), as exact as two passes and never subtracting two large sums. The loop itself
+    has no block-wide reduction (a per-chunk merge would need three, each a barrier round trip).
     """
     for i, (first, second) in enumerate(zip(steps, steps[1:])):
         if first.op != "sum" or second.op != "sum" or first.scale is None:
@@ -342,9 +343,13 @@ class StepPlan:
             return f"{self.acc} += {self.masked()}"
         return f"{self.acc} = {COMBINE[self.op]}({self.acc}, {self.masked()})"
 
-    def reduce(self, tile: str) -> str:
+    def reduce(self, tile: str, whole: bool = False) -> str:
+        """Per row of ``tile`` (a [BLOCK_M, 1] column), or over all of it (a scalar: the one row
+        of a split program)."""
         if self.op == "sum":
-            return f"tl.sum({tile}, axis=1, keep_dims=True)"
+            return f"tl.sum({tile})" if whole else f"tl.sum({tile}, axis=1, keep_dims=True)"
+        if whole:
+            return f"tl.reduce({tile}, None, {COMBINE[self.op]})"
         return f"tl.reduce({tile}, 1, {COMBINE[self.op]}, keep_dims=True)"
 
     def scaled(self, code: str) -> str:
