@@ -137,7 +137,7 @@ def _softmax_single_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_max = tl.reduce(tl.where(mask, x, float("-inf")), 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
         row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
@@ -369,7 +369,11 @@ def _softmax_online_kernel(
             new_max = maximum_f32(acc_max, value)
             # lanes that have seen only -inf keep a zero sum (exp(-inf - -inf) would be NaN)
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            acc_sum = acc_sum * tl.exp(acc_max - shift) + tl.exp(value - shift)
+            # one exp an element, of whichever of the old max and the value is not the new max: it
+            # rescales the sum when the value is the new max, else it is the value's term
+            greater = value > acc_max
+            term = tl.exp(tl.where(greater, acc_max, value) - shift)
+            acc_sum = tl.where(greater, acc_sum * term + 1.0, acc_sum + term)
             acc_max = new_max
         row_max = tl.reduce(acc_max, 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
@@ -496,7 +500,11 @@ def _softmax_split0_kernel(
             new_max = maximum_f32(acc_max, value)
             # lanes that have seen only -inf keep a zero sum (exp(-inf - -inf) would be NaN)
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            acc_sum = acc_sum * tl.exp(acc_max - shift) + tl.exp(value - shift)
+            # one exp an element, of whichever of the old max and the value is not the new max: it
+            # rescales the sum when the value is the new max, else it is the value's term
+            greater = value > acc_max
+            term = tl.exp(tl.where(greater, acc_max, value) - shift)
+            acc_sum = tl.where(greater, acc_sum * term + 1.0, acc_sum + term)
             acc_max = new_max
         part_max = tl.reduce(acc_max, None, maximum_f32)
         part_shift = tl.where(part_max == float("-inf"), 0.0, part_max)
