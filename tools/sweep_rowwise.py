@@ -4,10 +4,12 @@ For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in ben
 
 - part ``single``: the single-tile kernel at 32768x1024 and 4096x4096 over
   ``TILE_TARGET`` x ``ELEMENTS_PER_THREAD`` (specgen.runtime.rowwise constants, patched here;
-  variants that give the same BLOCK_M / num_warps are timed once);
+  variants that give the same BLOCK_M / num_warps are timed once), then the planner's choice on
+  a persistent grid of 1, 2 and 4 programs per SM;
 - part ``chunked``: 1024x32768 with each strategy forced (looped, online where the op has it,
-  single), the chunked kernels tuned, then with each config of their space forced, then two
-  wider chunks outside it;
+  single), the chunked kernels tuned (also on persistent grids of 1, 2, 4 programs per SM: fewer
+  rows in flight keep the re-read rows in L2), then with each config of their space forced, then
+  two wider chunks outside it;
 - part ``split``: 8x262144 split (tuned, then each config), looped/online for comparison.
 
 Columns: ``graph`` = do_bench median of a CUDA-graph replay of the op call (L2 flushed before each
@@ -42,6 +44,8 @@ VECTORS = {"softmax": 0, "layer_norm": 2, "rms_norm": 1}   # weight, bias
 DTYPE = torch.bfloat16
 TILE_TARGETS = (2048, 4096, 8192, 16384)
 ELEMENTS_PER_THREAD = (8, 16, 32)
+# persistent grids: programs per SM
+PERSISTENT_PER_SM = (1, 2, 4)
 # configs outside the spec's chunked space: wider chunks (num_stages is left at 1: these loops
 # have no load Triton's pipeliner takes, the TTGIR is the same at 3 stages)
 EXTRA_CHUNKED = ({"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 16},
@@ -124,6 +128,9 @@ class Sweep:
                     seen.add(tuple(config.items()))
                     self.run(op, rows, n, f"single TILE_TARGET={tile} EPT={ept}",
                              {"strategy": "single"}, str(config))
+                rowwise.TILE_TARGET, rowwise.ELEMENTS_PER_THREAD = saved
+                self.persistent(op, rows, n, "single", {"strategy": "single"},
+                                str(rowwise.single_config(rows, n)))
         finally:
             rowwise.TILE_TARGET, rowwise.ELEMENTS_PER_THREAD = saved
 
@@ -132,12 +139,23 @@ class Sweep:
             if strategy not in module(op).STRATEGIES:
                 continue
             self.run(op, rows, n, f"{strategy} tuned", {"strategy": strategy})
+            if strategy != "split":
+                self.persistent(op, rows, n, f"{strategy} tuned", {"strategy": strategy})
             for index, config in enumerate(module(op).CHUNKED_CONFIGS):
                 self.run(op, rows, n, f"{strategy} config {index}", {"strategy": strategy,
                                                                        "config": index}, str(config))
             for config in EXTRA_CHUNKED:
                 self.run(op, rows, n, f"{strategy} extra", {"strategy": strategy,
                                                             "config": config}, str(config))
+
+    def persistent(self, op: str, rows: int, n: int, variant: str, knobs: dict,
+                   note: str = "") -> None:
+        """The planner's choice with the grid capped at a few programs per SM (each loops over
+        row blocks): fewer rows in flight, so a chunked row's re-read more likely hits L2."""
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for per_sm in PERSISTENT_PER_SM:
+            self.run(op, rows, n, f"{variant} {per_sm}/SM", {**knobs, "launch": "persistent",
+                                                              "max_programs": per_sm * sms}, note)
 
     def single_long(self, op: str, rows: int, n: int) -> None:
         saved = rowwise.ELEMENTS_PER_THREAD
