@@ -118,7 +118,6 @@ def _add_rms_norm_single_kernel(
         x_col += col_coord * x_col_stride_2
         residual_col += col_coord * residual_col_stride_2
         weight_col += col_coord * weight_col_stride_2
-    weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -160,6 +159,7 @@ def _add_rms_norm_single_kernel(
             x_row += row_coord * x_row_stride_3
             residual_row += row_coord * residual_row_stride_3
         mask = row_mask & col_mask
+        weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_ms = tl.sum(tl.where(mask, (x + residual) * (x + residual), 0.0), axis=1, keep_dims=True) * (1 / n_float)

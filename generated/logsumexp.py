@@ -100,7 +100,6 @@ def _logsumexp_single_kernel(
     if COL_DIMS > 2:
         col_coord = col_rest
         x_col += col_coord * x_col_stride_2
-
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -134,6 +133,7 @@ def _logsumexp_single_kernel(
             x_row += row_coord * x_row_stride_3
             out_row += row_coord * out_row_stride_3
         mask = row_mask & col_mask
+
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_max = tl.reduce(tl.where(mask, x, float("-inf")), 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0

@@ -111,10 +111,6 @@ def _rms_norm_single_kernel(
         out_col += col_coord * out_col_stride_2
         x_col += col_coord * x_col_stride_2
         weight_col += col_coord * weight_col_stride_2
-    if HAS_WEIGHT:
-        weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        weight = 1.0  # omitted
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -148,6 +144,10 @@ def _rms_norm_single_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
+        if HAS_WEIGHT:
+            weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
+        else:
+            weight = 1.0  # omitted
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_ms = tl.sum(tl.where(mask, x * x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
 
