@@ -159,10 +159,11 @@ def _add_rms_norm_single_kernel(
             x_row += row_coord * x_row_stride_3
             residual_row += row_coord * residual_row_stride_3
         mask = row_mask & col_mask
-        weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
+
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_ms = tl.sum(tl.where(mask, (x + residual) * (x + residual), 0.0), axis=1, keep_dims=True) * (1 / n_float)
+        weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
 
         hidden = x + residual
         out = hidden * tl.rsqrt(row_ms + eps) * weight

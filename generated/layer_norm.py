@@ -17,6 +17,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
+from specgen.kernel_lib import add_pairs
 from specgen.runtime import rowwise
 
 NAME = "layer_norm"
@@ -150,6 +151,13 @@ def _layer_norm_single_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
+
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        row_mean = tl.sum(tl.where(mask, x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
+        deviation = tl.where(mask, x - row_mean, 0.0)
+        mean_shift, deviation_m2 = tl.reduce((deviation, deviation * deviation), 1, add_pairs, keep_dims=True)
+        row_var = deviation_m2 * (1 / n_float)
+        row_mean += mean_shift / n_float
         if HAS_WEIGHT:
             weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
         else:
@@ -158,9 +166,6 @@ def _layer_norm_single_kernel(
             bias = tl.load(tl.broadcast_to(bias_ptr + bias_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
         else:
             bias = 0.0  # omitted
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        row_mean = tl.sum(tl.where(mask, x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
-        row_var = tl.sum(tl.where(mask, (x - row_mean) * (x - row_mean), 0.0), axis=1, keep_dims=True) * (1 / n_float)
 
         out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -264,6 +269,7 @@ def _layer_norm_looped_kernel(
         pass_mean = tl.sum(lane_n * run_mean, axis=1, keep_dims=True) / tl.maximum(span, 1)
         deviation = run_mean - pass_mean
         pass_m2 = tl.sum(run_m2 + lane_n * deviation * deviation, axis=1, keep_dims=True)
+        pass_mean += tl.sum(lane_n * deviation, axis=1, keep_dims=True) / tl.maximum(span, 1)
         row_mean = pass_mean
         row_var = pass_m2 * (1 / n_float)
 
@@ -416,6 +422,7 @@ def _layer_norm_split0_kernel(
         pass_mean = tl.sum(lane_n * run_mean) / tl.maximum(span, 1)
         deviation = run_mean - pass_mean
         pass_m2 = tl.sum(run_m2 + lane_n * deviation * deviation)
+        pass_mean += tl.sum(lane_n * deviation) / tl.maximum(span, 1)
         tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, pass_mean)
         tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, pass_m2)
         tl.store(ws_ptr + (2 * n_rows + rows) * n_splits + split, span * 1.0)
@@ -488,9 +495,11 @@ def _layer_norm_split_out_kernel(
         part_mean = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
         part_m2 = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
         part_n = tl.load(ws_ptr + (2 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_mean = tl.sum(part_n * part_mean) / tl.maximum(tl.sum(part_n), 1.0)
+        total = tl.maximum(tl.sum(part_n), 1.0)
+        row_mean = tl.sum(part_n * part_mean) / total
         deviation = part_mean - row_mean
         row_var = tl.sum(part_m2 + part_n * deviation * deviation) * (1 / n_float)
+        row_mean += tl.sum(part_n * deviation) / total
         lo = split * share
         hi = tl.minimum(lo + share, N)
 

@@ -143,6 +143,7 @@ def _log_softmax_single_kernel(
         row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
 
+
         out = x - row_max - tl.log(row_sum)
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 

@@ -139,6 +139,7 @@ def _logsumexp_single_kernel(
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
         row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
+
         row_out = tl.where(row_sum == row_sum, row_max + tl.log(row_sum), row_max)
         tl.store(out_ptr + out_row, row_out.to(out_ptr.dtype.element_ty), mask=row_mask)
 

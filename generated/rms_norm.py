@@ -144,12 +144,13 @@ def _rms_norm_single_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
+
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        row_ms = tl.sum(tl.where(mask, x * x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
         if HAS_WEIGHT:
             weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
         else:
             weight = 1.0  # omitted
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        row_ms = tl.sum(tl.where(mask, x * x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
 
         out = x * tl.rsqrt(row_ms + eps) * weight
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)

@@ -394,6 +394,7 @@ class RowwisePlan(CommonPlan):
     finfo_eps: tuple[str, ...] = ()
     tensors: tuple[TensorPlan, ...] = ()
     steps: tuple[StepPlan, ...] = ()
+    variance: int | None = None                # index of the mean of a mean/variance pair
     looped_passes: tuple[PassPlan, ...] = ()
     online_passes: tuple[PassPlan, ...] = ()
     outputs: tuple[OutputPlan, ...] = ()
@@ -514,6 +515,18 @@ class RowwisePlan(CommonPlan):
         return tuple(t.name for t in self.inputs if t.name in names)
 
     @property
+    def step_tensors(self) -> tuple[str, ...]:
+        """Inputs the reductions read."""
+        names = {t for s in self.steps for t in s.tensors}
+        return tuple(t.name for t in self.inputs if t.name in names)
+
+    @property
+    def output_only_tensors(self) -> tuple[str, ...]:
+        """Inputs only the outputs read: the single tile loads those after its reductions, so
+        that they hold no registers across them."""
+        return tuple(n for n in self.output_tensors if n not in self.step_tensors)
+
+    @property
     def rows_code(self) -> str:
         return repr({"tensor": self.row_tensor, "dim": self.dim,
                      "normalized_shape": self.normalized_shape, "along": self.along_names,
@@ -628,11 +641,13 @@ def plan(spec: OpSpec) -> RowwisePlan:
     called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),
                          *(helpers(o.expr) for o in body.outputs))
     called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
+    if variance is not None:
+        called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, tensors=tuple(tensors),
-        steps=steps, looped_passes=looped, online_passes=online, outputs=outputs,
+        steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         # under the interpreter: two rows a program and 16-wide chunks, so tiny rows still take
         # the row masks and several chunks
