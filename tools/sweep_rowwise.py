@@ -18,6 +18,12 @@ replay; the graph leaves out the host's launch path, so this is the kernels' dev
 tools/profile_cases.py reports; an 8x262144 case fits in L2); ``sol`` = bytes moved (x read, out
 written, weight/bias read) over the measured copy bandwidth, and ``graph`` as a share of it.
 
+Reading it: the fastest single line per shape sets ``TILE_TARGET`` / ``ELEMENTS_PER_THREAD``
+(specgen/runtime/rowwise.py); single vs looped/online at 1024x32768 sets ``SINGLE_MAX``; the
+configs the tuner never picks can leave the family's default chunked space (``CHUNK`` x
+``num_warps`` in specgen/families/rowwise.py, or a spec's ``[tuning]``); a persistent line that
+beats the flat one says ``launch_plan`` should cap that strategy's grid.
+
 Usage (GPU machine, one call, about 3 minutes, most of it compiling):
     PYTHONPATH=. python3 tools/sweep_rowwise.py [--only OP ...] [--part single|chunked|split ...]
 """
