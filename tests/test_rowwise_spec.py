@@ -143,6 +143,8 @@ def test_passes_group_independent_steps():
     # a mean and the squared deviations from it: one variance pass (count, mean, M2 partials)
     plan = family.plan(parse(GOOD))
     assert passes(plan) == [("variance", ["mean", "var"])]
+    assert plan.variance == 0 and "add_pairs" in plan.helpers   # the single tile's pair
+    assert plan.step_tensors == ("x",) and plan.output_only_tensors == ("weight",)
     assert plan.slot_count == 3
     assert plan.online_passes == ()
     assert plan.strategies == ("single", "looped", "split")
