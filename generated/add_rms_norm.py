@@ -118,7 +118,6 @@ def _add_rms_norm_single_kernel(
         x_col += col_coord * x_col_stride_2
         residual_col += col_coord * residual_col_stride_2
         weight_col += col_coord * weight_col_stride_2
-    weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -160,9 +159,11 @@ def _add_rms_norm_single_kernel(
             x_row += row_coord * x_row_stride_3
             residual_row += row_coord * residual_row_stride_3
         mask = row_mask & col_mask
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-        residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0).to(tl.float32)
+
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_ms = tl.sum(tl.where(mask, (x + residual) * (x + residual), 0.0), axis=1, keep_dims=True) * (1 / n_float)
+        weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
 
         hidden = x + residual
         out = hidden * tl.rsqrt(row_ms + eps) * weight
@@ -340,7 +341,7 @@ def _add_rms_norm_split0_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -410,7 +411,7 @@ def _add_rms_norm_split0_kernel(
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_ms += tl.where(mask, (x + residual) * (x + residual), 0.0)
-        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms, axis=1, keep_dims=True))
+        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms))
 
 
 @triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
@@ -444,7 +445,7 @@ def _add_rms_norm_split_out_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -482,10 +483,10 @@ def _add_rms_norm_split_out_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
             residual_row += row_coord * residual_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)[None, :]
+        splits = tl.arange(0, SPLITS_BLOCK)
         split_mask = splits < n_splits
         part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_ms = tl.sum(part, axis=1, keep_dims=True) * (1 / n_float)
+        row_ms = tl.sum(part) * (1 / n_float)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 

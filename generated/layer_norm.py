@@ -17,6 +17,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
+from specgen.kernel_lib import add_pairs
 from specgen.runtime import rowwise
 
 NAME = "layer_norm"
@@ -117,14 +118,6 @@ def _layer_norm_single_kernel(
         x_col += col_coord * x_col_stride_2
         weight_col += col_coord * weight_col_stride_2
         bias_col += col_coord * bias_col_stride_2
-    if HAS_WEIGHT:
-        weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        weight = 1.0  # omitted
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + bias_col, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        bias = 0.0  # omitted
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -158,9 +151,21 @@ def _layer_norm_single_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_mean = tl.sum(tl.where(mask, x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
-        row_var = tl.sum(tl.where(mask, (x - row_mean) * (x - row_mean), 0.0), axis=1, keep_dims=True) * (1 / n_float)
+        deviation = tl.where(mask, x - row_mean, 0.0)
+        mean_shift, deviation_m2 = tl.reduce((deviation, deviation * deviation), 1, add_pairs, keep_dims=True)
+        row_var = deviation_m2 * (1 / n_float)
+        row_mean += mean_shift / n_float
+        if HAS_WEIGHT:
+            weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
+        else:
+            weight = 1.0  # omitted
+        if HAS_BIAS:
+            bias = tl.load(tl.broadcast_to(bias_ptr + bias_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
+        else:
+            bias = 0.0  # omitted
 
         out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -223,11 +228,11 @@ def _layer_norm_looped_kernel(
             row_coord = row_rest
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
-        # one pass for a mean and the squared deviations from it (mean, var): each chunk's own,
-        # merged into the running ones (Chan et al.), as exact as two passes
-        run_n = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-        run_mean = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-        run_m2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+        # one pass for a mean and the squared deviations from it (mean, var): each lane keeps its
+        # own (Welford), merged across lanes after the loop (Chan et al.), as exact as two passes and
+        # with no block-wide reduction inside the loop
+        run_mean = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        run_m2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -251,18 +256,22 @@ def _layer_norm_looped_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            value = x
-            chunk_n = tl.sum(mask.to(tl.float32), axis=1, keep_dims=True)
-            chunk_mean = tl.sum(tl.where(mask, value, 0.0), axis=1, keep_dims=True) / tl.maximum(chunk_n, 1.0)
-            deviation = tl.where(mask, value - chunk_mean, 0.0)
-            total = run_n + chunk_n
-            delta = chunk_mean - run_mean
-            fraction = chunk_n / tl.maximum(total, 1.0)
-            run_mean += delta * fraction
-            run_m2 += tl.sum(deviation * deviation, axis=1, keep_dims=True) + delta * delta * run_n * fraction
-            run_n = total
-        row_mean = run_mean
-        row_var = run_m2 * (1 / n_float)
+            # masked lanes take their own mean, which leaves them unchanged
+            value = tl.where(mask, x, run_mean)
+            delta = value - run_mean
+            # a lane inside the row has seen one element of every chunk so far (masks only cut the end of
+            # a row): one reciprocal a chunk rather than a division an element
+            run_mean += delta * (1.0 / (start // BLOCK_N + 1))
+            run_m2 += delta * (value - run_mean)
+        span = N
+        # elements each lane has seen: the chunks that reach it
+        lane_n = ((span - tl.arange(0, BLOCK_N)[None, :] + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
+        pass_mean = tl.sum(lane_n * run_mean, axis=1, keep_dims=True) / tl.maximum(span, 1)
+        deviation = run_mean - pass_mean
+        pass_m2 = tl.sum(run_m2 + lane_n * deviation * deviation, axis=1, keep_dims=True)
+        pass_mean += tl.sum(lane_n * deviation, axis=1, keep_dims=True) / tl.maximum(span, 1)
+        row_mean = pass_mean
+        row_var = pass_m2 * (1 / n_float)
 
         # outputs: a last read of the row
         for start in range(0, N, BLOCK_N):
@@ -340,7 +349,7 @@ def _layer_norm_split0_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -372,11 +381,11 @@ def _layer_norm_split0_kernel(
             x_row += row_coord * x_row_stride_3
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # one pass for a mean and the squared deviations from it (mean, var): each chunk's own,
-        # merged into the running ones (Chan et al.), as exact as two passes
-        run_n = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-        run_mean = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-        run_m2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+        # one pass for a mean and the squared deviations from it (mean, var): each lane keeps its
+        # own (Welford), merged across lanes after the loop (Chan et al.), as exact as two passes and
+        # with no block-wide reduction inside the loop
+        run_mean = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        run_m2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -400,19 +409,23 @@ def _layer_norm_split0_kernel(
             mask = row_mask & col_mask
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            value = x
-            chunk_n = tl.sum(mask.to(tl.float32), axis=1, keep_dims=True)
-            chunk_mean = tl.sum(tl.where(mask, value, 0.0), axis=1, keep_dims=True) / tl.maximum(chunk_n, 1.0)
-            deviation = tl.where(mask, value - chunk_mean, 0.0)
-            total = run_n + chunk_n
-            delta = chunk_mean - run_mean
-            fraction = chunk_n / tl.maximum(total, 1.0)
-            run_mean += delta * fraction
-            run_m2 += tl.sum(deviation * deviation, axis=1, keep_dims=True) + delta * delta * run_n * fraction
-            run_n = total
-        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, run_mean)
-        tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, run_m2)
-        tl.store(ws_ptr + (2 * n_rows + rows) * n_splits + split, run_n)
+            # masked lanes take their own mean, which leaves them unchanged
+            value = tl.where(mask, x, run_mean)
+            delta = value - run_mean
+            # a lane inside the row has seen one element of every chunk so far (masks only cut the end of
+            # a row): one reciprocal a chunk rather than a division an element
+            run_mean += delta * (1.0 / ((start - lo) // BLOCK_N + 1))
+            run_m2 += delta * (value - run_mean)
+        span = tl.maximum(hi - lo, 0)
+        # elements each lane has seen: the chunks that reach it
+        lane_n = ((span - tl.arange(0, BLOCK_N)[None, :] + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
+        pass_mean = tl.sum(lane_n * run_mean) / tl.maximum(span, 1)
+        deviation = run_mean - pass_mean
+        pass_m2 = tl.sum(run_m2 + lane_n * deviation * deviation)
+        pass_mean += tl.sum(lane_n * deviation) / tl.maximum(span, 1)
+        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, pass_mean)
+        tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, pass_m2)
+        tl.store(ws_ptr + (2 * n_rows + rows) * n_splits + split, span * 1.0)
 
 
 @triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
@@ -447,7 +460,7 @@ def _layer_norm_split_out_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -477,15 +490,16 @@ def _layer_norm_split_out_kernel(
             row_coord = row_rest
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)[None, :]
+        splits = tl.arange(0, SPLITS_BLOCK)
         split_mask = splits < n_splits
         part_mean = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
         part_m2 = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
         part_n = tl.load(ws_ptr + (2 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        total = tl.maximum(tl.sum(part_n, axis=1, keep_dims=True), 1.0)
-        row_mean = tl.sum(part_n * part_mean, axis=1, keep_dims=True) / total
+        total = tl.maximum(tl.sum(part_n), 1.0)
+        row_mean = tl.sum(part_n * part_mean) / total
         deviation = part_mean - row_mean
-        row_var = tl.sum(part_m2 + part_n * deviation * deviation, axis=1, keep_dims=True) * (1 / n_float)
+        row_var = tl.sum(part_m2 + part_n * deviation * deviation) * (1 / n_float)
+        row_mean += tl.sum(part_n * deviation) / total
         lo = split * share
         hi = tl.minimum(lo + share, N)
 

@@ -111,10 +111,6 @@ def _rms_norm_single_kernel(
         out_col += col_coord * out_col_stride_2
         x_col += col_coord * x_col_stride_2
         weight_col += col_coord * weight_col_stride_2
-    if HAS_WEIGHT:
-        weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        weight = 1.0  # omitted
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -148,8 +144,13 @@ def _rms_norm_single_kernel(
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         row_ms = tl.sum(tl.where(mask, x * x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
+        if HAS_WEIGHT:
+            weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
+        else:
+            weight = 1.0  # omitted
 
         out = x * tl.rsqrt(row_ms + eps) * weight
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -305,7 +306,7 @@ def _rms_norm_split0_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -363,7 +364,7 @@ def _rms_norm_split0_kernel(
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_ms += tl.where(mask, x * x, 0.0)
-        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms, axis=1, keep_dims=True))
+        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms))
 
 
 @triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
@@ -396,7 +397,7 @@ def _rms_norm_split_out_kernel(
     share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
     for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
         split = item % n_splits
-        rows = item // n_splits + tl.arange(0, 1)[:, None]
+        rows = item // n_splits
         row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
@@ -426,10 +427,10 @@ def _rms_norm_split_out_kernel(
             row_coord = row_rest
             out_row += row_coord * out_row_stride_3
             x_row += row_coord * x_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)[None, :]
+        splits = tl.arange(0, SPLITS_BLOCK)
         split_mask = splits < n_splits
         part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_ms = tl.sum(part, axis=1, keep_dims=True) * (1 / n_float)
+        row_ms = tl.sum(part) * (1 / n_float)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 

@@ -75,6 +75,12 @@ def maximum_f32(a, b):
 
 
 @triton.jit
+def add_pairs(a0, a1, b0, b1):
+    # two sums in one reduction (one round of shuffles and shared memory, not two)
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
 def as_float32(x):
     return x.to(tl.float32)
 

@@ -206,6 +206,18 @@ def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():
     torch.testing.assert_close(torch.ops.specgen.logsumexp(x, [0]), torch.logsumexp(x, 0))
 
 
+@pytest.mark.parametrize("strategy", ["single", "looped", "split"])
+def test_a_constant_row_normalizes_to_the_bias_exactly(strategy):
+    # the row's rounded sum misses its value by an ulp; rsqrt(var + eps) would scale that up
+    # (0.3 off at 1234.567 with var ~ 0); the mean is corrected by the mean deviation from it
+    n = 333
+    x = torch.tensor([[2.5054], [-0.3141], [1234.567]], device=device()).expand(3, n)
+    weight, bias = randn(n) * 3, randn(n)
+    with runtime.override(strategy=strategy):
+        out = generated.layer_norm(x, [n], weight, bias)
+    torch.testing.assert_close(out, bias.expand(3, n), atol=0, rtol=0)
+
+
 def test_one_pass_variance_is_exact_with_a_large_mean():
     # E[x^2] - E[x]^2 would lose every digit here (x^2 ~ 1e8, float32 ulp 8, variance 1)
     x = randn(3, 100) + 1e4

@@ -244,9 +244,10 @@ def _pointwise_outputs(outputs: tuple[Output, ...], row_outputs: tuple[str, ...]
 def variance_pair(steps: tuple[Step, ...]) -> int | None:
     """Index of a mean step (a sum of E scaled by 1 / N) that the next step sums (E - mean)**2 over.
 
-    Chunked passes compute that pair in one read: each chunk's mean and squared deviations,
-    merged into the running ones (Chan et al.), as exact as two passes and never subtracting
-    two large sums.
+    Chunked passes compute that pair in one read: each lane of the chunk tile keeps a running
+    mean and sum of squared deviations (Welford), and the lanes are merged once after the loop
+    (Chan et al.), as exact as two passes and never subtracting two large sums. The loop itself
+    has no block-wide reduction (a per-chunk merge would need three, each a barrier round trip).
     """
     for i, (first, second) in enumerate(zip(steps, steps[1:])):
         if first.op != "sum" or second.op != "sum" or first.scale is None:
@@ -342,9 +343,13 @@ class StepPlan:
             return f"{self.acc} += {self.masked()}"
         return f"{self.acc} = {COMBINE[self.op]}({self.acc}, {self.masked()})"
 
-    def reduce(self, tile: str) -> str:
+    def reduce(self, tile: str, whole: bool = False) -> str:
+        """Per row of ``tile`` (a [BLOCK_M, 1] column), or over all of it (a scalar: the one row
+        of a split program)."""
         if self.op == "sum":
-            return f"tl.sum({tile}, axis=1, keep_dims=True)"
+            return f"tl.sum({tile})" if whole else f"tl.sum({tile}, axis=1, keep_dims=True)"
+        if whole:
+            return f"tl.reduce({tile}, None, {COMBINE[self.op]})"
         return f"tl.reduce({tile}, 1, {COMBINE[self.op]}, keep_dims=True)"
 
     def scaled(self, code: str) -> str:
@@ -389,6 +394,7 @@ class RowwisePlan(CommonPlan):
     finfo_eps: tuple[str, ...] = ()
     tensors: tuple[TensorPlan, ...] = ()
     steps: tuple[StepPlan, ...] = ()
+    variance: int | None = None                # index of the mean of a mean/variance pair
     looped_passes: tuple[PassPlan, ...] = ()
     online_passes: tuple[PassPlan, ...] = ()
     outputs: tuple[OutputPlan, ...] = ()
@@ -509,6 +515,18 @@ class RowwisePlan(CommonPlan):
         return tuple(t.name for t in self.inputs if t.name in names)
 
     @property
+    def step_tensors(self) -> tuple[str, ...]:
+        """Inputs the reductions read."""
+        names = {t for s in self.steps for t in s.tensors}
+        return tuple(t.name for t in self.inputs if t.name in names)
+
+    @property
+    def output_only_tensors(self) -> tuple[str, ...]:
+        """Inputs only the outputs read: the single tile loads those after its reductions, so
+        that they hold no registers across them."""
+        return tuple(n for n in self.output_tensors if n not in self.step_tensors)
+
+    @property
     def rows_code(self) -> str:
         return repr({"tensor": self.row_tensor, "dim": self.dim,
                      "normalized_shape": self.normalized_shape, "along": self.along_names,
@@ -623,11 +641,13 @@ def plan(spec: OpSpec) -> RowwisePlan:
     called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),
                          *(helpers(o.expr) for o in body.outputs))
     called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
+    if variance is not None:
+        called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, tensors=tuple(tensors),
-        steps=steps, looped_passes=looped, online_passes=online, outputs=outputs,
+        steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         # under the interpreter: two rows a program and 16-wide chunks, so tiny rows still take
         # the row masks and several chunks
