@@ -313,9 +313,10 @@ class MatmulPlan(CommonPlan):
         terms = [f"i_{d} * {tensor.name}_stride_b{d}" for d in range(self.batch_rank)]
         return " + ".join(terms)
 
-    def base_term(self, tensor) -> str:
-        """`` + x_base`` for a batched tensor, nothing for one that is the same in every batch."""
-        return f" + {tensor.name}_base" if self.batched(tensor) else ""
+    def base_term(self, tensor, looped: bool) -> str:
+        """`` + x_base`` for a batched tensor in the batch loop (``looped``), nothing for one that
+        is the same in every batch or outside the loop (a single batch element)."""
+        return f" + {tensor.name}_base" if looped and self.batched(tensor) else ""
 
     @property
     def batch_sizes(self) -> str:
