@@ -325,7 +325,8 @@ def _plan(**fields):
                 strategy=matmul.Strategy("two_stage", 8), index_64=False, layout="",
                 precision="tf32", even_k=True, m=16, n=64, k=4096, batch=1, batch_shape=(),
                 sizes=(), ab_strides=(), epilogue_strides=(), swizzle2d=False, batched=False,
-                batch_loop=False, b_k_contiguous=False, candidates=(matmul.Strategy("direct"), matmul.Strategy("two_stage", 8)))
+                batch_loop=False, b_k_contiguous=False,
+                candidates=(matmul.Strategy("direct"), matmul.Strategy("two_stage", 8)))
     return matmul.LaunchPlan(**{**base, **fields})
 
 
