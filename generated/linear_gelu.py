@@ -36,18 +36,17 @@ ARGS = (
 OUTPUTS = ('out',)
 CONFIGS = (
     {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 16, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 256, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
     {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 256, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
 )
 # every BLOCK_K of the space: K divisible by the largest means no partial K block for any
-BLOCK_KS = (64, 128, 256)
+BLOCK_KS = (64, 128)
 SWIZZLE = "grouped"
 SPLIT_K = "auto"
 SPLIT_FACTORS = (1, 2, 4, 8, 16)
@@ -55,8 +54,7 @@ SPLIT_FACTORS = (1, 2, 4, 8, 16)
 BATCH_RANK = 3
 # the tile the split-K reduction kernel covers per program
 REDUCE_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64}
-_KEY = ["M", "N", "K", "batch", "LAYOUT", "B_K_CONTIGUOUS", "INDEX_64",
-        "INPUT_PRECISION"]
+_KEY = ["M", "N", "K", "batch", "LAYOUT", "INDEX_64", "INPUT_PRECISION"]
 
 
 @triton.autotune(configs=rt.configs(CONFIGS), key=_KEY,
@@ -71,9 +69,7 @@ def _linear_gelu_kernel(
     bias_stride_n,
     out_stride_b0, out_stride_b1, out_stride_b2, out_stride_m, out_stride_n,
     HAS_BIAS: tl.constexpr,
-    BATCH_LOOP: tl.constexpr,
     LAYOUT: tl.constexpr,
-    B_K_CONTIGUOUS: tl.constexpr,
     EVEN_K: tl.constexpr,
     INDEX_64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -97,72 +93,19 @@ def _linear_gelu_kernel(
     group_rows = min(tiles_m - first_m, GROUP_M)
     pid_m = first_m + (tile % programs_in_group) % group_rows
     pid_n = (tile % programs_in_group) // group_rows
-    if BATCH_LOOP:
-        # grid axis 1 holds at most 65535 programs: each loops over batch elements
-        for batch_id in range(tl.program_id(1), batch, tl.num_programs(1)):
-            bid = batch_id
-            if INDEX_64:
-                # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-                bid = bid.to(tl.int64)
-            i_2 = bid % size_b2
-            rest = bid // size_b2
-            i_1 = rest % size_b1
-            rest = rest // size_b1
-            i_0 = rest
-            x_base = i_0 * x_stride_b0 + i_1 * x_stride_b1 + i_2 * x_stride_b2
-            out_base = i_0 * out_stride_b0 + i_1 * out_stride_b1 + i_2 * out_stride_b2
-            # rows and columns past M and N wrap around instead of being masked: they load real
-            # elements, their results are never stored, and the loads in the K loop stay unmasked
-            offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-            offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-            offs_k = tl.arange(0, BLOCK_K)
-            if INDEX_64:
-                # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-                offs_k = offs_k.to(tl.int64)
-            x_ptrs = x_ptr + x_base + offs_am[:, None] * x_stride_m + offs_k[None, :] * x_stride_k
-            if B_K_CONTIGUOUS:
-                # B is K-contiguous (a linear weight): load BLOCK_N x BLOCK_K tiles of
-                # its rows and transpose them for the dot, as attention kernels load K
-                weight_ptrs = weight_ptr + offs_bn[:, None] * weight_stride_n + offs_k[None, :] * weight_stride_k
-            else:
-                weight_ptrs = weight_ptr + offs_k[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
-            for k in range(0, K - K % BLOCK_K, BLOCK_K):
-                x_tile = tl.load(x_ptrs)
-                if B_K_CONTIGUOUS:
-                    weight_tile = tl.trans(tl.load(weight_ptrs))
-                else:
-                    weight_tile = tl.load(weight_ptrs)
-                acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
-                x_ptrs += BLOCK_K * x_stride_k
-                weight_ptrs += BLOCK_K * weight_stride_k
-            if not EVEN_K:
-                # a partial last K block (where the pointers now are)
-                if K % BLOCK_K != 0:
-                    # lanes past K load zeros, which add nothing to the dot
-                    in_k = offs_k < K % BLOCK_K
-                    x_tile = tl.load(x_ptrs, mask=in_k[None, :], other=0.0)
-                    if B_K_CONTIGUOUS:
-                        weight_tile = tl.trans(tl.load(weight_ptrs, mask=in_k[None, :], other=0.0))
-                    else:
-                        weight_tile = tl.load(weight_ptrs, mask=in_k[:, None], other=0.0)
-                    acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
-            offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask_m = offs_cm < M
-            mask_n = offs_cn < N
-            mask = mask_m[:, None] & mask_n[None, :]
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + offs_cn * bias_stride_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                # an omitted optional operand reads as zero
-                bias = tl.zeros((1, 1), dtype=tl.float32)
-            out = gelu_tanh_f32(acc + bias)
-            out_ptrs = out_ptr + out_base + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
-            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        # one batch element: straight-line code (a K loop pipelines best as the only loop)
+    # grid axis 1 holds at most 65535 programs: each loops over batch elements
+    for batch_id in range(tl.program_id(1), batch, tl.num_programs(1)):
+        bid = batch_id
+        if INDEX_64:
+            # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
+            bid = bid.to(tl.int64)
+        i_2 = bid % size_b2
+        rest = bid // size_b2
+        i_1 = rest % size_b1
+        rest = rest // size_b1
+        i_0 = rest
+        x_base = i_0 * x_stride_b0 + i_1 * x_stride_b1 + i_2 * x_stride_b2
+        out_base = i_0 * out_stride_b0 + i_1 * out_stride_b1 + i_2 * out_stride_b2
         # rows and columns past M and N wrap around instead of being masked: they load real
         # elements, their results are never stored, and the loads in the K loop stay unmasked
         offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -171,21 +114,13 @@ def _linear_gelu_kernel(
         if INDEX_64:
             # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
             offs_k = offs_k.to(tl.int64)
-        x_ptrs = x_ptr + offs_am[:, None] * x_stride_m + offs_k[None, :] * x_stride_k
-        if B_K_CONTIGUOUS:
-            # B is K-contiguous (a linear weight): load BLOCK_N x BLOCK_K tiles of
-            # its rows and transpose them for the dot, as attention kernels load K
-            weight_ptrs = weight_ptr + offs_bn[:, None] * weight_stride_n + offs_k[None, :] * weight_stride_k
-        else:
-            weight_ptrs = weight_ptr + offs_k[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
+        x_ptrs = x_ptr + x_base + offs_am[:, None] * x_stride_m + offs_k[None, :] * x_stride_k
+        weight_ptrs = weight_ptr + offs_k[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
         for k in range(0, K - K % BLOCK_K, BLOCK_K):
             x_tile = tl.load(x_ptrs)
-            if B_K_CONTIGUOUS:
-                weight_tile = tl.trans(tl.load(weight_ptrs))
-            else:
-                weight_tile = tl.load(weight_ptrs)
+            weight_tile = tl.load(weight_ptrs)
             acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
             x_ptrs += BLOCK_K * x_stride_k
             weight_ptrs += BLOCK_K * weight_stride_k
@@ -193,12 +128,8 @@ def _linear_gelu_kernel(
             # a partial last K block (where the pointers now are)
             if K % BLOCK_K != 0:
                 # lanes past K load zeros, which add nothing to the dot
-                in_k = offs_k < K % BLOCK_K
-                x_tile = tl.load(x_ptrs, mask=in_k[None, :], other=0.0)
-                if B_K_CONTIGUOUS:
-                    weight_tile = tl.trans(tl.load(weight_ptrs, mask=in_k[None, :], other=0.0))
-                else:
-                    weight_tile = tl.load(weight_ptrs, mask=in_k[:, None], other=0.0)
+                x_tile = tl.load(x_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+                weight_tile = tl.load(weight_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
                 acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -211,7 +142,7 @@ def _linear_gelu_kernel(
             # an omitted optional operand reads as zero
             bias = tl.zeros((1, 1), dtype=tl.float32)
         out = gelu_tanh_f32(acc + bias)
-        out_ptrs = out_ptr + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
+        out_ptrs = out_ptr + out_base + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -224,9 +155,7 @@ def _linear_gelu_split_kernel(
     batch, size_b1, size_b2,
     x_stride_b0, x_stride_b1, x_stride_b2, x_stride_m, x_stride_k,
     weight_stride_k, weight_stride_n,
-    BATCH_LOOP: tl.constexpr,
     LAYOUT: tl.constexpr,
-    B_K_CONTIGUOUS: tl.constexpr,
     EVEN_K: tl.constexpr,
     INDEX_64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -254,73 +183,18 @@ def _linear_gelu_split_kernel(
     group_rows = min(tiles_m - first_m, GROUP_M)
     pid_m = first_m + (tile % programs_in_group) % group_rows
     pid_n = (tile % programs_in_group) // group_rows
-    if BATCH_LOOP:
-        # grid axis 1 holds at most 65535 programs: each loops over batch elements
-        for batch_id in range(tl.program_id(1), batch, tl.num_programs(1)):
-            bid = batch_id
-            if INDEX_64:
-                # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-                bid = bid.to(tl.int64)
-            i_2 = bid % size_b2
-            rest = bid // size_b2
-            i_1 = rest % size_b1
-            rest = rest // size_b1
-            i_0 = rest
-            x_base = i_0 * x_stride_b0 + i_1 * x_stride_b1 + i_2 * x_stride_b2
-            # rows and columns past M and N wrap around instead of being masked: they load real
-            # elements, their results are never stored, and the loads in the K loop stay unmasked
-            offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-            offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-            offs_k = tl.arange(0, BLOCK_K)
-            if INDEX_64:
-                # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-                offs_k = offs_k.to(tl.int64)
-            # split pid_k of SPLIT_K starts at K block pid_k and steps over SPLIT_K blocks
-            k_start = pid_k * BLOCK_K
-            x_ptrs = x_ptr + x_base + offs_am[:, None] * x_stride_m + (k_start + offs_k)[None, :] * x_stride_k
-            if B_K_CONTIGUOUS:
-                # B is K-contiguous (a linear weight): load BLOCK_N x BLOCK_K tiles of
-                # its rows and transpose them for the dot, as attention kernels load K
-                weight_ptrs = weight_ptr + offs_bn[:, None] * weight_stride_n + (k_start + offs_k)[None, :] * weight_stride_k
-            else:
-                weight_ptrs = weight_ptr + (k_start + offs_k)[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
-            for k in range(k_start, K - K % BLOCK_K, BLOCK_K * SPLIT_K):
-                x_tile = tl.load(x_ptrs)
-                if B_K_CONTIGUOUS:
-                    weight_tile = tl.trans(tl.load(weight_ptrs))
-                else:
-                    weight_tile = tl.load(weight_ptrs)
-                acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
-                x_ptrs += BLOCK_K * SPLIT_K * x_stride_k
-                weight_ptrs += BLOCK_K * SPLIT_K * weight_stride_k
-            if not EVEN_K:
-                # a partial last K block, in the sequence of one split (where the pointers now are)
-                if (K % BLOCK_K != 0) & ((K // BLOCK_K) % SPLIT_K == pid_k):
-                    # lanes past K load zeros, which add nothing to the dot
-                    in_k = offs_k < K % BLOCK_K
-                    x_tile = tl.load(x_ptrs, mask=in_k[None, :], other=0.0)
-                    if B_K_CONTIGUOUS:
-                        weight_tile = tl.trans(tl.load(weight_ptrs, mask=in_k[None, :], other=0.0))
-                    else:
-                        weight_tile = tl.load(weight_ptrs, mask=in_k[:, None], other=0.0)
-                    acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
-            offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask_m = offs_cm < M
-            mask_n = offs_cn < N
-            mask = mask_m[:, None] & mask_n[None, :]
-            if ATOMIC:
-                # every split adds into one zeroed slice: less memory, but no fixed summation order
-                ws_ptrs = ws_ptr + bid * M * N + offs_cm[:, None] * N + offs_cn[None, :]
-                tl.atomic_add(ws_ptrs, acc, mask=mask)
-            else:
-                # one slice per split, summed in a fixed order by the reduce kernel: deterministic
-                ws_ptrs = ws_ptr + (bid * SPLIT_K + pid_k) * M * N + offs_cm[:, None] * N + offs_cn[None, :]
-                tl.store(ws_ptrs, acc, mask=mask)
-    else:
-        # one batch element: straight-line code (a K loop pipelines best as the only loop)
+    # grid axis 1 holds at most 65535 programs: each loops over batch elements
+    for batch_id in range(tl.program_id(1), batch, tl.num_programs(1)):
+        bid = batch_id
+        if INDEX_64:
+            # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
+            bid = bid.to(tl.int64)
+        i_2 = bid % size_b2
+        rest = bid // size_b2
+        i_1 = rest % size_b1
+        rest = rest // size_b1
+        i_0 = rest
+        x_base = i_0 * x_stride_b0 + i_1 * x_stride_b1 + i_2 * x_stride_b2
         # rows and columns past M and N wrap around instead of being masked: they load real
         # elements, their results are never stored, and the loads in the K loop stay unmasked
         offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -331,21 +205,13 @@ def _linear_gelu_split_kernel(
             offs_k = offs_k.to(tl.int64)
         # split pid_k of SPLIT_K starts at K block pid_k and steps over SPLIT_K blocks
         k_start = pid_k * BLOCK_K
-        x_ptrs = x_ptr + offs_am[:, None] * x_stride_m + (k_start + offs_k)[None, :] * x_stride_k
-        if B_K_CONTIGUOUS:
-            # B is K-contiguous (a linear weight): load BLOCK_N x BLOCK_K tiles of
-            # its rows and transpose them for the dot, as attention kernels load K
-            weight_ptrs = weight_ptr + offs_bn[:, None] * weight_stride_n + (k_start + offs_k)[None, :] * weight_stride_k
-        else:
-            weight_ptrs = weight_ptr + (k_start + offs_k)[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
+        x_ptrs = x_ptr + x_base + offs_am[:, None] * x_stride_m + (k_start + offs_k)[None, :] * x_stride_k
+        weight_ptrs = weight_ptr + (k_start + offs_k)[:, None] * weight_stride_k + offs_bn[None, :] * weight_stride_n
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
         for k in range(k_start, K - K % BLOCK_K, BLOCK_K * SPLIT_K):
             x_tile = tl.load(x_ptrs)
-            if B_K_CONTIGUOUS:
-                weight_tile = tl.trans(tl.load(weight_ptrs))
-            else:
-                weight_tile = tl.load(weight_ptrs)
+            weight_tile = tl.load(weight_ptrs)
             acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
             x_ptrs += BLOCK_K * SPLIT_K * x_stride_k
             weight_ptrs += BLOCK_K * SPLIT_K * weight_stride_k
@@ -353,12 +219,8 @@ def _linear_gelu_split_kernel(
             # a partial last K block, in the sequence of one split (where the pointers now are)
             if (K % BLOCK_K != 0) & ((K // BLOCK_K) % SPLIT_K == pid_k):
                 # lanes past K load zeros, which add nothing to the dot
-                in_k = offs_k < K % BLOCK_K
-                x_tile = tl.load(x_ptrs, mask=in_k[None, :], other=0.0)
-                if B_K_CONTIGUOUS:
-                    weight_tile = tl.trans(tl.load(weight_ptrs, mask=in_k[None, :], other=0.0))
-                else:
-                    weight_tile = tl.load(weight_ptrs, mask=in_k[:, None], other=0.0)
+                x_tile = tl.load(x_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+                weight_tile = tl.load(weight_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
                 acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -367,11 +229,11 @@ def _linear_gelu_split_kernel(
         mask = mask_m[:, None] & mask_n[None, :]
         if ATOMIC:
             # every split adds into one zeroed slice: less memory, but no fixed summation order
-            ws_ptrs = ws_ptr + offs_cm[:, None] * N + offs_cn[None, :]
+            ws_ptrs = ws_ptr + bid * M * N + offs_cm[:, None] * N + offs_cn[None, :]
             tl.atomic_add(ws_ptrs, acc, mask=mask)
         else:
             # one slice per split, summed in a fixed order by the reduce kernel: deterministic
-            ws_ptrs = ws_ptr + pid_k * M * N + offs_cm[:, None] * N + offs_cn[None, :]
+            ws_ptrs = ws_ptr + (bid * SPLIT_K + pid_k) * M * N + offs_cm[:, None] * N + offs_cn[None, :]
             tl.store(ws_ptrs, acc, mask=mask)
 
 
@@ -385,7 +247,6 @@ def _linear_gelu_reduce_kernel(
     bias_stride_n,
     out_stride_b0, out_stride_b1, out_stride_b2, out_stride_m, out_stride_n,
     HAS_BIAS: tl.constexpr,
-    BATCH_LOOP: tl.constexpr,
     INDEX_64: tl.constexpr,
     SLICES: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -399,44 +260,24 @@ def _linear_gelu_reduce_kernel(
         pid = pid.to(tl.int64)
     pid_m = pid // tiles_n
     pid_n = pid % tiles_n
-    if BATCH_LOOP:
-        # grid axis 1 holds at most 65535 programs: each loops over batch elements
-        for batch_id in range(tl.program_id(1), batch, tl.num_programs(1)):
-            bid = batch_id
-            if INDEX_64:
-                # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-                bid = bid.to(tl.int64)
-            i_2 = bid % size_b2
-            rest = bid // size_b2
-            i_1 = rest % size_b1
-            rest = rest // size_b1
-            i_0 = rest
-            out_base = i_0 * out_stride_b0 + i_1 * out_stride_b1 + i_2 * out_stride_b2
-            offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask_m = offs_cm < M
-            mask_n = offs_cn < N
-            mask = mask_m[:, None] & mask_n[None, :]
-            ws_ptrs = ws_ptr + bid * SLICES * M * N + offs_cm[:, None] * N + offs_cn[None, :]
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for slot in tl.static_range(SLICES):
-                acc += tl.load(ws_ptrs + slot * M * N, mask=mask, other=0.0)
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + offs_cn * bias_stride_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                # an omitted optional operand reads as zero
-                bias = tl.zeros((1, 1), dtype=tl.float32)
-            out = gelu_tanh_f32(acc + bias)
-            out_ptrs = out_ptr + out_base + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
-            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        # one batch element: straight-line code (a K loop pipelines best as the only loop)
+    # grid axis 1 holds at most 65535 programs: each loops over batch elements
+    for batch_id in range(tl.program_id(1), batch, tl.num_programs(1)):
+        bid = batch_id
+        if INDEX_64:
+            # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
+            bid = bid.to(tl.int64)
+        i_2 = bid % size_b2
+        rest = bid // size_b2
+        i_1 = rest % size_b1
+        rest = rest // size_b1
+        i_0 = rest
+        out_base = i_0 * out_stride_b0 + i_1 * out_stride_b1 + i_2 * out_stride_b2
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_cm < M
         mask_n = offs_cn < N
         mask = mask_m[:, None] & mask_n[None, :]
-        ws_ptrs = ws_ptr + offs_cm[:, None] * N + offs_cn[None, :]
+        ws_ptrs = ws_ptr + bid * SLICES * M * N + offs_cm[:, None] * N + offs_cn[None, :]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for slot in tl.static_range(SLICES):
             acc += tl.load(ws_ptrs + slot * M * N, mask=mask, other=0.0)
@@ -446,7 +287,7 @@ def _linear_gelu_reduce_kernel(
             # an omitted optional operand reads as zero
             bias = tl.zeros((1, 1), dtype=tl.float32)
         out = gelu_tanh_f32(acc + bias)
-        out_ptrs = out_ptr + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
+        out_ptrs = out_ptr + out_base + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -478,8 +319,7 @@ def _run(strategy, plan, x, weight, bias, out):
     scalars = ()
     flags = {"HAS_BIAS": bias is not None, }
     common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
-              "EVEN_K": plan.even_k, "B_K_CONTIGUOUS": plan.b_k_contiguous}
-    common["BATCH_LOOP"] = plan.batch_loop
+              "EVEN_K": plan.even_k}
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, x.dtype)
     if strategy.kind == "direct":
@@ -495,7 +335,8 @@ def _run(strategy, plan, x, weight, bias, out):
               SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
     rt.launch(_linear_gelu_reduce_kernel, plan.reduce_grid,
               workspace, bias, out, *plan.sizes[:2], *plan.sizes[3:],
-              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64, BATCH_LOOP=plan.batch_loop,              SLICES=workspace.shape[1], tune_key=tune_key)
+              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
+              SLICES=workspace.shape[1], tune_key=tune_key)
 
 
 def _linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -31,18 +31,17 @@ ARGS = (
 OUTPUTS = ('out',)
 CONFIGS = (
     {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, 'GROUP_M': 16, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 256, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 4},
     {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 3},
     {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
+    {'BLOCK_M': 128, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 128, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    {'BLOCK_M': 16, 'BLOCK_N': 32, 'BLOCK_K': 256, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
 )
 # every BLOCK_K of the space: K divisible by the largest means no partial K block for any
-BLOCK_KS = (64, 128, 256)
+BLOCK_KS = (64, 128)
 SWIZZLE = "grouped"
 SPLIT_K = "auto"
 SPLIT_FACTORS = (1, 2, 4, 8, 16)
@@ -50,8 +49,7 @@ SPLIT_FACTORS = (1, 2, 4, 8, 16)
 BATCH_RANK = 0
 # the tile the split-K reduction kernel covers per program
 REDUCE_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64}
-_KEY = ["M", "N", "K", "LAYOUT", "B_K_CONTIGUOUS", "INDEX_64",
-        "INPUT_PRECISION"]
+_KEY = ["M", "N", "K", "LAYOUT", "INDEX_64", "INPUT_PRECISION"]
 
 
 @triton.autotune(configs=rt.configs(CONFIGS), key=_KEY,
@@ -64,7 +62,6 @@ def _mm_kernel(
     b_stride_k, b_stride_n,
     out_stride_m, out_stride_n,
     LAYOUT: tl.constexpr,
-    B_K_CONTIGUOUS: tl.constexpr,
     EVEN_K: tl.constexpr,
     INDEX_64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -97,20 +94,12 @@ def _mm_kernel(
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         offs_k = offs_k.to(tl.int64)
     a_ptrs = a_ptr + offs_am[:, None] * a_stride_m + offs_k[None, :] * a_stride_k
-    if B_K_CONTIGUOUS:
-        # B is K-contiguous (a linear weight): load BLOCK_N x BLOCK_K tiles of
-        # its rows and transpose them for the dot, as attention kernels load K
-        b_ptrs = b_ptr + offs_bn[:, None] * b_stride_n + offs_k[None, :] * b_stride_k
-    else:
-        b_ptrs = b_ptr + offs_k[:, None] * b_stride_k + offs_bn[None, :] * b_stride_n
+    b_ptrs = b_ptr + offs_k[:, None] * b_stride_k + offs_bn[None, :] * b_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
     for k in range(0, K - K % BLOCK_K, BLOCK_K):
         a_tile = tl.load(a_ptrs)
-        if B_K_CONTIGUOUS:
-            b_tile = tl.trans(tl.load(b_ptrs))
-        else:
-            b_tile = tl.load(b_ptrs)
+        b_tile = tl.load(b_ptrs)
         acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * a_stride_k
         b_ptrs += BLOCK_K * b_stride_k
@@ -118,12 +107,8 @@ def _mm_kernel(
         # a partial last K block (where the pointers now are)
         if K % BLOCK_K != 0:
             # lanes past K load zeros, which add nothing to the dot
-            in_k = offs_k < K % BLOCK_K
-            a_tile = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
-            if B_K_CONTIGUOUS:
-                b_tile = tl.trans(tl.load(b_ptrs, mask=in_k[None, :], other=0.0))
-            else:
-                b_tile = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
+            a_tile = tl.load(a_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+            b_tile = tl.load(b_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
             acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -144,7 +129,6 @@ def _mm_split_kernel(
     a_stride_m, a_stride_k,
     b_stride_k, b_stride_n,
     LAYOUT: tl.constexpr,
-    B_K_CONTIGUOUS: tl.constexpr,
     EVEN_K: tl.constexpr,
     INDEX_64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -183,20 +167,12 @@ def _mm_split_kernel(
     # split pid_k of SPLIT_K starts at K block pid_k and steps over SPLIT_K blocks
     k_start = pid_k * BLOCK_K
     a_ptrs = a_ptr + offs_am[:, None] * a_stride_m + (k_start + offs_k)[None, :] * a_stride_k
-    if B_K_CONTIGUOUS:
-        # B is K-contiguous (a linear weight): load BLOCK_N x BLOCK_K tiles of
-        # its rows and transpose them for the dot, as attention kernels load K
-        b_ptrs = b_ptr + offs_bn[:, None] * b_stride_n + (k_start + offs_k)[None, :] * b_stride_k
-    else:
-        b_ptrs = b_ptr + (k_start + offs_k)[:, None] * b_stride_k + offs_bn[None, :] * b_stride_n
+    b_ptrs = b_ptr + (k_start + offs_k)[:, None] * b_stride_k + offs_bn[None, :] * b_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # the whole K blocks: unmasked loads, so the pipelined loop is the same for every K
     for k in range(k_start, K - K % BLOCK_K, BLOCK_K * SPLIT_K):
         a_tile = tl.load(a_ptrs)
-        if B_K_CONTIGUOUS:
-            b_tile = tl.trans(tl.load(b_ptrs))
-        else:
-            b_tile = tl.load(b_ptrs)
+        b_tile = tl.load(b_ptrs)
         acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * SPLIT_K * a_stride_k
         b_ptrs += BLOCK_K * SPLIT_K * b_stride_k
@@ -204,12 +180,8 @@ def _mm_split_kernel(
         # a partial last K block, in the sequence of one split (where the pointers now are)
         if (K % BLOCK_K != 0) & ((K // BLOCK_K) % SPLIT_K == pid_k):
             # lanes past K load zeros, which add nothing to the dot
-            in_k = offs_k < K % BLOCK_K
-            a_tile = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
-            if B_K_CONTIGUOUS:
-                b_tile = tl.trans(tl.load(b_ptrs, mask=in_k[None, :], other=0.0))
-            else:
-                b_tile = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
+            a_tile = tl.load(a_ptrs, mask=offs_k[None, :] < K % BLOCK_K, other=0.0)
+            b_tile = tl.load(b_ptrs, mask=offs_k[:, None] < K % BLOCK_K, other=0.0)
             acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -287,7 +259,7 @@ def _run(strategy, plan, a, b, out):
     scalars = ()
     flags = {}
     common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
-              "EVEN_K": plan.even_k, "B_K_CONTIGUOUS": plan.b_k_contiguous}
+              "EVEN_K": plan.even_k}
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
     if strategy.kind == "direct":
@@ -303,7 +275,8 @@ def _run(strategy, plan, a, b, out):
               SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
     rt.launch(_mm_reduce_kernel, plan.reduce_grid,
               workspace, out, *plan.sizes[:2], *plan.sizes[3:],
-              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,              SLICES=workspace.shape[1], tune_key=tune_key)
+              *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
+              SLICES=workspace.shape[1], tune_key=tune_key)
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

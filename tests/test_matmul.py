@@ -325,7 +325,6 @@ def _plan(**fields):
                 strategy=matmul.Strategy("two_stage", 8), index_64=False, layout="",
                 precision="tf32", even_k=True, m=16, n=64, k=4096, batch=1, batch_shape=(),
                 sizes=(), ab_strides=(), epilogue_strides=(), swizzle2d=False, batched=False,
-                batch_loop=False, b_k_contiguous=False,
                 candidates=(matmul.Strategy("direct"), matmul.Strategy("two_stage", 8)))
     return matmul.LaunchPlan(**{**base, **fields})
 
@@ -356,28 +355,6 @@ def test_launch_plans_are_cached_on_metadata():
     with runtime.override(strategy="atomic:2"):
         assert matmul.launch_plan(op, a, b).strategy == matmul.Strategy("atomic", 2)
     assert (plan.shape, plan.m, plan.n, plan.k) == ((40, 20), 40, 20, 33)
-
-
-@pytest.mark.parametrize("transposed", [True, False])
-def test_batch_loop_and_b_loads_follow_the_layout(monkeypatch, transposed):
-    # both B loads of a K-contiguous weight (TRANSPOSED_B_LOADS picks one), with and without the
-    # batch loop, and the masked K tail (K = 33)
-    monkeypatch.setattr(matmul, "TRANSPOSED_B_LOADS", transposed)
-    matmul._cached_plan.cache_clear()
-    linear = sys.modules["generated.linear"].OP
-    w, bias = randn(20, 33), randn(20)
-    for x, loop in ((randn(40, 33), False), (randn(3, 40, 33)[::2], True)):
-        plan = matmul.launch_plan(linear, x, w, bias)
-        assert (plan.batch_loop, plan.b_k_contiguous) == (loop, transposed)
-        want = torch.nn.functional.linear(x.double(), w.double(), bias.double())
-        torch.testing.assert_close(generated.linear(x, w, bias).double(), want, rtol=1e-4,
-                                   atol=1e-4)
-    # an N-contiguous B, or one whose N is 1, is loaded as it lies
-    mm = sys.modules["generated.mm"].OP
-    assert not matmul.launch_plan(mm, randn(40, 33), randn(33, 20)).b_k_contiguous
-    assert not matmul.launch_plan(mm, randn(40, 33), randn(33, 1)).b_k_contiguous
-    assert matmul.launch_plan(mm, randn(40, 33), randn(20, 33).t()).b_k_contiguous == transposed
-    matmul._cached_plan.cache_clear()
 
 
 def test_forced_config_number_is_fitted_and_mapping_filtered():

@@ -1,37 +1,29 @@
 """Device time of the matmul kernels per forced config, next to torch's, to set the config space.
 
-One GPU call: the default run (about 2 minutes) times, in bf16, linear and linear_gelu at 8192^3
-and 4096^3 and mm(x, w.t()) at 8192^3 (mm with linear's K-contiguous B and no batch loop) with
-the 3 best large configs, and the decode shape linear_gelu 16 x 4096 x 4096 with the 4 best
-16-row configs; each variant with both ways of loading a K-contiguous B
-(``runtime/matmul.py``'s TRANSPOSED_B_LOADS: "B^T" BLOCK_N x BLOCK_K row tiles transposed for the
-dot, "B strided" BLOCK_K x BLOCK_N tiles through strided pointers). ``--full`` adds mm with an
-N-contiguous B and the wider config lists (and split-K strategies for decode). The "auto" line
-is the autotuner's pick from the spec's space (the config it chose is printed): by default for
-decode only, ``--auto`` for every case and both loads.
-
-Every variant (a config forced with ``runtime.override(config=...)``) is timed with
+One GPU call, under 4 minutes: for mm and linear_gelu at 4096^3 and 8192^3 (bf16) and the decode
+shape linear_gelu 16 x 4096 x 4096, every variant (a config forced with
+``runtime.override(config=...)``, and for decode a split-K strategy) is timed with
 ``triton.testing.do_bench_cudagraph``: the calls are captured in a CUDA graph, so the time is
 the kernels' alone (the split-K reduction and workspace allocation included), not the Python
 that starts them. Inputs rotate over copies that together exceed L2, so the weights stream from
 HBM as they would in a model. One line per variant: device us, TFLOP/s, the fraction of the speed
 of light (max of FLOPs at peak bf16 dense and bytes at peak HBM bandwidth) and torch's time
-(cuBLAS; for linear_gelu eager's linear + gelu, and the cuBLAS linear alone).
+(cuBLAS; for linear_gelu eager's linear + gelu, and the cuBLAS linear alone). The "auto" line is
+what the autotuner picks from the spec's space (the config it chose is printed).
+``linear`` at the large shapes, with the configs that win, separates the GELU epilogue's cost
+from the layout's (it has linear_gelu's operands and batch loop, and no GELU).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/sweep_matmul.py [--only linear8192 ...] [--full]
-[--auto] [--b-loads both|transposed|strided] [--quick: the first 3 configs of each case]
+Usage (GPU machine): PYTHONPATH=. python3 tools/sweep_matmul.py [--only mm4096 ...] [--quick]
 [--no-graph: do_bench instead of CUDA graphs, host time included where it exceeds the kernels']
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import itertools
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +32,6 @@ import triton.testing
 
 import generated
 from specgen import runtime as rt
-from specgen.runtime import matmul as matmul_rt
 
 # the module (specgen.runtime exports its launch function under the same name)
 launch = importlib.import_module("specgen.runtime.launch")
@@ -58,88 +49,48 @@ def config(m, n, k, warps, stages, group=8):
             "num_stages": stages}
 
 
-# the winners of the last H200 sweep at 4096^3 and 8192^3 (mm, linear, linear_gelu)
-LARGE_BEST = [config(128, 256, 64, 8, 3, group=16), config(128, 256, 64, 8, 3),
-              config(128, 256, 32, 8, 4)]
-# large problems: the default space's large configs, then neighbours worth knowing (--full)
-LARGE = LARGE_BEST + [
-    config(256, 128, 64, 8, 3), config(128, 128, 64, 8, 4),
+# large problems: the default space's large configs first, then neighbours worth knowing
+LARGE = [
+    config(128, 256, 64, 8, 3), config(256, 128, 64, 8, 3), config(128, 128, 64, 8, 4),
     config(128, 128, 64, 4, 3), config(64, 128, 64, 4, 4), config(128, 64, 64, 4, 4),
-    config(128, 256, 64, 8, 4), config(256, 128, 64, 8, 4),
+    config(128, 256, 64, 8, 4), config(256, 128, 64, 8, 4), config(128, 256, 32, 8, 4),
     config(128, 128, 128, 8, 3), config(128, 128, 64, 4, 4), config(64, 256, 64, 4, 4),
-    config(128, 256, 64, 8, 3, group=4),
+    config(128, 256, 64, 8, 3, group=4), config(128, 256, 64, 8, 3, group=16),
     # 96 KB of shared memory and 64 accumulator registers a thread: two programs per SM
     config(128, 128, 64, 8, 3),
 ]
-# decode (M = 16): 16-row tiles; 16 x 32 x 256 won, the others were next (a guess: only the
-# winner was reported)
-DECODE_BEST = [config(16, 32, 256, 4, 4), config(16, 32, 128, 4, 4), config(16, 64, 128, 4, 4),
-               config(16, 64, 256, 4, 3)]
-DECODE = DECODE_BEST + [
-    config(16, 128, 128, 4, 4), config(16, 64, 64, 4, 4), config(16, 128, 64, 4, 4),
-    config(16, 256, 64, 8, 3), config(32, 64, 128, 4, 4),
+# decode (M = 16): 16-row tiles (what the large configs clamp to, and longer K blocks)
+DECODE = [
+    config(16, 64, 128, 4, 4), config(16, 128, 128, 4, 4), config(16, 64, 64, 4, 4),
+    config(16, 128, 64, 4, 4), config(16, 256, 64, 8, 3), config(16, 64, 256, 4, 3),
+    config(32, 64, 128, 4, 4), config(16, 32, 128, 4, 4), config(16, 32, 256, 4, 4),
 ]
 DECODE_STRATEGIES = ["direct", "two_stage:2", "two_stage:4", "two_stage:8"]
-
-
-@dataclass(frozen=True)
-class Case:
-    op: str
-    m: int
-    n: int
-    k: int
-    configs: list            # the default run's
-    full_configs: list       # --full
-    strategies: tuple = ("direct",)
-    full_strategies: tuple = ("direct",)
-    b_transposed: bool = True   # B is K-contiguous (a linear weight, or mm's w.t())
-    default: bool = True        # in a run without --only or --full
-
-
-# name -> case, in the order they run
-CASES = {
-    "linear_gelu16": Case("linear_gelu", 16, 4096, 4096, DECODE_BEST, DECODE,
-                          full_strategies=tuple(DECODE_STRATEGIES)),
-    "linear8192": Case("linear", 8192, 8192, 8192, LARGE_BEST, LARGE),
-    "mm_t8192": Case("mm", 8192, 8192, 8192, LARGE_BEST, LARGE),
-    "linear_gelu8192": Case("linear_gelu", 8192, 8192, 8192, LARGE_BEST, LARGE),
-    "linear4096": Case("linear", 4096, 4096, 4096, LARGE_BEST, LARGE),
-    "linear_gelu4096": Case("linear_gelu", 4096, 4096, 4096, LARGE_BEST, LARGE),
-    "mm8192": Case("mm", 8192, 8192, 8192, LARGE_BEST, LARGE, b_transposed=False, default=False),
-    "mm4096": Case("mm", 4096, 4096, 4096, LARGE_BEST, LARGE, b_transposed=False, default=False),
-}
-DEVICE, DTYPE = "cuda", torch.bfloat16
-# --b-loads: the TRANSPOSED_B_LOADS values to time
-B_LOADS = {"both": (True, False), "transposed": (True,), "strided": (False,)}
-
-
-@contextlib.contextmanager
-def b_loads(transposed: bool):
-    """Launches plan K-contiguous B loads as ``transposed`` says (plans are cached: cleared)."""
-    saved = matmul_rt.TRANSPOSED_B_LOADS
-    matmul_rt.TRANSPOSED_B_LOADS = transposed
-    matmul_rt._cached_plan.cache_clear()
-    try:
-        yield
-    finally:
-        matmul_rt.TRANSPOSED_B_LOADS = saved
-        matmul_rt._cached_plan.cache_clear()
 
 
 def gelu_linear(x, w, b):
     return F.gelu(F.linear(x, w, b), approximate="tanh")
 
 
+# name -> (op, M, N, K, configs, strategies), in the order they run
+CASES = {
+    "linear_gelu16": ("linear_gelu", 16, 4096, 4096, DECODE, DECODE_STRATEGIES),
+    "mm8192": ("mm", 8192, 8192, 8192, LARGE, ["direct"]),
+    "linear_gelu8192": ("linear_gelu", 8192, 8192, 8192, LARGE, ["direct"]),
+    "linear8192": ("linear", 8192, 8192, 8192, LARGE[:4], ["direct"]),
+    "mm4096": ("mm", 4096, 4096, 4096, LARGE, ["direct"]),
+    "linear_gelu4096": ("linear_gelu", 4096, 4096, 4096, LARGE, ["direct"]),
+}
+DEVICE, DTYPE = "cuda", torch.bfloat16
 
 
-def inputs(case, seed):
+def inputs(op, m, n, k, seed):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, device=DEVICE, dtype=DTYPE, generator=g)
-    m, n, k = case.m, case.n, case.k
-    if case.op == "mm":
-        return randn(m, k), (randn(n, k).t() if case.b_transposed else randn(k, n))
+    if op == "mm":
+        return randn(m, k), randn(k, n)
     return randn(m, k), randn(n, k) * k ** -0.5, randn(n)
 
 
@@ -182,84 +133,61 @@ def tuned_configs() -> str:
     return "; ".join(chosen)
 
 
-def run_case(name, graph, options, start) -> None:
-    case = CASES[name]
-    op_name, m, n, k = case.op, case.m, case.n, case.k
-    configs = case.full_configs if options.full else case.configs
-    strategies = case.full_strategies if options.full else case.strategies
+def run_case(name, graph, quick, start) -> None:
+    op_name, m, n, k, configs, strategies = CASES[name]
     op = getattr(generated, op_name)
-    args = inputs(case, 0)
+    args = inputs(op_name, m, n, k, 0)
     size = sum(t.numel() * t.element_size() for t in args)
-    sets = [args] + [inputs(case, seed) for seed in range(1, math.ceil(ROTATION_BYTES / size))]
+    sets = [args] + [inputs(op_name, m, n, k, seed)
+                     for seed in range(1, math.ceil(ROTATION_BYTES / size))]
     flops = 2 * m * n * k
     sol = speed_of_light_us(op_name, m, n, k)
-    layout = "B K-contiguous" if case.b_transposed else "B N-contiguous"
     head = f"{name:16s} {op_name} M={m} N={n} K={k}"
-    print(f"{head}: {layout}, speed of light {sol:.1f} us ({len(sets)} input sets)", flush=True)
+    print(f"{head}: speed of light {sol:.1f} us ({len(sets)} input sets)", flush=True)
     reference = {}
     for label, fn in torch_fns(op_name):
         us = device_us(fn, sets, graph)
         reference[label] = us
-        print(f"{head} | {label:44s} | {us:9.1f} us | {flops / us / 1e6:6.1f} TFLOP/s "
+        print(f"{head} | {label:34s} | {us:9.1f} us | {flops / us / 1e6:6.1f} TFLOP/s "
               f"| {sol / us:5.1%} SOL", flush=True)
     base = next(iter(reference.values()))
     expected = torch_fns(op_name)[0][1](*args).float()
 
     def line(label, us, extra=""):
-        print(f"{head} | {label:44s} | {us:9.1f} us | {flops / us / 1e6:6.1f} TFLOP/s "
+        print(f"{head} | {label:34s} | {us:9.1f} us | {flops / us / 1e6:6.1f} TFLOP/s "
               f"| {sol / us:5.1%} SOL | {base / us:5.2f}x torch {extra}", flush=True)
 
-    # an N-contiguous B is loaded one way only
-    loads = B_LOADS[options.b_loads] if case.b_transposed else (True,)
-    # the autotuner's pick: by default for decode only, with the loads the planner sets now
-    for transposed in (loads if options.auto else (matmul_rt.TRANSPOSED_B_LOADS,)
-                       if name == "linear_gelu16" else ()):
-        with b_loads(transposed):
-            line(f"auto {loads_label(case, transposed)}", device_us(op, sets, graph),
-                 tuned_configs())
-    variants = list(itertools.product(strategies, configs[:3] if options.quick else configs,
-                                      loads))
-    for strategy, meta, transposed in variants:
+    line("auto", device_us(op, sets, graph), tuned_configs())
+    variants = [(s, c) for s in strategies for c in (configs[:3] if quick else configs)]
+    for strategy, meta in variants:
         if time.perf_counter() - start > TIME_BUDGET_S:
             print(f"{head} | time budget spent: the remaining variants are left out", flush=True)
             return
-        label = f"{shown(meta)} {strategy} {loads_label(case, transposed)}"
+        label = f"{shown(meta)} {strategy}"
         try:
-            with b_loads(transposed), rt.override(config=meta, strategy=strategy):
+            with rt.override(config=meta, strategy=strategy):
                 out = op(*args).float()
                 error = ((out - expected).norm() / expected.norm()).item()
                 check = "" if error < 2e-2 else f"WRONG (relative error {error:.2e})"
                 line(label, device_us(op, sets, graph), check)
         except Exception as exc:  # noqa: BLE001 - a sweep reports a failing variant and goes on
-            print(f"{head} | {label:44s} | FAILED {type(exc).__name__}: {str(exc)[:120]}",
+            print(f"{head} | {label:34s} | FAILED {type(exc).__name__}: {str(exc)[:120]}",
                   flush=True)
     del args, sets
     torch.cuda.empty_cache()
 
 
-def loads_label(case, transposed) -> str:
-    if not case.b_transposed:
-        return ""
-    return "B^T" if transposed else "B strided"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append", choices=list(CASES))
-    parser.add_argument("--full", action="store_true",
-                        help="every case, the wider config lists and split-K strategies")
-    parser.add_argument("--auto", action="store_true", help="the autotuner's pick in every case")
-    parser.add_argument("--b-loads", choices=list(B_LOADS), default="both")
     parser.add_argument("--quick", action="store_true", help="the first 3 configs of each case")
     parser.add_argument("--no-graph", action="store_true")
     options = parser.parse_args()
     print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(),
           flush=True)
     start = time.perf_counter()
-    names = options.only or [name for name, case in CASES.items()
-                             if case.default or options.full]
-    for name in names:
-        run_case(name, not options.no_graph, options, start)
+    for name in options.only or CASES:
+        run_case(name, not options.no_graph, options.quick, start)
     print(f"sweep took {time.perf_counter() - start:.0f} s", flush=True)
 
 

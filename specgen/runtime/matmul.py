@@ -34,10 +34,6 @@ SPLIT_PROGRAMS_PER_SM = 4
 MIN_DOT_BLOCK = 16
 # Hopper's wgmma works on 64-row tiles: configs with fewer rows are meant for problems that small
 WGMMA_ROWS = 64
-# a K-contiguous B (a linear weight) is loaded as BLOCK_N x BLOCK_K tiles of its rows and
-# transposed for the dot, rather than as BLOCK_K x BLOCK_N tiles through strided pointers (False);
-# tools/sweep_matmul.py times both
-TRANSPOSED_B_LOADS = True
 
 
 def _letters(dims: Sequence[str]) -> tuple[str, ...]:
@@ -300,12 +296,6 @@ def even_k(k: int, block_ks: Sequence[int]) -> bool:
     return k % max(block_ks) == 0
 
 
-def b_k_contiguous(b: View) -> bool:
-    """Whether the kernels load B's tiles transposed: its K stride is 1 and its N stride is not
-    (N of 1 leaves either layout valid; the plain loads cover it)."""
-    return TRANSPOSED_B_LOADS and b.k == 1 and b.n != 1
-
-
 def _shared_memory_limit(device: torch.device) -> int:
     if device.type != "cuda":
         return 1 << 30
@@ -411,8 +401,6 @@ class LaunchPlan:
     epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
     swizzle2d: bool                 # column blocks on grid axis 1 (batch then on axis 2)
     batched: bool                   # batch elements on a grid axis
-    batch_loop: bool                # more than one: the kernels loop over them (BATCH_LOOP)
-    b_k_contiguous: bool            # B's tiles loaded K-contiguous and transposed (B_K_CONTIGUOUS)
     # strategies to time against each other on the first eager call (auto split-K on a GPU)
     candidates: tuple[Strategy, ...] = ()
 
@@ -506,8 +494,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         index_64=index_64, layout=layout, precision=precision,
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
         batch_shape=space.batch, sizes=sizes, ab_strides=ab, epilogue_strides=tuple(epilogue),
-        swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0, batch_loop=batch > 1,
-        b_k_contiguous=b_k_contiguous(space.views[op.b]),
+        swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
         candidates=(Strategy("direct"), strategy_) if timed else ())
 
 
