@@ -41,8 +41,8 @@ EPILOGUE_DIMS = (("N",), ("M",), ("M", "N"))
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
-def _config(m: int, n: int, k: int, warps: int, stages: int) -> dict:
-    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": warps,
+def _config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> dict:
+    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group, "num_warps": warps,
             "num_stages": stages}
 
 
@@ -51,20 +51,24 @@ def _config(m: int, n: int, k: int, warps: int, stages: int) -> dict:
 # (a 16-row problem runs every config with 16 rows), and configs under 64 rows only run on
 # problems that small (runtime/matmul.py, prune_configs).
 DEFAULT_CONFIGS = (
-    # large problems, one program per SM: the Hopper bf16/fp16 tiles closest to cuBLAS
+    # large problems, one program per SM: the Hopper bf16/fp16 tiles closest to cuBLAS; GROUP_M
+    # 16 won mm and linear_gelu at 4096^3 and 8192^3 on an H200, 8 won linear at 8192^3
     _config(128, 256, 64, warps=8, stages=3),
+    _config(128, 256, 64, warps=8, stages=3, group=16),
     _config(256, 128, 64, warps=8, stages=3),
     _config(128, 128, 64, warps=8, stages=4),
     # 96 KB of shared memory: two programs per SM, so one's epilogue overlaps the other's K loop
     _config(128, 128, 64, warps=4, stages=3),
-    # too few 128 x 128 tiles to fill the GPU, or float32 inputs (twice the shared memory)
+    # too few 128 x 128 tiles to fill the GPU, or float32 inputs (twice the shared memory);
+    # 128 x 64 (the slowest at large sizes) left out
     _config(64, 128, 64, warps=4, stages=4),
-    _config(128, 64, 64, warps=4, stages=4),
     # small M (decode): B streams through, long K blocks keep more of it in flight; 16 x 32
     # tiles give a 4096-column output 128 programs, which may stream B without split-K
+    # (16 x 32 x 256 won 16 x 4096 x 4096 on an H200)
     _config(16, 64, 128, warps=4, stages=4),
     _config(16, 128, 128, warps=4, stages=4),
     _config(16, 32, 128, warps=4, stages=4),
+    _config(16, 32, 256, warps=4, stages=4),
 )
 # the product form: what a key left out takes
 PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),

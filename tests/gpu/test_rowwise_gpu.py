@@ -139,7 +139,10 @@ def test_torch_compile_sees_through_the_ops():
 
     compiled = torch.compile(block, fullgraph=True)
     for actual, expected in zip(compiled(x), block(x)):
-        torch.testing.assert_close(actual, expected)
+        # the compiled graph may tune other configs (other float32 summation orders): through
+        # this chain of bf16 roundings, elements near 0 then differ by a few ulps (seen on the
+        # H200: 1 element of 1.5M off by 0.0039)
+        torch.testing.assert_close(actual, expected, rtol=1.6e-2, atol=1e-2)
     # the split strategy (several kernels and a workspace) under compile as well
     long = torch.randn(4, 65536, device="cuda", dtype=torch.bfloat16)
     compiled_long = torch.compile(lambda t: generated.layer_norm(t, [65536]), fullgraph=True)
