@@ -109,27 +109,24 @@ def _double_through_a_view(x):
     return out
 
 
-def _call(replays, impl, x):
-    key, found = replays.lookup((x,), ())
-    if found is not None:
-        return found((x,))
-    return replays.record(key, impl, (x,), x)
-
-
-def test_a_recording_replays_its_launches_and_allocations():
-    replays = runtime.Replays("double")
+def _call_three_times(impl) -> runtime.Replays:
+    """Three calls with one signature and fresh data, as a generated function makes them."""
+    replays = runtime.Replays(impl.__name__)
     with replay.record_at_once():
         for _ in range(3):
             x = _randn(50)
-            torch.testing.assert_close(_call(replays, _double, x), 2 * x)
+            key, found = replays.lookup((x,), ())
+            out = found((x,)) if found is not None else replays.record(key, impl, (x,), x)
+            torch.testing.assert_close(out, 2 * x)
+    return replays
+
+
+def test_a_recording_replays_its_launches_and_allocations():
+    replays = _call_three_times(_double)
     assert replays.replayed == 2 and not replays.failures
 
 
 def test_an_unknown_tensor_argument_drops_the_recording():
-    replays = runtime.Replays("double_view")
-    with replay.record_at_once():
-        for _ in range(3):
-            x = _randn(50)
-            torch.testing.assert_close(_call(replays, _double_through_a_view, x), 2 * x)
+    replays = _call_three_times(_double_through_a_view)
     assert replays.replayed == 0
     assert ["x_ptr" in why for why in replays.failures.values()] == [True]
