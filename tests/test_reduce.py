@@ -108,10 +108,12 @@ def test_auto_strategy(shape, dims, expected, monkeypatch):
 
 
 def test_last_launches_once_and_resets_its_tickets():
-    x = torch.randn(300, 70)
+    x = torch.randn(300, 70, generator=torch.Generator().manual_seed(0))
     for dim in (0, None, 1):
         with runtime.record_launches() as log, runtime.override(strategy="last"):
-            torch.testing.assert_close(generated.sum(x, dim), torch.sum(x.double(), dim).float())
+            # float32 partial sums of up to 21000 values: a few 1e-5 off the float64 sum
+            torch.testing.assert_close(generated.sum(x, dim), torch.sum(x.double(), dim).float(),
+                                       rtol=1e-5, atol=1e-4)
         assert [l.kernel for l in log] == ["last"]
         assert not reduction.tile_counters(x.device, 1).any()
 
