@@ -63,6 +63,17 @@ def test_overrides_are_part_of_the_signature():
         assert [launch.kernel for launch in log] != ["looped"]
 
 
+def test_a_tensor_passed_twice_has_its_own_signature():
+    # a recording of add(a, a) names one input for both pointers: it must not serve add(b, c)
+    with replay.record_at_once():
+        a = _randn(4, 5)
+        for _ in range(2):  # the first call may autotune, which is not recorded
+            generated.add(a, a)
+        b, c = _randn(4, 5), _randn(4, 5)
+        torch.testing.assert_close(generated.add(b, c), b + c)
+        torch.testing.assert_close(generated.add(c, c), c + c)
+
+
 def test_differentiated_calls_are_not_replayed():
     x = _randn(3, 9)
     with replay.record_at_once():

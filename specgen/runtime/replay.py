@@ -325,6 +325,7 @@ class Replays:
             return None
         grad = torch.is_grad_enabled()
         signature = []
+        ids = []
         for t in tensors:
             if t is None:
                 signature.append(None)
@@ -332,10 +333,14 @@ class Replays:
             if type(t) is not torch.Tensor or grad and t.requires_grad:
                 return None
             signature.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+            ids.append(id(t))
+        # one tensor passed as two arguments is recorded as one input (slots go by identity):
+        # such a call has a signature of its own, its pattern of repeats
+        repeats = None if len(set(ids)) == len(ids) else tuple(map(ids.index, ids))
         values = []
         for v in scalars:
             if type(v) in (list, tuple, torch.Size):
                 v = tuple((type(e), e) for e in v)
             values.append((type(v), v))
-        return (tuple(signature), tuple(values), launch_state.overrides(),
+        return (tuple(signature), repeats, tuple(values), launch_state.overrides(),
                 self.state() if self.state is not None else None)
