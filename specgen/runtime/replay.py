@@ -304,6 +304,7 @@ class Replays:
         if entry is None and _calls_before_recording:
             if len(self._entries) >= CACHE_SIZE:
                 self._entries.clear()
+                self.failures.clear()
             self._entries[key] = _SEEN
             return impl(*args)
         with _record() as recording:
