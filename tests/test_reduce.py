@@ -200,6 +200,38 @@ def test_cross_entropy_rejects_bad_targets_and_shapes():
         generated.cross_entropy(logits[0], torch.zeros((), dtype=torch.long))
 
 
+def test_cross_entropy_target_check_on_every_path():
+    # the check kernel runs before the loss kernel and the host reads its verdict while the loss
+    # kernel runs: first, recorded and replayed eager calls, autograd and the registered op raise
+    logits = torch.randn(5, 11)
+    good = torch.tensor([0, 1, 2, 3, -100])
+    bad = torch.tensor([0, 1, 11, 3, -100])
+    message = r"target\[2\] is 11, outside \[0, 11\) and not ignore_index \(-100\)"
+    with runtime.replay.record_at_once():
+        for _ in range(3):
+            generated.cross_entropy(logits, good)
+            with pytest.raises(ValueError, match=message):
+                generated.cross_entropy(logits, bad)
+        with pytest.raises(ValueError, match=message):
+            generated.cross_entropy(logits.clone().requires_grad_(), bad)
+    with pytest.raises(ValueError, match=message):
+        generated.REGISTRY["cross_entropy"].op(logits, bad, None, -100, "mean", 0.0)
+
+
+def test_cross_entropy_non_finite_logits_match_torch():
+    # per-lane online logsumexp: lanes that saw only -inf, a row of -inf, a NaN logit; several
+    # chunks a row (64 wide) so that the lanes' maxima and sums carry across steps
+    logits = torch.randn(4, 300) * 10
+    logits[1] = float("-inf")
+    logits[2, :150] = float("-inf")
+    logits[3, 7] = float("nan")
+    target = torch.tensor([3, 5, 200, 2])
+    with runtime.override(config={"BLOCK_V": 64}):
+        loss = generated.cross_entropy(logits, target, reduction="none")
+    torch.testing.assert_close(loss, F.cross_entropy(logits, target, reduction="none"),
+                               equal_nan=True)
+
+
 @settings(max_examples=15)
 @given(data=st.data())
 def test_cross_entropy_gradient_matches_torch(data):

@@ -48,8 +48,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> CrossEntropyBody:
         raise where.error("expected " + ", ".join(f"{n} ({w})" for n, _, w in SIGNATURE))
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     # vocabulary chunk per loop step: a long row is read once, in chunks, with an online max
-    blocks = power_of_two_list(tuning, "BLOCK_V", (4096, 8192, 16384))
-    num_warps = power_of_two_list(tuning, "num_warps", (8, 16))
+    blocks = power_of_two_list(tuning, "BLOCK_V", (2048, 4096))
+    num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
     tuning.finish()
     return CrossEntropyBody(blocks, num_warps)
 

@@ -1,14 +1,21 @@
-"""Row-wise launches of the cross_entropy family: one program per row, grid-stride over rows."""
+"""Row-wise launches of the cross_entropy family (one program per row, grid-stride over rows) and
+the eager target check."""
 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
 from specgen.runtime.layout import span
+
+# programs per multiprocessor: a 128k-vocabulary row is 256 KB of bf16, so one row per program
+# up to 32 per SM keeps the most loads in flight (H200, 4096 x 128256: 274 us at 32 per SM,
+# 291 at 8, 385 at 4 with 2048-wide chunks; tools/probe_memory.py --part lse)
+PROGRAMS_PER_SM = 32
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,42 @@ def plan_rows(op: str, indexing: str, max_tile: int, n_rows: int,
 def _plan(op, indexing, max_tile, n_rows, metas, _overrides, device) -> RowsLaunch:
     index_64 = choose_int64(op, indexing, {name: span(size, stride) for name, size, stride in metas},
                             max_tile)
-    return RowsLaunch(index_64, (grid_size(n_rows, max_programs(device, "persistent")),))
+    cap = max_programs(device, "persistent", PROGRAMS_PER_SM)
+    return RowsLaunch(index_64, (grid_size(n_rows, cap),))
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
+
+
+class TargetVerdict:
+    """The target-check kernel's verdict (first bad row + 1, or 0; then that row's target), read
+    without waiting for the kernels queued after it.
+
+    On a GPU the two words are copied to pinned host memory right after the check kernel and an
+    event is recorded there; ``bad_row`` waits on that event only, so the host reads the verdict
+    while the loss kernel (queued before the wait) runs, rather than after it.
+    """
+
+    # per thread and device: a pinned pair and an event, reused call after call (each call waits
+    # on its event before it returns, so the next one finds them free)
+    _local = threading.local()
+
+    def __init__(self, error: torch.Tensor) -> None:
+        self.event = None
+        if error.device.type != "cuda":
+            self.host = error
+            return
+        buffers = self._local.__dict__.setdefault("buffers", {})
+        if error.device not in buffers:
+            buffers[error.device] = (torch.empty(2, dtype=torch.int64, pin_memory=True),
+                                     torch.cuda.Event())
+        self.host, self.event = buffers[error.device]
+        self.host.copy_(error, non_blocking=True)
+        self.event.record(torch.cuda.current_stream(error.device))
+
+    def bad_row(self) -> tuple[int, int] | None:
+        """(row, target) of the first row whose target is neither a class nor ignore_index."""
+        if self.event is not None:
+            self.event.synchronize()
+        row, value = self.host.tolist()
+        return (row - 1, value) if row else None

@@ -145,8 +145,9 @@ def multiprocessors(device: torch.device, nominal: int = 4) -> int:
     return _sm_count(device.index or 0) if device.type == "cuda" else nominal
 
 
-def max_programs(device: torch.device, launch: str) -> int:
-    """The most programs a grid-stride launch starts: all tiles (flat) or a few per SM."""
+def max_programs(device: torch.device, launch: str,
+                 per_sm: int = PERSISTENT_PROGRAMS_PER_SM) -> int:
+    """The most programs a grid-stride launch starts: all tiles (flat) or ``per_sm`` per SM."""
     launch = _overrides.launch or launch
     if launch == "flat":
         return INT32_MAX
@@ -154,7 +155,7 @@ def max_programs(device: torch.device, launch: str) -> int:
         return _overrides.max_programs
     if device.type != "cuda":
         return 4
-    return PERSISTENT_PROGRAMS_PER_SM * multiprocessors(device)
+    return per_sm * multiprocessors(device)
 
 
 def grid_size(num_tiles: int, cap: int) -> int:
@@ -238,12 +239,13 @@ def forced_config(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapp
 
     A number picks from the configs the kernel's ``early_config_prune`` keeps for these arguments,
     as autotuning would (a config of the space may not fit the device's shared memory). A mapping
-    gives the meta-parameters themselves; those the kernel does not take are left out, so one
-    mapping serves kernels with different tile parameters.
+    gives the meta-parameters themselves; those the kernel does not take are left out and those it
+    does not give come from the kernel's first config, so one mapping serves kernels with
+    different tile parameters (a loss kernel's chunk beside its one-config helper kernels).
     """
     if isinstance(forced, Mapping):
         params = kernel.fn.arg_names
-        meta = {k: v for k, v in forced.items() if k in params}
+        meta = {**kernel.configs[0].kwargs, **{k: v for k, v in forced.items() if k in params}}
         return triton.Config(meta, num_warps=forced.get("num_warps", 4),
                              num_stages=forced.get("num_stages", 1))
     configs = kernel.configs

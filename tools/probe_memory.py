@@ -1,0 +1,235 @@
+"""GPU probe: where the memory-bound cases lose time against the copy bandwidth (one device call).
+
+Everything is timed as bench/ times it (do_bench median, L2 flushed by a 256 MB zero-fill before
+each call, two input sets rotated). The flush leaves up to an L2's worth of dirty lines, which a
+kernel that streams through L2 writes back on its own clock: the probe compares load and store
+eviction policies on small standalone kernels (copy, softmax, row sum) against torch's copy, our
+generated ops and torch.compile at the same shapes, and two forms of cross_entropy's online
+logsumexp (a chunk max per step, or a per-lane max with one exp per element).
+
+Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from bench.harness import measure_copy_bandwidth
+
+ROWS, N = 32768, 1024
+DTYPE = torch.bfloat16
+LOG2E = tl.constexpr(1.4426950408889634)
+PARTS = ("copy", "ops", "rowwise", "rowsum", "lse")
+
+
+def bench_us(fn, sets) -> float:
+    for s in sets:
+        fn(*s)
+    torch.cuda.synchronize()
+    cycle = itertools.cycle(sets)
+    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=25, rep=100,
+                                   return_mode="median") * 1e3
+
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, LOAD: tl.constexpr, STORE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, eviction_policy=LOAD), eviction_policy=STORE)
+
+
+@triton.jit
+def softmax_kernel(x_ptr, out_ptr, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   LOAD: tl.constexpr, STORE: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    offs = rows * stride + tl.arange(0, BLOCK_N)[None, :]
+    x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
+    e = tl.exp(x - tl.max(x, 1, keep_dims=True))
+    out = e * (1.0 / tl.sum(e, 1, keep_dims=True))
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), eviction_policy=STORE)
+
+
+@triton.jit
+def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, LOAD: tl.constexpr):
+    # the generated single tile's numerics: mean, then the squared deviations with the mean
+    # correction (the sum of the deviations) in one tuple reduction
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    offs = rows * stride + cols
+    x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
+    mean = tl.sum(x, 1, keep_dims=True) / BLOCK_N
+    dev = x - mean
+    shift, m2 = tl.reduce((dev, dev * dev), 1, _add_pairs, keep_dims=True)
+    mean += shift / BLOCK_N
+    rstd = tl.rsqrt(m2 / BLOCK_N + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    b = tl.load(b_ptr + cols).to(tl.float32)
+    tl.store(out_ptr + offs, ((x - mean) * rstd * w + b).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _add_pairs(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, LOAD: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    offs = rows * stride + cols
+    x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, 1, keep_dims=True) / BLOCK_N + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    tl.store(out_ptr + offs, (x * rstd * w).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def rowsum_kernel(x_ptr, out_ptr, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  LOAD: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs = rows[:, None] * stride + tl.arange(0, BLOCK_N)[None, :]
+    x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
+    tl.store(out_ptr + rows, tl.sum(x, 1).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def lse_chunkmax_kernel(x_ptr, lse_ptr, n_rows, n_cols, stride, BLOCK_V: tl.constexpr):
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        start = x_ptr + row * stride.to(tl.int64)
+        row_max = tl.full([], float("-inf"), tl.float32)
+        lane_sum = tl.zeros([BLOCK_V], tl.float32)
+        for col in range(0, n_cols, BLOCK_V):
+            cols = col + tl.arange(0, BLOCK_V)
+            x = tl.load(start + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(row_max, tl.max(x, 0))
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max) * LOG2E
+            lane_sum = lane_sum * tl.exp2(row_max * LOG2E - shift) + tl.exp2(x * LOG2E - shift)
+            row_max = new_max
+        tl.store(lse_ptr + row, row_max + tl.log(tl.sum(lane_sum, 0)))
+
+
+@triton.jit
+def lse_lane_kernel(x_ptr, lse_ptr, n_rows, n_cols, stride, BLOCK_V: tl.constexpr,
+                    EVEN: tl.constexpr):
+    # per-lane running max and sum, one exp per element: the smaller of (max, x) minus the larger
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        start = x_ptr + row * stride.to(tl.int64)
+        lane_max = tl.full([BLOCK_V], -3.0e38, tl.float32)
+        lane_sum = tl.zeros([BLOCK_V], tl.float32)
+        for col in range(0, n_cols, BLOCK_V):
+            cols = col + tl.arange(0, BLOCK_V)
+            if EVEN:
+                x = tl.load(start + cols).to(tl.float32)
+            else:
+                x = tl.load(start + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            bigger = x > lane_max
+            e = tl.exp2((tl.minimum(lane_max, x) - tl.maximum(lane_max, x)) * LOG2E)
+            lane_sum = tl.where(bigger, lane_sum * e + 1.0, lane_sum + e)
+            lane_max = tl.maximum(lane_max, x)
+        row_max = tl.max(lane_max, 0)
+        total = tl.sum(lane_sum * tl.exp2((lane_max - row_max) * LOG2E), 0)
+        tl.store(lse_ptr + row, row_max + tl.log(total))
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--part", action="append", choices=PARTS)
+    parts = set(parser.parse_args().part or PARTS)
+    print("device", torch.cuda.get_device_name(), "torch", torch.__version__, "triton",
+          triton.__version__, flush=True)
+    copy_gbps = measure_copy_bandwidth()
+    print(f"copy 1 GiB: {copy_gbps:.0f} GB/s", flush=True)
+    sets = [(torch.randn(ROWS, N, device="cuda", dtype=DTYPE),
+             torch.empty(ROWS, N, device="cuda", dtype=DTYPE)) for _ in range(2)]
+    nbytes = 2 * ROWS * N * DTYPE.itemsize
+
+    def line(label, us, moved=nbytes):
+        print(f"{label:60s} {us:7.1f} us  {moved / us / 1e3:6.0f} GB/s  "
+              f"{100 * moved / us / 1e3 / copy_gbps:4.0f}% copy", flush=True)
+
+    import generated
+
+    vectors = [torch.randn(N, device="cuda", dtype=DTYPE) for _ in range(2)]
+    if "copy" in parts:
+        line("torch copy 32768x1024 bf16", bench_us(lambda x, o: o.copy_(x), sets))
+        for load, store in itertools.product(("", "evict_first", "evict_last"), ("", "evict_first")):
+            line(f"triton copy load={load or '-'} store={store or '-'}",
+                 bench_us(lambda x, o: copy_kernel[(x.numel() // 4096,)](x, o, 4096, load, store,
+                                                                          num_warps=8), sets))
+    if "rowwise" in parts:
+        tiles = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 4), (4, 8))
+        for (bm, warps), load in itertools.product(tiles, ("", "evict_first")):
+            grid = (ROWS // bm,)
+            tag = f"BM={bm} w={warps} load={load or '-'}"
+            line(f"softmax probe {tag}",
+                 bench_us(lambda x, o: softmax_kernel[grid](x, o, N, bm, N, load, "",
+                                                            num_warps=warps), sets))
+            line(f"layer_norm probe {tag}",
+                 bench_us(lambda x, o: layer_norm_kernel[grid](x, *vectors, o, N, 1e-5, bm, N, load,
+                                                               num_warps=warps), sets))
+            line(f"rms_norm probe {tag}",
+                 bench_us(lambda x, o: rms_norm_kernel[grid](x, vectors[0], o, N, 1e-6, bm, N, load,
+                                                             num_warps=warps), sets))
+    if "ops" in parts:
+        ops = {
+            "softmax": (lambda x, o: generated.softmax(x, -1), lambda x, o: torch.softmax(x, -1)),
+            "layer_norm": (lambda x, o: generated.layer_norm(x, [N], *vectors),
+                           lambda x, o: F.layer_norm(x, (N,), *vectors)),
+            "rms_norm": (lambda x, o: generated.rms_norm(x, [N], vectors[0]),
+                         lambda x, o: F.rms_norm(x, (N,), vectors[0])),
+        }
+        for name, (ours, eager) in ops.items():
+            line(f"{name} specgen", bench_us(ours, sets))
+            line(f"{name} compile", bench_us(torch.compile(eager, dynamic=False), sets))
+            torch._dynamo.reset()
+
+    red_bytes = ROWS * N * DTYPE.itemsize
+    sums = [(x, torch.empty(ROWS, device="cuda", dtype=DTYPE)) for x, _ in sets]
+    if "rowsum" in parts:
+        tiles = ((1, 1), (2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 4), (4, 8), (16, 16))
+        for (bm, warps), load in itertools.product(tiles, ("", "evict_first")):
+            line(f"rowsum probe BM={bm} w={warps} load={load or '-'}",
+                 bench_us(lambda x, o: rowsum_kernel[(ROWS // bm,)](x, o, N, bm, N, load,
+                                                                    num_warps=warps), sums),
+                 red_bytes)
+    if "ops" in parts:
+        line("sum(x, -1) specgen", bench_us(lambda x, o: generated.sum(x, -1), sums), red_bytes)
+        line("sum(x, -1) compile", bench_us(torch.compile(lambda x, o: torch.sum(x, -1)), sums),
+             red_bytes)
+        line("sum(x, 0) specgen", bench_us(lambda x, o: generated.sum(x, 0), sums), red_bytes)
+        line("sum(x, 0) compile", bench_us(torch.compile(lambda x, o: torch.sum(x, 0)), sums),
+             red_bytes)
+        torch._dynamo.reset()
+    sets = sums = None
+    torch.cuda.empty_cache()
+
+    if "lse" in parts:
+        rows, vocab = 4096, 128256
+        logits = torch.randn(rows, vocab, device="cuda", dtype=DTYPE)
+        lse = torch.empty(rows, device="cuda", dtype=torch.float32)
+        ref = torch.logsumexp(logits.float(), -1)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        ce_bytes = logits.numel() * DTYPE.itemsize
+        for block, warps, per_sm in itertools.product((1024, 2048, 4096), (4, 8, 16), (8, 16, 32)):
+            if block // (32 * warps) < 8:
+                continue  # fewer than 8 elements a thread: no 16-byte loads
+            grid = (min(rows, per_sm * sms),)
+            fn = lambda: lse_lane_kernel[grid](logits, lse, rows, vocab, vocab, block,  # noqa
+                                               vocab % block == 0, num_warps=warps)
+            lse.fill_(float("nan"))
+            fn()
+            err = ((lse - ref).abs().max() / ref.abs().max()).item()
+            us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+            line(f"lse lane BLOCK_V={block} w={warps} {per_sm}/SM (err {err:.1e})", us, ce_bytes)
+
+
+if __name__ == "__main__":
+    main()
