@@ -191,8 +191,10 @@ def test_auto_strategy(rows, n, online, expected):
 
 
 def test_single_config_scales_with_the_row():
-    short = rowwise.single_config(32768, 1024)
-    assert short["BLOCK_N"] == 1024 and short["BLOCK_M"] > 1
+    # a 1024-long row alone on 2 warps (no more warps a row than 16 elements a thread need)
+    assert rowwise.single_config(32768, 1024) == {"BLOCK_N": 1024, "BLOCK_M": 1, "num_warps": 2}
+    short = rowwise.single_config(32768, 64)
+    assert short["BLOCK_N"] == 64 and short["BLOCK_M"] == 16 and short["num_warps"] == 2
     long = rowwise.single_config(1024, 16384)
     assert long["BLOCK_N"] == 16384 and long["BLOCK_M"] == 1 and long["num_warps"] == 32
     assert rowwise.single_config(3, 5)["BLOCK_M"] == 4    # no more rows than exist (rounded up)

@@ -99,6 +99,17 @@ def rowsum_kernel(x_ptr, out_ptr, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
+def rowsum_persistent_kernel(x_ptr, out_ptr, n_rows, stride, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
+    # a grid of a few programs per SM, each looping over row blocks (Triton may pipeline the loads)
+    for block in range(tl.program_id(0), n_rows // BLOCK_M, tl.num_programs(0)):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs = rows[:, None] * stride + tl.arange(0, BLOCK_N)[None, :]
+        x = tl.load(x_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+        tl.store(out_ptr + rows, tl.sum(x, 1).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def lse_chunkmax_kernel(x_ptr, lse_ptr, n_rows, n_cols, stride, BLOCK_V: tl.constexpr):
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         start = x_ptr + row * stride.to(tl.int64)
@@ -200,6 +211,23 @@ def main() -> None:
                  bench_us(lambda x, o: rowsum_kernel[(ROWS // bm,)](x, o, N, bm, N, load,
                                                                     num_warps=warps), sums),
                  red_bytes)
+    if "rowsum" in parts:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for (bm, warps), per_sm, stages in itertools.product(((4, 4), (8, 8), (16, 8)), (4, 8, 16),
+                                                             (1, 3)):
+            grid = (per_sm * sms,)
+            line(f"rowsum persistent BM={bm} w={warps} {per_sm}/SM stages={stages}",
+                 bench_us(lambda x, o: rowsum_persistent_kernel[grid](x, o, ROWS, N, bm, N,
+                                                                      num_warps=warps,
+                                                                      num_stages=stages), sums),
+                 red_bytes)
+        # the read ceiling: the same kernel over 1 GiB, where the flush's write-back is small
+        big = [(torch.randn(ROWS * 16, N, device="cuda", dtype=DTYPE),
+                torch.empty(ROWS * 16, device="cuda", dtype=DTYPE))]
+        line("rowsum probe 1 GiB BM=4 w=4 load=evict_first",
+             bench_us(lambda x, o: rowsum_kernel[(ROWS * 4,)](x, o, N, 4, N, "evict_first",
+                                                              num_warps=4), big), red_bytes * 16)
+        big = None
     if "ops" in parts:
         line("sum(x, -1) specgen", bench_us(lambda x, o: generated.sum(x, -1), sums), red_bytes)
         line("sum(x, -1) compile", bench_us(torch.compile(lambda x, o: torch.sum(x, -1)), sums),

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python tools/sweep_reduce.py            # the bench shapes, about 2-3 minutes
     PYTHONPATH=. python tools/sweep_reduce.py --quick    # fewer variants
+    PYTHONPATH=. python tools/sweep_reduce.py --part wide   # cross_entropy, wide or full only
 
 One line per variant: the case, the forced strategy / config / program cap, the device time in us
 and its share of the speed of light (the case's bytes at the copy bandwidth measured here). Each
@@ -79,26 +80,26 @@ def cross_entropy_cases(gbps: float, quick: bool) -> None:
     x = torch.randn(rows, vocab, device="cuda", dtype=DTYPE)
     target = torch.randint(0, vocab, (rows,), device="cuda")
     nbytes = x.numel() * x.element_size()
-    # the target check reads a flag back (a sync): not capturable, and host work anyway
-    CE._check_targets = lambda *args: None
-    blocks = (4096, 8192, 16384) if not quick else (8192,)
+    # the forward without the eager target check (a wait on an event: not capturable, host work)
+    forward = CE._cross_entropy_forward
+    blocks = (2048, 4096) if not quick else (2048,)
     report("cross_entropy fwd", "auto (mean: forward + finish)", nbytes, gbps,
-           lambda: CE._cross_entropy(x, target, None, -100, "mean", 0.0))
-    for block, warps in itertools.product(blocks, (8, 16)):
+           lambda: forward(x, target, None, -100, "mean", 0.0))
+    for block, warps in itertools.product(blocks, (4, 8)):
         knobs, label = forced(config={"BLOCK_V": block, "num_warps": warps})
         report("cross_entropy fwd", label + " (none)", nbytes, gbps, run_forced(
-            knobs, lambda: CE._cross_entropy(x, target, None, -100, "none", 0.0)))
+            knobs, lambda: forward(x, target, None, -100, "none", 0.0)))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for programs in (sms, 2 * sms, 8 * sms):
-        knobs, label = forced(config={"BLOCK_V": 8192, "num_warps": 16}, programs=programs)
+    for programs in (8 * sms, 16 * sms):
+        knobs, label = forced(config={"BLOCK_V": 2048, "num_warps": 4}, programs=programs)
         report("cross_entropy fwd", label + " (none)", nbytes, gbps, run_forced(
-            knobs, lambda: CE._cross_entropy(x, target, None, -100, "none", 0.0)))
-    _, lse, denom = CE._cross_entropy(x, target, None, -100, "mean", 0.0)
+            knobs, lambda: forward(x, target, None, -100, "none", 0.0)))
+    _, lse, denom = forward(x, target, None, -100, "mean", 0.0)
     grad_loss = torch.ones((), device="cuda", dtype=DTYPE)
     backward = lambda: CE._cross_entropy_backward(grad_loss, x, target, None, lse, denom, -100,  # noqa: E731
                                                   "mean", 0.0)
     report("cross_entropy bwd", "auto", 2 * nbytes, gbps, backward)
-    for block, warps in itertools.product(blocks, (8, 16)):
+    for block, warps in itertools.product(blocks, (4, 8)):
         knobs, label = forced(config={"BLOCK_V": block, "num_warps": warps})
         report("cross_entropy bwd", label, 2 * nbytes, gbps, run_forced(knobs, backward))
 
@@ -119,11 +120,14 @@ def wide_sum_cases(gbps: float, quick: bool) -> None:
         knobs, label = forced(strategy)
         report("sum(x, 0) 32768x1024", label, nbytes, gbps,
                run_forced(knobs, lambda: generated.sum(wide, 0)))
-    for (k, r), w, programs in itertools.product(((32, 128), (64, 64), (128, 32), (256, 16)),
-                                                 warps[:2], (2 * sms, 4 * sms, 8 * sms)):
-        if quick and programs != 4 * sms:
+    # programs: the split count is planned for the widest kept tile (512 columns, 2 tiles), so a
+    # 64-wide config runs 8x as many programs as max_programs says
+    for strategy, (k, r), w, programs in itertools.product(
+            ("last", "split"), ((32, 128), (64, 64), (64, 128), (128, 32), (128, 64), (256, 16)),
+            warps[:2], (sms // 2, sms, 2 * sms)):
+        if quick and (programs != sms or strategy == "split"):
             continue
-        knobs, label = forced("last", {"BLOCK_K": k, "BLOCK_R": r, "num_warps": w}, programs)
+        knobs, label = forced(strategy, {"BLOCK_K": k, "BLOCK_R": r, "num_warps": w}, programs)
         report("sum(x, 0) 32768x1024", label, nbytes, gbps,
                run_forced(knobs, lambda: generated.sum(wide, 0)))
 
@@ -148,13 +152,17 @@ def main() -> None:
     start = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer variants")
+    parser.add_argument("--part", action="append", choices=("cross_entropy", "wide", "full"),
+                        help="the cases to run (default: all)")
     args = parser.parse_args()
+    parts = args.part or ("cross_entropy", "wide", "full")
     gbps = copy_gbps()
     print(f"{torch.cuda.get_device_name()}: copy {gbps:.0f} GB/s (read + write); "
           f"SOL = the case's bytes at that rate", flush=True)
-    cross_entropy_cases(gbps, args.quick)
-    wide_sum_cases(gbps, args.quick)
-    full_sum_cases(gbps, args.quick)
+    for part, cases in (("cross_entropy", cross_entropy_cases), ("wide", wide_sum_cases),
+                        ("full", full_sum_cases)):
+        if part in parts:
+            cases(gbps, args.quick)
     print(f"sweep took {time.perf_counter() - start:.0f} s")
 
 

@@ -85,7 +85,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     inner = tile_pairs(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256),
                                          (1, 16384)), "kept, reduced")
     # kept x reduced elements per tile: wide along the contiguous kept dim
-    outer = tile_pairs(tuning, "OUTER", ((64, 64), (128, 32), (256, 16), (512, 8)), "kept, reduced")
+    outer = tile_pairs(tuning, "OUTER", ((64, 64), (64, 128), (128, 32), (128, 64), (256, 16),
+                                         (512, 8)), "kept, reduced")
     # 16 warps: a full reduction's long splits reach 94% of copy bandwidth with them (H200 sweep,
     # tools/sweep_reduce.py), 83% with 8
     num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16))
@@ -128,9 +129,10 @@ class ReducePlan(CommonPlan):
         return (self.combine_fn, self.reduce_fn, "strided_offsets")
 
     @property
-    def max_block_k(self) -> dict[str, int]:
-        return {"inner": max(c["BLOCK_K"] for c in self.inner_configs),
-                "outer": max(c["BLOCK_K"] for c in self.outer_configs)}
+    def split_block_k(self) -> dict[str, int]:
+        """The narrowest output tile of each config family: splits are planned for it."""
+        return {"inner": min(c["BLOCK_K"] for c in self.inner_configs),
+                "outer": min(c["BLOCK_K"] for c in self.outer_configs)}
 
     @property
     def max_tile(self) -> int:

@@ -152,7 +152,7 @@ class Strategy:
 
 
 def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: str,
-           max_block_k: dict[str, int], one_launch: bool = False) -> Strategy:
+           split_block_k: dict[str, int], one_launch: bool = False) -> Strategy:
     """The strategy for a reduction: forced by ``override(strategy=...)`` or picked from sizes.
 
     One-level strategies give each output tile one program that loops over the whole reduced range
@@ -175,8 +175,12 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
         return Strategy(forced, forced, 1, max(prob.reduced.numel, 1))
     num_red = prob.reduced.numel
     target = max_programs(device, "persistent")
-    # the fewest output tiles the configs may make: the split must fill the machine even then
-    kept_tiles = math.ceil(prob.kept.numel / max_block_k[tiles])
+    # output tiles of the narrowest config, whose splits fill the machine with ``target``
+    # programs; wider tiles run fewer, longer programs, which autotuning weighs. (Planning for the
+    # widest tile instead made 8x as many programs of the narrow tiles the tuner picks: H200,
+    # sum(x, 0) of 32768x1024 bf16 in 36.5 us, against 27.1 us with 4 programs per SM;
+    # tools/sweep_reduce.py --part wide)
+    kept_tiles = math.ceil(prob.kept.numel / split_block_k[tiles])
     splits = target // max(kept_tiles, 1)
     if forced is None:
         if splits < 2 or kept_tiles >= SPLIT_BELOW * target or num_red < 2 * MIN_SPLIT_CHUNK:
@@ -262,14 +266,14 @@ class ReduceLaunch:
 
 
 def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool,
-                max_block_k: dict[str, int], max_tile: int, x: torch.Tensor, out: torch.Tensor,
+                split_block_k: dict[str, int], max_tile: int, x: torch.Tensor, out: torch.Tensor,
                 dims: tuple[int, ...], keepdim: bool) -> ReduceLaunch | None:
     """The launches of a reduction of ``x`` into ``out`` (None: the output is empty).
 
     Cached on sizes and strides (and the test suite's overrides), so repeated calls on one layout
     skip collapsing, the strategy choice and the index-width arithmetic.
     """
-    key = (op, indexing, launch, combine, logical, tuple(sorted(max_block_k.items())), max_tile,
+    key = (op, indexing, launch, combine, logical, tuple(sorted(split_block_k.items())), max_tile,
            tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
            overrides(), x.device, untraced([x, out]))
     try:
@@ -278,7 +282,7 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
         return _plan(*key)
 
 
-def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, strides,
+def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape, strides,
           out_shape, out_strides, dims, keepdim, _overrides, device,
           one_launch) -> ReduceLaunch | None:
     prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
@@ -286,7 +290,7 @@ def _plan(op, indexing, launch, combine, logical, max_block_k, max_tile, shape, 
     if num_kept == 0:
         return None
     count = float(num_red)
-    strategy = choose(op, prob, device, launch, combine, dict(max_block_k), one_launch)
+    strategy = choose(op, prob, device, launch, combine, dict(split_block_k), one_launch)
     cap = max_programs(device, launch)
     spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
 
