@@ -42,9 +42,29 @@ CHUNKED_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 8},
     {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 32},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 32},
+    {'BLOCK_M': 1, 'BLOCK_N': 8192, 'num_warps': 8},
+    {'BLOCK_M': 1, 'BLOCK_N': 8192, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 8192, 'num_warps': 32},
+    {'BLOCK_M': 1, 'BLOCK_N': 16384, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 16384, 'num_warps': 32},
+)
+SPLIT_CONFIGS = (
+    {'BLOCK_M': 1, 'BLOCK_N': 1024, 'num_warps': 4},
+    {'BLOCK_M': 1, 'BLOCK_N': 1024, 'num_warps': 8},
+    {'BLOCK_M': 1, 'BLOCK_N': 1024, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 4},
+    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 8},
+    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 32},
+    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 4},
+    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
+    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 16},
+    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 32},
 )
 # the interpreter runs one config (rt.configs keeps the first): two rows a program and 16-wide
 # chunks, so that tiny rows still take the row masks and several chunks
@@ -52,10 +72,10 @@ INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 CHUNKED_SPACE = (INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
-SPLIT_SPACE = (SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
+SPLIT_SPACE = (SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else SPLIT_CONFIGS
 # the longest tile a program forms column offsets for (masked lanes included)
-MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 4096)
-# the widest chunk: a split launch gives each program at least one
+MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
+# the widest split chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
 # float32 partials a split launch keeps per row and split
 SLOTS = 2
@@ -137,7 +157,7 @@ def _softmax_single_kernel(
             x_row += row_coord * x_row_stride_3
         mask = row_mask & col_mask
 
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
         row_max = tl.reduce(tl.where(mask, x, float("-inf")), 1, maximum_f32, keep_dims=True)
         # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
         row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)

@@ -118,6 +118,8 @@ CASES = [
      "schedule.strategy", "'online' needs a max step directly followed by a sum of exp"),
     ("chunk not a power of two", "[compute]", "[tuning]\nCHUNK = [1000]\n[compute]",
      "tuning.CHUNK", "expected powers of two, got 1000"),
+    ("no chunk fits the warps", "[compute]", "[tuning]\nCHUNK = [64]\nnum_warps = [8]\n[compute]",
+     "tuning.CHUNK", "no CHUNK x num_warps pair spreads 2 to 32 elements over each thread"),
     ("output undeclared name", 'out = "(x - mean)', 'out = "(x - mu)', "compute.out",
      "name 'mu' is used but not declared"),
     ("dims on a tensor", 'x = "tensor"', 'x = { kind = "tensor", dims = ["m"] }', "args.x",
@@ -133,6 +135,17 @@ def test_spec_error(what, old, new, key, words):
     assert info.value.path == "specs/bad.toml"
     assert info.value.key == key, str(info.value)
     assert words in info.value.message, str(info.value)
+
+
+def test_chunk_spaces_keep_threads_busy():
+    # looped/online chunks up to 16384 (long rows want many loads in flight); split programs
+    # read a share of one row and take chunks up to 4096
+    plan = family.plan(parse(GOOD))
+    per_thread = {c["BLOCK_N"] // (32 * c["num_warps"]) for c in plan.chunked_configs}
+    assert min(per_thread) == 2 and max(per_thread) == 32
+    assert {"BLOCK_M": 1, "BLOCK_N": 16384, "num_warps": 32} in plan.chunked_configs
+    assert max(c["BLOCK_N"] for c in plan.split_configs) == plan.max_chunk == 4096
+    assert plan.widest_chunk == 16384
 
 
 def passes(plan):

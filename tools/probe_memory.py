@@ -24,7 +24,7 @@ from bench.harness import measure_copy_bandwidth
 ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
 LOG2E = tl.constexpr(1.4426950408889634)
-PARTS = ("copy", "ops", "rowwise", "rowsum", "lse")
+PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat")
 
 
 def bench_us(fn, sets) -> float:
@@ -87,6 +87,24 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
     rstd = tl.rsqrt(tl.sum(x * x, 1, keep_dims=True) / BLOCK_N + eps)
     w = tl.load(w_ptr + cols).to(tl.float32)
     tl.store(out_ptr + offs, (x * rstd * w).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def rms_norm_looped_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Inductor's looped form for long rows (one row a program, sizes as constants, no masks):
+    # squares summed per lane, then a second read of the row (from L2) for the outputs
+    row = x_ptr + tl.program_id(0).to(tl.int64) * N
+    out_row = out_ptr + tl.program_id(0).to(tl.int64) * N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        x = tl.load(row + start + tl.arange(0, BLOCK_N), eviction_policy="evict_last")
+        acc += x.to(tl.float32) * x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(acc, 0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(row + cols, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(w_ptr + cols, eviction_policy="evict_last").to(tl.float32)
+        tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -201,6 +219,55 @@ def main() -> None:
             line(f"{name} specgen", bench_us(ours, sets))
             line(f"{name} compile", bench_us(torch.compile(eager, dynamic=False), sets))
             torch._dynamo.reset()
+
+    if "repeat" in parts:
+        # the same variants three times over, interleaved: how much a number moves between runs
+        wide_sums = [(x, torch.empty(N, device="cuda", dtype=DTYPE)) for x, _ in sets]
+        for round_ in range(3):
+            for name, ours, probe in (
+                    ("softmax", lambda x, o: generated.softmax(x, -1),
+                     lambda x, o: softmax_kernel[(ROWS,)](x, o, N, 1, N, "", "", num_warps=2)),
+                    ("layer_norm", lambda x, o: generated.layer_norm(x, [N], *vectors),
+                     lambda x, o: layer_norm_kernel[(ROWS,)](x, *vectors, o, N, 1e-5, 1, N, "",
+                                                            num_warps=2)),
+                    ("rms_norm", lambda x, o: generated.rms_norm(x, [N], vectors[0]),
+                     lambda x, o: rms_norm_kernel[(ROWS,)](x, vectors[0], o, N, 1e-6, 1, N, "",
+                                                          num_warps=2))):
+                line(f"round {round_} {name} specgen", bench_us(ours, sets))
+                line(f"round {round_} {name} probe BM=1 w=2", bench_us(probe, sets))
+            line(f"round {round_} sum(x, 0) specgen",
+                 bench_us(lambda x, o: generated.sum(x, 0), wide_sums), ROWS * N * DTYPE.itemsize)
+        compiled = torch.compile(lambda x, o: torch.sum(x, 0), dynamic=False)
+        line("sum(x, 0) compile", bench_us(compiled, wide_sums), ROWS * N * DTYPE.itemsize)
+        torch._dynamo.reset()
+    if "long" in parts:
+        from specgen import runtime
+
+        rows, n = N, ROWS   # 1024 x 32768
+        long_sets = [(torch.randn(rows, n, device="cuda", dtype=DTYPE),
+                      torch.empty(rows, n, device="cuda", dtype=DTYPE)) for _ in range(2)]
+        weight = torch.randn(n, device="cuda", dtype=DTYPE)
+        ours = lambda x, o: generated.rms_norm(x, [n], weight)  # noqa: E731
+        line("rms_norm 1024x32768 specgen auto", bench_us(ours, long_sets))
+        for strategy, config in (("looped", {"BLOCK_M": 1, "BLOCK_N": 16384, "num_warps": 32}),
+                                 ("looped", {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 32}),
+                                 ("looped", {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 16}),
+                                 ("single", None)):
+            knobs = {"strategy": strategy, **({"config": config} if config else {})}
+
+            def forced(x, o, knobs=knobs):
+                with runtime.override(**knobs):
+                    return ours(x, o)
+            line(f"rms_norm 1024x32768 specgen {strategy} {config}", bench_us(forced, long_sets))
+        for block, warps in ((16384, 32), (8192, 32), (8192, 16), (4096, 16)):
+            line(f"rms_norm 1024x32768 probe looped BLOCK_N={block} w={warps}",
+                 bench_us(lambda x, o: rms_norm_looped_kernel[(rows,)](x, weight, o, 1e-6, n, block,
+                                                                       num_warps=warps),
+                          long_sets))
+        compiled = torch.compile(lambda x, o: F.rms_norm(x, (n,), weight), dynamic=False)
+        line("rms_norm 1024x32768 compile", bench_us(compiled, long_sets))
+        torch._dynamo.reset()
+        long_sets = None
 
     red_bytes = ROWS * N * DTYPE.itemsize
     sums = [(x, torch.empty(ROWS, device="cuda", dtype=DTYPE)) for x, _ in sets]

@@ -28,6 +28,13 @@ STRATEGIES = ("auto", "single", "looped", "online", "split")
 # re-emits a constexpr global by its repr, and tl.constexpr(-inf) would not parse back
 IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 N_SYMBOL = "N"
+# chunked kernels: elements of a chunk each thread holds (the config space keeps the CHUNK x
+# num_warps pairs in range). The wide end matters for long rows: at 1024x32768 bf16 (H200)
+# rms_norm's two passes ran in 37.8 us with 16384-wide chunks on 32 warps, 42.9 us with 4096 on 16
+# (tools/probe_memory.py --part long; torch.compile: 38.1 us)
+THREAD_ELEMENTS = (2, 32)
+# the widest chunk of a split program (a share of one row): wider ones leave fewer programs a row
+SPLIT_CHUNK_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,12 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
                                            [n for n in tensors if n not in along])
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
-    chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096))
-    num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16))
+    chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096, 8192, 16384))
+    num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16, 32))
+    if not chunk_pairs(chunks, num_warps):
+        raise tuning.where.child("CHUNK").error(
+            f"no CHUNK x num_warps pair spreads {THREAD_ELEMENTS[0]} to {THREAD_ELEMENTS[1]} "
+            f"elements over each thread (CHUNK {list(chunks)}, num_warps {list(num_warps)})")
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     strategy = schedule.pop_choice("strategy", STRATEGIES, "auto")
@@ -118,6 +129,14 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, steps, outputs,
                        row_outputs, pointwise_outputs, chunks, num_warps, strategy)
+
+
+def chunk_pairs(chunks: tuple[int, ...], num_warps: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The (chunk, num_warps) pairs of the chunked kernels' config space: those that give each
+    thread ``THREAD_ELEMENTS`` elements of a chunk (fewer leave threads idle, more hold too many
+    registers)."""
+    low, high = THREAD_ELEMENTS
+    return [(c, w) for c, w in itertools.product(chunks, num_warps) if low <= c // (32 * w) <= high]
 
 
 def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
@@ -400,10 +419,12 @@ class RowwisePlan(CommonPlan):
     outputs: tuple[OutputPlan, ...] = ()
     output_tensors: tuple[str, ...] = ()       # what element outputs load
     strategy: str = "auto"
-    chunked_configs: tuple[dict, ...] = ()
+    chunked_configs: tuple[dict, ...] = ()   # looped and online kernels
+    split_configs: tuple[dict, ...] = ()     # split kernels: the chunks up to SPLIT_CHUNK_MAX
     interpreter_config: dict | None = None
     split_interpreter_config: dict | None = None
-    max_chunk: int = 0
+    max_chunk: int = 0                       # the widest split chunk (sets the split count)
+    widest_chunk: int = 0
     helpers: tuple[str, ...] = ()      # specgen.kernel_lib functions the kernels call
 
     @property
@@ -635,7 +656,9 @@ def plan(spec: OpSpec) -> RowwisePlan:
     output_tensors = tuple(sorted({t for o in body.outputs if o.name not in body.row_outputs
                                    for t in o.expr.names & tensor_names}))
     configs = tuple({"BLOCK_M": 1, "BLOCK_N": c, "num_warps": w}
-                    for c, w in itertools.product(body.chunks, body.num_warps))
+                    for c, w in chunk_pairs(body.chunks, body.num_warps))
+    # a split program reads a share of one row: narrow chunks leave more programs a row
+    split_configs = tuple(c for c in configs if c["BLOCK_N"] <= SPLIT_CHUNK_MAX) or configs
     # helpers are imported by name (torch.compile re-emits them under their own names): the
     # expressions' functions, the max/min combines, and maximum_f32 of the online update
     called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),
@@ -649,11 +672,13 @@ def plan(spec: OpSpec) -> RowwisePlan:
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, tensors=tuple(tensors),
         steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
+        split_configs=split_configs,
         # under the interpreter: two rows a program and 16-wide chunks, so tiny rows still take
         # the row masks and several chunks
         interpreter_config={"BLOCK_M": 2, "BLOCK_N": 16, "num_warps": 4},
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
-        max_chunk=max(body.chunks), helpers=tuple(sorted(called)))
+        max_chunk=max(c["BLOCK_N"] for c in split_configs),
+        widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)))
 
 
 def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:
