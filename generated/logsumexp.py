@@ -90,6 +90,8 @@ def _logsumexp_single_kernel(
     out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
     ROW_DIMS: tl.constexpr,
     COL_DIMS: tl.constexpr,
+    M_ALIGN: tl.constexpr,
+    N_ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INDEX_64: tl.constexpr,
@@ -104,7 +106,11 @@ def _logsumexp_single_kernel(
     cols = tl.arange(0, BLOCK_N)[None, :]
     if INDEX_64:
         cols = cols.to(tl.int64)
-    col_mask = cols < N
+    if N_ALIGN >= BLOCK_N:
+        # the tiles cover the row exactly: no column is past its end
+        col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+    else:
+        col_mask = cols < N
     # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
     col_coord = cols
     if COL_DIMS > 1:
@@ -123,7 +129,11 @@ def _logsumexp_single_kernel(
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        row_mask = rows < n_rows
+        if M_ALIGN >= BLOCK_M:
+            # whole blocks of rows: no row is past the end
+            row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
+        else:
+            row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
@@ -174,6 +184,8 @@ def _logsumexp_looped_kernel(
     out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
     ROW_DIMS: tl.constexpr,
     COL_DIMS: tl.constexpr,
+    M_ALIGN: tl.constexpr,
+    N_ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INDEX_64: tl.constexpr,
@@ -187,7 +199,11 @@ def _logsumexp_looped_kernel(
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        row_mask = rows < n_rows
+        if M_ALIGN >= BLOCK_M:
+            # whole blocks of rows: no row is past the end
+            row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
+        else:
+            row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
@@ -222,7 +238,11 @@ def _logsumexp_looped_kernel(
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
                 cols = cols.to(tl.int64)
-            col_mask = cols < N
+            if N_ALIGN >= BLOCK_N:
+                # the tiles cover the row exactly: no column is past its end
+                col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+            else:
+                col_mask = cols < N
             # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
@@ -251,7 +271,11 @@ def _logsumexp_looped_kernel(
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
                 cols = cols.to(tl.int64)
-            col_mask = cols < N
+            if N_ALIGN >= BLOCK_N:
+                # the tiles cover the row exactly: no column is past its end
+                col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+            else:
+                col_mask = cols < N
             # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
@@ -286,6 +310,8 @@ def _logsumexp_online_kernel(
     out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
     ROW_DIMS: tl.constexpr,
     COL_DIMS: tl.constexpr,
+    M_ALIGN: tl.constexpr,
+    N_ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INDEX_64: tl.constexpr,
@@ -299,7 +325,11 @@ def _logsumexp_online_kernel(
     num_blocks = tl.cdiv(n_rows, BLOCK_M)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        row_mask = rows < n_rows
+        if M_ALIGN >= BLOCK_M:
+            # whole blocks of rows: no row is past the end
+            row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
+        else:
+            row_mask = rows < n_rows
         # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
         # stay within the tile margin the launcher adds when it picks the index width)
         row_id = tl.where(row_mask, rows, 0)
@@ -335,7 +365,11 @@ def _logsumexp_online_kernel(
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
                 cols = cols.to(tl.int64)
-            col_mask = cols < N
+            if N_ALIGN >= BLOCK_N:
+                # the tiles cover the row exactly: no column is past its end
+                col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+            else:
+                col_mask = cols < N
             # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
             col_coord = cols
             if COL_DIMS > 1:
@@ -565,11 +599,16 @@ def _launch(x, out, reduced):
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
+    # whole tiles need no masks: the largest powers of two dividing the sizes, capped (few values)
+    aligned = {"M_ALIGN": rowwise.alignment(space.rows, rowwise.MAX_BLOCK_M),
+               "N_ALIGN": rowwise.alignment(space.n, MAX_BLOCK)}
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
-        rt.launch(_logsumexp_single_kernel, plan.grid(plan.single), *args, **constexprs, **plan.single)
+        rt.launch(_logsumexp_single_kernel, plan.grid(plan.single), *args, **constexprs, **aligned,
+                  **plan.single)
     elif plan.strategy != "split":
-        rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs)
+        rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
+                  **aligned)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)

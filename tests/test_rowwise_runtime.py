@@ -66,6 +66,23 @@ def test_forced_strategy_is_the_one_launched(strategy):
     torch.testing.assert_close(out, torch.softmax(x, -1))
 
 
+@pytest.mark.parametrize("strategy", ["single", "looped", "online"])
+@pytest.mark.parametrize("rows, n", [(4, 64), (3, 64), (4, 40), (1, 1)])
+def test_whole_tiles_take_constant_masks(strategy, rows, n):
+    # rows and row lengths that the tiles divide (masks folded to constants: M_ALIGN, N_ALIGN)
+    # and ones they do not (the interpreter's tiles: 2 rows, 16-wide chunks)
+    assert rowwise.alignment(64, 16) == 16 and rowwise.alignment(40, 1 << 16) == 8
+    assert rowwise.alignment(0, 16) == 0
+    x = randn(rows, n)
+    weight = randn(n)
+    with runtime.override(strategy=strategy):
+        out = generated.softmax(x, -1)
+        normed = generated.rms_norm(x, [n], weight) if strategy != "online" else None
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    if normed is not None:  # rms_norm has no online form (no max step)
+        torch.testing.assert_close(normed, F.rms_norm(x, [n], weight))
+
+
 def test_auto_strategy_and_int64():
     x = randn(4, 33)
     with runtime.record_launches() as launches:

@@ -12,6 +12,7 @@ Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import torch
@@ -105,6 +106,47 @@ def rms_norm_looped_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK_N:
         x = tl.load(row + cols, eviction_policy="evict_first").to(tl.float32)
         w = tl.load(w_ptr + cols, eviction_policy="evict_last").to(tl.float32)
         tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _rms_norm_row(x_ptr, w_ptr, out_ptr, row, eps, n, BLOCK_N: tl.constexpr, MASKS: tl.constexpr):
+    x_row = x_ptr + row * n.to(tl.int64)
+    out_row = out_ptr + row * n.to(tl.int64)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        if MASKS:
+            mask = cols < n
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+            acc += tl.where(mask, x.to(tl.float32) * x.to(tl.float32), 0.0)
+        else:
+            x = tl.load(x_row + cols, eviction_policy="evict_last")
+            acc += x.to(tl.float32) * x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(acc, 0) / n + eps)
+    for start in range(0, n, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        if MASKS:
+            mask = cols < n
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+            tl.store(out_row + cols, (x.to(tl.float32) * rstd * w.to(tl.float32)).to(out_ptr.dtype.element_ty),
+                     mask=mask)
+        else:
+            x = tl.load(x_row + cols, eviction_policy="evict_first")
+            w = tl.load(w_ptr + cols, eviction_policy="evict_last")
+            tl.store(out_row + cols, (x.to(tl.float32) * rstd * w.to(tl.float32)).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def rms_norm_variant_kernel(x_ptr, w_ptr, out_ptr, n_rows, n, eps, BLOCK_N: tl.constexpr,
+                            ROW_LOOP: tl.constexpr, MASKS: tl.constexpr):
+    # what separates the generated looped kernel from the probe: a runtime row length (no
+    # unrolling), the grid-stride row loop, masks
+    if ROW_LOOP:
+        for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+            _rms_norm_row(x_ptr, w_ptr, out_ptr, row, eps, n, BLOCK_N, MASKS)
+    else:
+        _rms_norm_row(x_ptr, w_ptr, out_ptr, tl.program_id(0), eps, n, BLOCK_N, MASKS)
 
 
 @triton.jit
@@ -241,7 +283,8 @@ def main() -> None:
         line("sum(x, 0) compile", bench_us(compiled, wide_sums), ROWS * N * DTYPE.itemsize)
         torch._dynamo.reset()
     if "long" in parts:
-        from specgen import runtime
+        from specgen.runtime import rowwise
+        launch_state = importlib.import_module("specgen.runtime.launch")
 
         rows, n = N, ROWS   # 1024 x 32768
         long_sets = [(torch.randn(rows, n, device="cuda", dtype=DTYPE),
@@ -249,25 +292,54 @@ def main() -> None:
         weight = torch.randn(n, device="cuda", dtype=DTYPE)
         ours = lambda x, o: generated.rms_norm(x, [n], weight)  # noqa: E731
         line("rms_norm 1024x32768 specgen auto", bench_us(ours, long_sets))
-        for strategy, config in (("looped", {"BLOCK_M": 1, "BLOCK_N": 16384, "num_warps": 32}),
-                                 ("looped", {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 32}),
-                                 ("looped", {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 16}),
-                                 ("single", None)):
-            knobs = {"strategy": strategy, **({"config": config} if config else {})}
-
-            def forced(x, o, knobs=knobs):
-                with runtime.override(**knobs):
-                    return ours(x, o)
-            line(f"rms_norm 1024x32768 specgen {strategy} {config}", bench_us(forced, long_sets))
+        # the generated looped kernel started directly at fixed configs (a forced override would
+        # take the uncached host path: its time would be Python's)
+        module = importlib.import_module("generated.rms_norm")
+        plan = rowwise.launch_plan("rms_norm", "auto", module.STRATEGIES, "auto", module.MAX_BLOCK,
+                                   module.MAX_CHUNK, False, long_sets[0][0], (1,),
+                                   [long_sets[0][1], long_sets[0][0]], [weight], [])
+        space = plan.space
+        for block, warps in ((16384, 32), (8192, 32), (4096, 16)):
+            def direct(x, o, block=block, warps=warps):
+                module._rms_norm_looped_kernel.fn[(rows,)](
+                    x, weight, o, space.rows, space.n, *space.kernel_args(), 1e-6,
+                    HAS_WEIGHT=True, ROW_DIMS=1, COL_DIMS=1, BLOCK_M=1, BLOCK_N=block,
+                    M_ALIGN=rowwise.alignment(rows, rowwise.MAX_BLOCK_M),
+                    N_ALIGN=rowwise.alignment(n, module.MAX_BLOCK),
+                    INDEX_64=False, num_warps=warps, num_stages=1)
+            line(f"rms_norm 1024x32768 generated looped BLOCK_N={block} w={warps}",
+                 bench_us(direct, long_sets))
+        print("autotuned:", {k[0].fn.__name__: v for k, v in launch_state._tuned.items()}, flush=True)
         for block, warps in ((16384, 32), (8192, 32), (8192, 16), (4096, 16)):
             line(f"rms_norm 1024x32768 probe looped BLOCK_N={block} w={warps}",
                  bench_us(lambda x, o: rms_norm_looped_kernel[(rows,)](x, weight, o, 1e-6, n, block,
                                                                        num_warps=warps),
                           long_sets))
+        for (block, warps), row_loop, masks, const_n in itertools.product(
+                ((16384, 32), (8192, 32)), (False, True), (False, True), (False, True)):
+            if const_n:
+                if row_loop or masks:
+                    continue
+                fn = lambda x, o: rms_norm_looped_kernel[(rows,)](  # noqa: E731
+                    x, weight, o, 1e-6, n, block, num_warps=warps)
+            else:
+                fn = lambda x, o: rms_norm_variant_kernel[(rows,)](  # noqa: E731
+                    x, weight, o, rows, n, 1e-6, block, row_loop, masks, num_warps=warps)
+            line(f"rms_norm variant BLOCK_N={block} w={warps} const_n={const_n} "
+                 f"row_loop={row_loop} masks={masks}", bench_us(fn, long_sets))
         compiled = torch.compile(lambda x, o: F.rms_norm(x, (n,), weight), dynamic=False)
         line("rms_norm 1024x32768 compile", bench_us(compiled, long_sets))
         torch._dynamo.reset()
         long_sets = None
+        # few long rows (split): three rounds, the split kernels' tuned configs
+        few = [(torch.randn(8, 262144, device="cuda", dtype=DTYPE), None) for _ in range(8)]
+        w_long, b_long = (torch.randn(262144, device="cuda", dtype=DTYPE) for _ in range(2))
+        for round_ in range(3):
+            line(f"round {round_} layer_norm 8x262144 specgen",
+                 bench_us(lambda x, o: generated.layer_norm(x, [262144], w_long, b_long), few),
+                 2 * 8 * 262144 * 2)
+        print("autotuned:", {k[0].fn.__name__: v for k, v in launch_state._tuned.items()
+                             if "layer_norm" in k[0].fn.__name__}, flush=True)
 
     red_bytes = ROWS * N * DTYPE.itemsize
     sums = [(x, torch.empty(ROWS, device="cuda", dtype=DTYPE)) for x, _ in sets]

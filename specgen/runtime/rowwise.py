@@ -42,6 +42,16 @@ TILE_TARGET = 1024
 ELEMENTS_PER_THREAD = 16
 
 
+# the most rows a single-tile program takes (BLOCK_M = TILE_TARGET // BLOCK_N, at least 1 column)
+MAX_BLOCK_M = TILE_TARGET
+
+
+def alignment(size: int, cap: int) -> int:
+    """The largest power of two dividing ``size``, at most ``cap`` (0 for an empty size): a tile
+    of a power-of-two extent at most this divides ``size``, so its masks are constant."""
+    return min(size & -size, cap) if size > 0 else 0
+
+
 def as_shape(op: str, name: str, value: object) -> list[int]:
     """torch accepts an int or a sequence of ints for ``normalized_shape``."""
     if isinstance(value, int) and not isinstance(value, bool):
