@@ -120,12 +120,12 @@ def wide_sum_cases(gbps: float, quick: bool) -> None:
         knobs, label = forced(strategy)
         report("sum(x, 0) 32768x1024", label, nbytes, gbps,
                run_forced(knobs, lambda: generated.sum(wide, 0)))
-    # programs: the split count is planned for the widest kept tile (512 columns, 2 tiles), so a
-    # 64-wide config runs 8x as many programs as max_programs says
+    # programs: the split count is planned for the narrowest outer tile (64 columns), so a 64-wide
+    # config runs max_programs programs, a 128-wide one half as many
     for strategy, (k, r), w, programs in itertools.product(
-            ("last", "split"), ((32, 128), (64, 64), (64, 128), (128, 32), (128, 64), (256, 16)),
-            warps[:2], (sms // 2, sms, 2 * sms)):
-        if quick and (programs != sms or strategy == "split"):
+            ("last", "split"), ((64, 64), (64, 128), (128, 32), (128, 64)),
+            warps[:2], (sms, 2 * sms, 4 * sms, 8 * sms)):
+        if quick and (programs != 4 * sms or strategy == "split"):
             continue
         knobs, label = forced(strategy, {"BLOCK_K": k, "BLOCK_R": r, "num_warps": w}, programs)
         report("sum(x, 0) 32768x1024", label, nbytes, gbps,
