@@ -7,7 +7,17 @@ eviction policies on small standalone kernels (copy, softmax, row sum) against t
 generated ops and torch.compile at the same shapes, and two forms of cross_entropy's online
 logsumexp (a chunk max per step, or a per-lane max with one exp per element).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py
+Parts (default: all; about a minute each):
+  copy     torch's and Triton's copy of 32768x1024 bf16 under each load/store eviction policy
+  rowwise  softmax, layer_norm, rms_norm tiles (rows a program x warps) as tutorial kernels
+  ops      our softmax/layer_norm/rms_norm/sum next to torch.compile at the same shapes
+  rowsum   row-sum tiles, persistent grids, and the same kernel over 1 GiB (the read ceiling)
+  lse      cross_entropy's per-lane logsumexp at 4096 x 128256: chunk, warps, programs per SM
+  long     rms_norm at 1024x32768: ours (tuned, and the looped kernel at fixed chunks), the
+           tutorial form, and variants adding a runtime row length, the row loop and masks
+  repeat   ours against the tutorial kernels three times over (the run-to-run spread)
+
+Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py [--part PART ...]
 """
 
 from __future__ import annotations
@@ -385,18 +395,24 @@ def main() -> None:
         ref = torch.logsumexp(logits.float(), -1)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         ce_bytes = logits.numel() * DTYPE.itemsize
-        for block, warps, per_sm in itertools.product((1024, 2048, 4096), (4, 8, 16), (8, 16, 32)):
-            if block // (32 * warps) < 8:
-                continue  # fewer than 8 elements a thread: no 16-byte loads
+        variants = [("lane", block, warps, per_sm) for block, warps, per_sm in itertools.product(
+            (1024, 2048, 4096), (4, 8, 16), (8, 16, 32)) if block // (32 * warps) >= 8]
+        # the chunk-max form, at its best settings of the first probe (8192 x 8 warps, 8 per SM)
+        variants += [("chunkmax", block, 8, 8) for block in (4096, 8192)]
+        for kernel, block, warps, per_sm in variants:
             grid = (min(rows, per_sm * sms),)
-            fn = lambda: lse_lane_kernel[grid](logits, lse, rows, vocab, vocab, block,  # noqa
-                                               vocab % block == 0, num_warps=warps)
+            if kernel == "lane":
+                fn = lambda: lse_lane_kernel[grid](logits, lse, rows, vocab, vocab, block,  # noqa
+                                                   vocab % block == 0, num_warps=warps)
+            else:
+                fn = lambda: lse_chunkmax_kernel[grid](logits, lse, rows, vocab, vocab,  # noqa
+                                                       block, num_warps=warps)
             lse.fill_(float("nan"))
             fn()
             err = ((lse - ref).abs().max() / ref.abs().max()).item()
             us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-            line(f"lse lane BLOCK_V={block} w={warps} {per_sm}/SM (err {err:.1e})", us, ce_bytes)
-
+            line(f"lse {kernel} BLOCK_V={block} w={warps} {per_sm}/SM (err {err:.1e})", us,
+                 ce_bytes)
 
 if __name__ == "__main__":
     main()
