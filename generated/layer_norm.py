@@ -201,9 +201,9 @@ def _layer_norm_single_kernel(
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
 @triton.jit
-def _layer_norm_looped_kernel(
+def _layer_norm_looped_rows(
+    block,
     x_ptr, weight_ptr, bias_ptr, out_ptr,
     n_rows, N,
     row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
@@ -222,143 +222,187 @@ def _layer_norm_looped_kernel(
     BLOCK_N: tl.constexpr,
     INDEX_64: tl.constexpr,
 ):
+    n_float = N * 1.0  # N as a float, for scales such as 1 / N
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    if M_ALIGN >= BLOCK_M:
+        # whole blocks of rows: no row is past the end
+        row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
+    else:
+        row_mask = rows < n_rows
+    # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+    # stay within the tile margin the launcher adds when it picks the index width)
+    row_id = tl.where(row_mask, rows, 0)
+    # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
+    row_coord = row_id
+    if ROW_DIMS > 1:
+        row_coord = row_id % row_size_0
+        row_rest = row_id // row_size_0
+    out_row = row_coord * out_row_stride_0
+    x_row = row_coord * x_row_stride_0
+    if ROW_DIMS > 1:
+        row_coord = row_rest
+        if ROW_DIMS > 2:
+            row_coord = row_rest % row_size_1
+            row_rest = row_rest // row_size_1
+        out_row += row_coord * out_row_stride_1
+        x_row += row_coord * x_row_stride_1
+    if ROW_DIMS > 2:
+        row_coord = row_rest
+        if ROW_DIMS > 3:
+            row_coord = row_rest % row_size_2
+            row_rest = row_rest // row_size_2
+        out_row += row_coord * out_row_stride_2
+        x_row += row_coord * x_row_stride_2
+    if ROW_DIMS > 3:
+        row_coord = row_rest
+        out_row += row_coord * out_row_stride_3
+        x_row += row_coord * x_row_stride_3
+    # one pass for a mean and the squared deviations from it (mean, var): each lane keeps its
+    # own (Welford), merged across lanes after the loop (Chan et al.), as exact as two passes and
+    # with no block-wide reduction inside the loop
+    run_mean = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    run_m2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)[None, :]
+        if INDEX_64:
+            cols = cols.to(tl.int64)
+        if N_ALIGN >= BLOCK_N:
+            # the tiles cover the row exactly: no column is past its end
+            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+        else:
+            col_mask = cols < N
+        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
+        col_coord = cols
+        if COL_DIMS > 1:
+            col_coord = cols % col_size_0
+            col_rest = cols // col_size_0
+        x_col = col_coord * x_col_stride_0
+        if COL_DIMS > 1:
+            col_coord = col_rest
+            if COL_DIMS > 2:
+                col_coord = col_rest % col_size_1
+                col_rest = col_rest // col_size_1
+            x_col += col_coord * x_col_stride_1
+        if COL_DIMS > 2:
+            col_coord = col_rest
+            x_col += col_coord * x_col_stride_2
+        mask = row_mask & col_mask
+
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        # masked lanes take their own mean, which leaves them unchanged
+        value = tl.where(mask, x, run_mean)
+        delta = value - run_mean
+        # a lane inside the row has seen one element of every chunk so far (masks only cut the end of
+        # a row): one reciprocal a chunk rather than a division an element
+        run_mean += delta * (1.0 / (start // BLOCK_N + 1))
+        run_m2 += delta * (value - run_mean)
+    span = N
+    # elements each lane has seen: the chunks that reach it
+    lane_n = ((span - tl.arange(0, BLOCK_N)[None, :] + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
+    pass_mean = tl.sum(lane_n * run_mean, axis=1, keep_dims=True) / tl.maximum(span, 1)
+    deviation = run_mean - pass_mean
+    pass_m2 = tl.sum(run_m2 + lane_n * deviation * deviation, axis=1, keep_dims=True)
+    pass_mean += tl.sum(lane_n * deviation, axis=1, keep_dims=True) / tl.maximum(span, 1)
+    row_mean = pass_mean
+    row_var = pass_m2 * (1 / n_float)
+
+    # outputs: a last read of the row
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)[None, :]
+        if INDEX_64:
+            cols = cols.to(tl.int64)
+        if N_ALIGN >= BLOCK_N:
+            # the tiles cover the row exactly: no column is past its end
+            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+        else:
+            col_mask = cols < N
+        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
+        col_coord = cols
+        if COL_DIMS > 1:
+            col_coord = cols % col_size_0
+            col_rest = cols // col_size_0
+        out_col = col_coord * out_col_stride_0
+        x_col = col_coord * x_col_stride_0
+        weight_col = col_coord * weight_col_stride_0
+        bias_col = col_coord * bias_col_stride_0
+        if COL_DIMS > 1:
+            col_coord = col_rest
+            if COL_DIMS > 2:
+                col_coord = col_rest % col_size_1
+                col_rest = col_rest // col_size_1
+            out_col += col_coord * out_col_stride_1
+            x_col += col_coord * x_col_stride_1
+            weight_col += col_coord * weight_col_stride_1
+            bias_col += col_coord * bias_col_stride_1
+        if COL_DIMS > 2:
+            col_coord = col_rest
+            out_col += col_coord * out_col_stride_2
+            x_col += col_coord * x_col_stride_2
+            weight_col += col_coord * weight_col_stride_2
+            bias_col += col_coord * bias_col_stride_2
+        mask = row_mask & col_mask
+        if HAS_WEIGHT:
+            weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
+        else:
+            weight = 1.0  # omitted
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + bias_col, mask=col_mask, other=0.0).to(tl.float32)
+        else:
+            bias = 0.0  # omitted
+        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
+        tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
+@triton.jit
+def _layer_norm_looped_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr,
+    n_rows, N,
+    row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
+    out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
+    x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
+    weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
+    bias_col_stride_0, bias_col_stride_1, bias_col_stride_2,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROW_DIMS: tl.constexpr,
+    COL_DIMS: tl.constexpr,
+    ROW_LOOP: tl.constexpr,
+    M_ALIGN: tl.constexpr,
+    N_ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
     pid = tl.program_id(0)
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
 
-    n_float = N * 1.0  # N as a float, for scales such as 1 / N
-    num_blocks = tl.cdiv(n_rows, BLOCK_M)
-    for block in range(pid, num_blocks, tl.num_programs(0)):
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        if M_ALIGN >= BLOCK_M:
-            # whole blocks of rows: no row is past the end
-            row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
-        else:
-            row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
-        # stay within the tile margin the launcher adds when it picks the index width)
-        row_id = tl.where(row_mask, rows, 0)
-        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
-        row_coord = row_id
-        if ROW_DIMS > 1:
-            row_coord = row_id % row_size_0
-            row_rest = row_id // row_size_0
-        out_row = row_coord * out_row_stride_0
-        x_row = row_coord * x_row_stride_0
-        if ROW_DIMS > 1:
-            row_coord = row_rest
-            if ROW_DIMS > 2:
-                row_coord = row_rest % row_size_1
-                row_rest = row_rest // row_size_1
-            out_row += row_coord * out_row_stride_1
-            x_row += row_coord * x_row_stride_1
-        if ROW_DIMS > 2:
-            row_coord = row_rest
-            if ROW_DIMS > 3:
-                row_coord = row_rest % row_size_2
-                row_rest = row_rest // row_size_2
-            out_row += row_coord * out_row_stride_2
-            x_row += row_coord * x_row_stride_2
-        if ROW_DIMS > 3:
-            row_coord = row_rest
-            out_row += row_coord * out_row_stride_3
-            x_row += row_coord * x_row_stride_3
-        # one pass for a mean and the squared deviations from it (mean, var): each lane keeps its
-        # own (Welford), merged across lanes after the loop (Chan et al.), as exact as two passes and
-        # with no block-wide reduction inside the loop
-        run_mean = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        run_m2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            if N_ALIGN >= BLOCK_N:
-                # the tiles cover the row exactly: no column is past its end
-                col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-            else:
-                col_mask = cols < N
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            x_col = col_coord * x_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                x_col += col_coord * x_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                x_col += col_coord * x_col_stride_2
-            mask = row_mask & col_mask
-
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            # masked lanes take their own mean, which leaves them unchanged
-            value = tl.where(mask, x, run_mean)
-            delta = value - run_mean
-            # a lane inside the row has seen one element of every chunk so far (masks only cut the end of
-            # a row): one reciprocal a chunk rather than a division an element
-            run_mean += delta * (1.0 / (start // BLOCK_N + 1))
-            run_m2 += delta * (value - run_mean)
-        span = N
-        # elements each lane has seen: the chunks that reach it
-        lane_n = ((span - tl.arange(0, BLOCK_N)[None, :] + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
-        pass_mean = tl.sum(lane_n * run_mean, axis=1, keep_dims=True) / tl.maximum(span, 1)
-        deviation = run_mean - pass_mean
-        pass_m2 = tl.sum(run_m2 + lane_n * deviation * deviation, axis=1, keep_dims=True)
-        pass_mean += tl.sum(lane_n * deviation, axis=1, keep_dims=True) / tl.maximum(span, 1)
-        row_mean = pass_mean
-        row_var = pass_m2 * (1 / n_float)
-
-        # outputs: a last read of the row
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            if N_ALIGN >= BLOCK_N:
-                # the tiles cover the row exactly: no column is past its end
-                col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-            else:
-                col_mask = cols < N
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            out_col = col_coord * out_col_stride_0
-            x_col = col_coord * x_col_stride_0
-            weight_col = col_coord * weight_col_stride_0
-            bias_col = col_coord * bias_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                out_col += col_coord * out_col_stride_1
-                x_col += col_coord * x_col_stride_1
-                weight_col += col_coord * weight_col_stride_1
-                bias_col += col_coord * bias_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                out_col += col_coord * out_col_stride_2
-                x_col += col_coord * x_col_stride_2
-                weight_col += col_coord * weight_col_stride_2
-                bias_col += col_coord * bias_col_stride_2
-            mask = row_mask & col_mask
-            if HAS_WEIGHT:
-                weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-            else:
-                weight = 1.0  # omitted
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + bias_col, mask=col_mask, other=0.0).to(tl.float32)
-            else:
-                bias = 0.0  # omitted
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
-            tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
+    if ROW_LOOP:
+        # a capped grid: each program walks blocks of rows
+        for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+            _layer_norm_looped_rows(
+                block, x_ptr, weight_ptr, bias_ptr, out_ptr, n_rows, N,
+                row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
+                out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
+                x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
+                weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
+                bias_col_stride_0, bias_col_stride_1, bias_col_stride_2,
+                eps, HAS_WEIGHT, HAS_BIAS, ROW_DIMS, COL_DIMS,
+                M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
+    else:
+        _layer_norm_looped_rows(
+            pid, x_ptr, weight_ptr, bias_ptr, out_ptr, n_rows, N,
+            row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
+            out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
+            x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
+            weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
+            bias_col_stride_0, bias_col_stride_1, bias_col_stride_2,
+            eps, HAS_WEIGHT, HAS_BIAS, ROW_DIMS, COL_DIMS,
+            M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
 
 
 @triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
@@ -620,8 +664,9 @@ def _launch(x, weight, bias, eps, out, reduced):
         rt.launch(_layer_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **aligned,
                   **plan.single)
     elif plan.strategy != "split":
+        # a grid capped below the row count (persistent test launches) loops over row blocks
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
-                  **aligned)
+                  **aligned, ROW_LOOP=plan.cap < space.rows)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)

@@ -83,6 +83,16 @@ def test_whole_tiles_take_constant_masks(strategy, rows, n):
         torch.testing.assert_close(normed, F.rms_norm(x, [n], weight))
 
 
+@pytest.mark.parametrize("strategy", ["looped", "online"])
+def test_chunked_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
+    # a program per block of rows (no row loop), or 2 programs walking 7 rows (ROW_LOOP)
+    x = randn(7, 40)
+    for knobs in ({}, {"launch": "persistent", "max_programs": 2}):
+        with runtime.override(strategy=strategy, **knobs):
+            out = generated.log_softmax(x, -1)
+        torch.testing.assert_close(out, torch.log_softmax(x, -1))
+
+
 def test_auto_strategy_and_int64():
     x = randn(4, 33)
     with runtime.record_launches() as launches:
