@@ -314,7 +314,7 @@ def main() -> None:
                 module._rms_norm_looped_kernel.fn[(rows,)](
                     x, weight, o, space.rows, space.n, *space.kernel_args(), 1e-6,
                     HAS_WEIGHT=True, ROW_DIMS=1, COL_DIMS=1, BLOCK_M=1, BLOCK_N=block,
-                    M_ALIGN=rowwise.alignment(rows, rowwise.MAX_BLOCK_M),
+                    ROW_LOOP=False, M_ALIGN=rowwise.alignment(rows, rowwise.MAX_BLOCK_M),
                     N_ALIGN=rowwise.alignment(n, module.MAX_BLOCK),
                     INDEX_64=False, num_warps=warps, num_stages=1)
             line(f"rms_norm 1024x32768 generated looped BLOCK_N={block} w={warps}",
