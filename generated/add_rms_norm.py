@@ -377,25 +377,31 @@ def _add_rms_norm_looped_kernel(
         # a capped grid: each program walks blocks of rows
         for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
             _add_rms_norm_looped_rows(
-                block, x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr, n_rows, N,
+                block,
+                x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr,
+                n_rows, N,
                 row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
                 hidden_row_stride_0, hidden_row_stride_1, hidden_row_stride_2, hidden_row_stride_3, hidden_col_stride_0, hidden_col_stride_1, hidden_col_stride_2,
                 out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
                 x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
                 residual_row_stride_0, residual_row_stride_1, residual_row_stride_2, residual_row_stride_3, residual_col_stride_0, residual_col_stride_1, residual_col_stride_2,
                 weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
-                eps, ROW_DIMS, COL_DIMS,
+                eps,
+                ROW_DIMS, COL_DIMS,
                 M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
     else:
         _add_rms_norm_looped_rows(
-            pid, x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr, n_rows, N,
+            pid,
+            x_ptr, residual_ptr, weight_ptr, hidden_ptr, out_ptr,
+            n_rows, N,
             row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
             hidden_row_stride_0, hidden_row_stride_1, hidden_row_stride_2, hidden_row_stride_3, hidden_col_stride_0, hidden_col_stride_1, hidden_col_stride_2,
             out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
             x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
             residual_row_stride_0, residual_row_stride_1, residual_row_stride_2, residual_row_stride_3, residual_col_stride_0, residual_col_stride_1, residual_col_stride_2,
             weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
-            eps, ROW_DIMS, COL_DIMS,
+            eps,
+            ROW_DIMS, COL_DIMS,
             M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
 
 
@@ -641,17 +647,13 @@ def _launch(x, residual, weight, eps, hidden, out, reduced):
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, residual.dtype, weight.dtype, hidden.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
-    # whole tiles need no masks: the largest powers of two dividing the sizes, capped (few values)
-    aligned = {"M_ALIGN": rowwise.alignment(space.rows, rowwise.MAX_BLOCK_M),
-               "N_ALIGN": rowwise.alignment(space.n, MAX_BLOCK)}
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
-        rt.launch(_add_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs, **aligned,
-                  **plan.single)
+        rt.launch(_add_rms_norm_single_kernel, plan.grid(plan.single), *args, **constexprs,
+                  **plan.masks, **plan.single)
     elif plan.strategy != "split":
-        # a grid capped below the row count (persistent test launches) loops over row blocks
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
-                  **aligned, ROW_LOOP=plan.cap < space.rows)
+                  **plan.masks, ROW_LOOP=plan.row_loop)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)

@@ -295,15 +295,6 @@ def _start_target_check(target, n_classes, ignore_index) -> Optional[TargetVerdi
                                                 *options))
 
 
-def _raise_bad_target(verdict: Optional[TargetVerdict], n_classes: int, ignore_index: int) -> None:
-    """Waits for the check kernel (not the loss kernel queued after it) and raises for a bad row."""
-    bad = verdict.bad_row() if verdict is not None else None
-    if bad is not None:
-        row, value = bad
-        raise ValueError(f"{NAME}: target[{row}] is {value}, outside [0, {n_classes}) and not "
-                         f"ignore_index ({ignore_index})")
-
-
 def _cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, ...]:
     """The loss and what the backward needs (each row's logsumexp, the loss's denominator), on
     checked inputs: no value-dependent host work, so that repeated eager calls can replay it."""
@@ -341,7 +332,8 @@ def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[
     _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothing)
     verdict = _start_target_check(target, logits.shape[1], ignore_index)
     result = _cross_entropy_forward(logits, target, weight, ignore_index, reduction, label_smoothing)
-    _raise_bad_target(verdict, logits.shape[1], ignore_index)
+    if verdict is not None:
+        verdict.check(NAME, logits.shape[1], ignore_index)
     return result
 
 
@@ -407,7 +399,9 @@ def _eager_forward(logits, target, weight, ignore_index, reduction, label_smooth
         result = replay(tensors)
     else:
         result = _replays.record(key, _cross_entropy_forward, tensors, *tensors, *options)
-    _raise_bad_target(verdict, logits.shape[1], ignore_index)
+    if verdict is not None:
+        # waits for the check kernel, not the loss kernel queued after it
+        verdict.check(NAME, logits.shape[1], ignore_index)
     return result
 
 

@@ -319,7 +319,9 @@ def _logsumexp_looped_kernel(
         # a capped grid: each program walks blocks of rows
         for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
             _logsumexp_looped_rows(
-                block, x_ptr, out_ptr, n_rows, N,
+                block,
+                x_ptr, out_ptr,
+                n_rows, N,
                 row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
                 x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
                 out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
@@ -327,7 +329,9 @@ def _logsumexp_looped_kernel(
                 M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
     else:
         _logsumexp_looped_rows(
-            pid, x_ptr, out_ptr, n_rows, N,
+            pid,
+            x_ptr, out_ptr,
+            n_rows, N,
             row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
             x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
             out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
@@ -460,7 +464,9 @@ def _logsumexp_online_kernel(
         # a capped grid: each program walks blocks of rows
         for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
             _logsumexp_online_rows(
-                block, x_ptr, out_ptr, n_rows, N,
+                block,
+                x_ptr, out_ptr,
+                n_rows, N,
                 row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
                 x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
                 out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
@@ -468,7 +474,9 @@ def _logsumexp_online_kernel(
                 M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
     else:
         _logsumexp_online_rows(
-            pid, x_ptr, out_ptr, n_rows, N,
+            pid,
+            x_ptr, out_ptr,
+            n_rows, N,
             row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
             x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
             out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3,
@@ -669,17 +677,13 @@ def _launch(x, out, reduced):
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
-    # whole tiles need no masks: the largest powers of two dividing the sizes, capped (few values)
-    aligned = {"M_ALIGN": rowwise.alignment(space.rows, rowwise.MAX_BLOCK_M),
-               "N_ALIGN": rowwise.alignment(space.n, MAX_BLOCK)}
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
-        rt.launch(_logsumexp_single_kernel, plan.grid(plan.single), *args, **constexprs, **aligned,
-                  **plan.single)
+        rt.launch(_logsumexp_single_kernel, plan.grid(plan.single), *args, **constexprs,
+                  **plan.masks, **plan.single)
     elif plan.strategy != "split":
-        # a grid capped below the row count (persistent test launches) loops over row blocks
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
-                  **aligned, ROW_LOOP=plan.cap < space.rows)
+                  **plan.masks, ROW_LOOP=plan.row_loop)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from bench.harness import measure_copy_bandwidth
+from specgen.kernel_lib import add_pairs
 
 ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
@@ -75,17 +76,12 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_M: tl.con
     x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
     mean = tl.sum(x, 1, keep_dims=True) / BLOCK_N
     dev = x - mean
-    shift, m2 = tl.reduce((dev, dev * dev), 1, _add_pairs, keep_dims=True)
+    shift, m2 = tl.reduce((dev, dev * dev), 1, add_pairs, keep_dims=True)
     mean += shift / BLOCK_N
     rstd = tl.rsqrt(m2 / BLOCK_N + eps)
     w = tl.load(w_ptr + cols).to(tl.float32)
     b = tl.load(b_ptr + cols).to(tl.float32)
     tl.store(out_ptr + offs, ((x - mean) * rstd * w + b).to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _add_pairs(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
 
 
 @triton.jit
@@ -314,9 +310,8 @@ def main() -> None:
                 module._rms_norm_looped_kernel.fn[(rows,)](
                     x, weight, o, space.rows, space.n, *space.kernel_args(), 1e-6,
                     HAS_WEIGHT=True, ROW_DIMS=1, COL_DIMS=1, BLOCK_M=1, BLOCK_N=block,
-                    ROW_LOOP=False, M_ALIGN=rowwise.alignment(rows, rowwise.MAX_BLOCK_M),
-                    N_ALIGN=rowwise.alignment(n, module.MAX_BLOCK),
-                    INDEX_64=False, num_warps=warps, num_stages=1)
+                    ROW_LOOP=plan.row_loop, **plan.masks, INDEX_64=False, num_warps=warps,
+                    num_stages=1)
             line(f"rms_norm 1024x32768 generated looped BLOCK_N={block} w={warps}",
                  bench_us(direct, long_sets))
         print("autotuned:", {k[0].fn.__name__: v for k, v in launch_state._tuned.items()}, flush=True)

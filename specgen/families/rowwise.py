@@ -478,6 +478,19 @@ class RowwisePlan(CommonPlan):
         groups += [rows(f"{t.name}_row_stride") for t in self.of_role("row_out")]
         return tuple(", ".join(g) + "," for g in groups)
 
+    @property
+    def value_param_lines(self) -> tuple[str, ...]:
+        """The runtime parameters every row-wise kernel starts with, one line per group: the
+        pointers, the sizes, the strides (``RowSpace.kernel_args`` order) and the scalars."""
+        return (f"{self.pointers},", "n_rows, N,", *self.size_and_stride_lines,
+                *(f"{a.name}," for a in self.kernel_scalars))
+
+    @property
+    def flag_params(self) -> tuple[str, ...]:
+        """The constexpr parameters every row-wise kernel takes after them."""
+        return (*(c.constexpr for c in self.choices), *(t.has for t in self.optional_tensors),
+                "ROW_DIMS", "COL_DIMS")
+
     def row_offsets_of(self) -> tuple[TensorPlan, ...]:
         return self.elem_tensors + self.of_role("row_out")
 

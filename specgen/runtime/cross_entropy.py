@@ -55,7 +55,7 @@ class TargetVerdict:
     without waiting for the kernels queued after it.
 
     On a GPU the two words are copied to pinned host memory right after the check kernel and an
-    event is recorded there; ``bad_row`` waits on that event only, so the host reads the verdict
+    event is recorded there; ``check`` waits on that event only, so the host reads the verdict
     while the loss kernel (queued before the wait) runs, rather than after it.
     """
 
@@ -76,9 +76,11 @@ class TargetVerdict:
         self.host.copy_(error, non_blocking=True)
         self.event.record(torch.cuda.current_stream(error.device))
 
-    def bad_row(self) -> tuple[int, int] | None:
-        """(row, target) of the first row whose target is neither a class nor ignore_index."""
+    def check(self, op: str, n_classes: int, ignore_index: int) -> None:
+        """Raises for the first row whose target is neither a class nor ignore_index."""
         if self.event is not None:
             self.event.synchronize()
         row, value = self.host.tolist()
-        return (row - 1, value) if row else None
+        if row:
+            raise ValueError(f"{op}: target[{row - 1}] is {value}, outside [0, {n_classes}) and "
+                             f"not ignore_index ({ignore_index})")

@@ -52,6 +52,11 @@ def alignment(size: int, cap: int) -> int:
     return min(size & -size, cap) if size > 0 else 0
 
 
+def single_fits(n: int) -> bool:
+    """Whether one program may hold a row of ``n`` elements (a forced single tile)."""
+    return triton.next_power_of_2(max(n, 1)) <= SINGLE_LIMIT
+
+
 def as_shape(op: str, name: str, value: object) -> list[int]:
     """torch accepts an int or a sequence of ints for ``normalized_shape``."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -230,7 +235,7 @@ def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n
             raise ValueError(f"{op}: strategy '{forced}' is not available for this op "
                              f"(available: {', '.join(available)}); 'online' needs a max step "
                              f"followed by a sum of exp(x - max)")
-        if forced == "single" and triton.next_power_of_2(max(n, 1)) > SINGLE_LIMIT:
+        if forced == "single" and not single_fits(n):
             raise ValueError(f"{op}: strategy 'single' holds a whole row in one program; rows of "
                              f"{n} elements are longer than {SINGLE_LIMIT}")
         return forced
@@ -269,6 +274,10 @@ class LaunchPlan:
     cap: int                      # most programs in a grid (a persistent launch loops)
     single: dict | None           # BLOCK_N, BLOCK_M, num_warps of a single-tile launch
     splits: int                   # programs per row of a split launch
+    # single and chunked kernels: whole tiles get constant masks (M_ALIGN, N_ALIGN: the largest
+    # powers of two dividing the sizes, capped so that few values compile)
+    masks: dict
+    row_loop: bool                # chunked kernels: a grid capped below the row count loops
 
     def grid(self, meta: Mapping[str, int]) -> tuple[int]:
         """Row blocks (single, looped, online), or rows times splits (split)."""
@@ -308,7 +317,10 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
         index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
         single = single_config(space.rows, space.n) if chosen == "single" else None
         splits = split_count(space.rows, space.n, max_chunk, x.device) if chosen == "split" else 1
-        plan = LaunchPlan(space, chosen, index_64, max_programs(x.device, "flat"), single, splits)
+        cap = max_programs(x.device, "flat")
+        masks = {"M_ALIGN": alignment(space.rows, MAX_BLOCK_M),
+                 "N_ALIGN": alignment(space.n, max_block)}
+        plan = LaunchPlan(space, chosen, index_64, cap, single, splits, masks, cap < space.rows)
     if key is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:  # many distinct shapes: start over rather than grow
             _plans.clear()

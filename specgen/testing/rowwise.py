@@ -9,11 +9,10 @@ import sys
 from typing import Any
 
 import torch
-import triton
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
-from specgen.runtime.rowwise import SINGLE_LIMIT
+from specgen.runtime.rowwise import single_fits
 from specgen.testing.core import Case, knobs, layouts, make_tensor, max_numel, scalar_value, shapes
 
 # float32 sums over a row round at every step; the bound grows a little with the length
@@ -132,8 +131,7 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     strategies = _strategies(info)
     if interpreting() and rows > CHUNKED_ROWS:
         strategies = ("single",)
-    n = math.prod(shape[d] for d in reduced)
-    if triton.next_power_of_2(max(n, 1)) > SINGLE_LIMIT:
+    if not single_fits(math.prod(shape[d] for d in reduced)):
         # a forced single tile refuses rows this long (a clear error, tested on its own)
         strategies = tuple(s for s in strategies if s != "single")
     strategy = draw(st.sampled_from(("auto",) + strategies))
