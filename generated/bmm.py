@@ -129,6 +129,78 @@ def _bmm_kernel(
             tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.autotune(configs=rt.configs(CONFIGS), key=_KEY + ["A_K_MAJOR", "B_K_MAJOR"],
+                 prune_configs_by={"early_config_prune": matmul_rt.prune_configs})
+@triton.jit
+def _bmm_tma_kernel(
+    a_ptr, b_ptr, out_ptr,
+    M, N, K,
+    batch,
+    a_stride_b0, a_stride_m, a_stride_k,
+    b_stride_b0, b_stride_k, b_stride_n,
+    out_stride_b0, out_stride_m, out_stride_n,
+    LAYOUT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    INDEX_64: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    A_K_MAJOR: tl.constexpr,
+    B_K_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """The direct kernel for Hopper and later, on one batch element: A and B tiles are copied by
+    TMA (no addresses or masks in the K loop: the copy zero-fills past M, N and K), and a grid of
+    one program per multiprocessor walks the output tiles, so no program waits to start."""
+    # a descriptor's last dim is the contiguous one: an operand stored the other way round is
+    # described as stored, and its tiles are transposed for the dot (a view, not a copy)
+    if A_K_MAJOR:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[M, K], strides=[a_stride_m, 1], block_shape=[BLOCK_M, BLOCK_K])
+    else:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[K, M], strides=[a_stride_k, 1], block_shape=[BLOCK_K, BLOCK_M])
+    if B_K_MAJOR:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[N, K], strides=[b_stride_n, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[K, N], strides=[b_stride_k, 1], block_shape=[BLOCK_K, BLOCK_N])
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+        # tl.swizzle2d visits GROUP_M row blocks column by column, so the B columns they share
+        # stay in L2
+        pid_m, pid_n = tl.swizzle2d(tile // tiles_n, tile % tiles_n, tiles_m, tiles_n, GROUP_M)
+        # tile coordinates stay int32 (TMA's); the epilogue widens its offsets
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            if A_K_MAJOR:
+                a_tile = a_desc.load([row0, k])
+            else:
+                a_tile = a_desc.load([k, row0]).T
+            if B_K_MAJOR:
+                b_tile = b_desc.load([col0, k]).T
+            else:
+                b_tile = b_desc.load([k, col0])
+            acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
+        if INDEX_64:
+            # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
+            pid_m = pid_m.to(tl.int64)
+            pid_n = pid_n.to(tl.int64)
+        offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_m = offs_cm < M
+        mask_n = offs_cn < N
+        mask = mask_m[:, None] & mask_n[None, :]
+        out = acc
+        out_ptrs = out_ptr + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.autotune(configs=rt.configs(CONFIGS), key=_KEY + ["SPLIT_K"], reset_to_zero=["ws_ptr"],
                  prune_configs_by={"early_config_prune": matmul_rt.prune_configs})
 @triton.jit
@@ -274,7 +346,9 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, a, b, out):
     if plan.empty:
         return
-    strategy = matmul_rt.settle(plan, (a, b,),
+    # TMA descriptors start on 16-byte boundaries: a call's property, not its plan's
+    aligned = matmul_rt.tma_aligned(a, b)
+    strategy = matmul_rt.settle(plan, (a, b,), aligned,
                                 lambda strategy: _run(strategy, plan, a, b, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, a, b, out)
@@ -287,6 +361,13 @@ def _run(strategy, plan, a, b, out):
               "EVEN_K": plan.even_k}
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
+    if strategy.kind == "tma":
+        matmul_rt.ensure_allocator()
+        rt.launch(_bmm_tma_kernel, plan.tma_grid,
+                  a, b, out, *plan.sizes,
+                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
+                  **plan.tma_flags, tune_key=tune_key)
+        return
     if strategy.kind == "direct":
         rt.launch(_bmm_kernel, plan.grid,
                   a, b, out, *plan.sizes,

@@ -146,6 +146,90 @@ def _linear_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.autotune(configs=rt.configs(CONFIGS), key=_KEY + ["A_K_MAJOR", "B_K_MAJOR"],
+                 prune_configs_by={"early_config_prune": matmul_rt.prune_configs})
+@triton.jit
+def _linear_tma_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr,
+    M, N, K,
+    batch, size_b1, size_b2,
+    x_stride_b0, x_stride_b1, x_stride_b2, x_stride_m, x_stride_k,
+    weight_stride_k, weight_stride_n,
+    bias_stride_n,
+    out_stride_b0, out_stride_b1, out_stride_b2, out_stride_m, out_stride_n,
+    HAS_BIAS: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    INDEX_64: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    A_K_MAJOR: tl.constexpr,
+    B_K_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """The direct kernel for Hopper and later, on one batch element: A and B tiles are copied by
+    TMA (no addresses or masks in the K loop: the copy zero-fills past M, N and K), and a grid of
+    one program per multiprocessor walks the output tiles, so no program waits to start."""
+    # a descriptor's last dim is the contiguous one: an operand stored the other way round is
+    # described as stored, and its tiles are transposed for the dot (a view, not a copy)
+    if A_K_MAJOR:
+        x_desc = tl.make_tensor_descriptor(
+            x_ptr, shape=[M, K], strides=[x_stride_m, 1], block_shape=[BLOCK_M, BLOCK_K])
+    else:
+        x_desc = tl.make_tensor_descriptor(
+            x_ptr, shape=[K, M], strides=[x_stride_k, 1], block_shape=[BLOCK_K, BLOCK_M])
+    if B_K_MAJOR:
+        weight_desc = tl.make_tensor_descriptor(
+            weight_ptr, shape=[N, K], strides=[weight_stride_n, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        weight_desc = tl.make_tensor_descriptor(
+            weight_ptr, shape=[K, N], strides=[weight_stride_k, 1], block_shape=[BLOCK_K, BLOCK_N])
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+        # grouped ordering: GROUP_M row blocks walk the columns together, so consecutive programs
+        # share the B columns they read (kept in L2) instead of each streaming all of B
+        programs_in_group = GROUP_M * tiles_n
+        group = tile // programs_in_group
+        first_m = group * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % programs_in_group) % group_rows
+        pid_n = (tile % programs_in_group) // group_rows
+        # tile coordinates stay int32 (TMA's); the epilogue widens its offsets
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            if A_K_MAJOR:
+                x_tile = x_desc.load([row0, k])
+            else:
+                x_tile = x_desc.load([k, row0]).T
+            if B_K_MAJOR:
+                weight_tile = weight_desc.load([col0, k]).T
+            else:
+                weight_tile = weight_desc.load([k, col0])
+            acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
+        if INDEX_64:
+            # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
+            pid_m = pid_m.to(tl.int64)
+            pid_n = pid_n.to(tl.int64)
+        offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_m = offs_cm < M
+        mask_n = offs_cn < N
+        mask = mask_m[:, None] & mask_n[None, :]
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_cn * bias_stride_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        else:
+            # an omitted optional operand reads as zero
+            bias = tl.zeros((1, 1), dtype=tl.float32)
+        out = acc + bias
+        out_ptrs = out_ptr + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.autotune(configs=rt.configs(CONFIGS), key=_KEY + ["SPLIT_K"], reset_to_zero=["ws_ptr"],
                  prune_configs_by={"early_config_prune": matmul_rt.prune_configs})
 @triton.jit
@@ -309,7 +393,9 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, x, weight, bias, out):
     if plan.empty:
         return
-    strategy = matmul_rt.settle(plan, (x, weight, bias,),
+    # TMA descriptors start on 16-byte boundaries: a call's property, not its plan's
+    aligned = matmul_rt.tma_aligned(x, weight)
+    strategy = matmul_rt.settle(plan, (x, weight, bias,), aligned,
                                 lambda strategy: _run(strategy, plan, x, weight, bias, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, x, weight, bias, out)
@@ -322,6 +408,13 @@ def _run(strategy, plan, x, weight, bias, out):
               "EVEN_K": plan.even_k}
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, x.dtype)
+    if strategy.kind == "tma":
+        matmul_rt.ensure_allocator()
+        rt.launch(_linear_tma_kernel, plan.tma_grid,
+                  x, weight, bias, out, *plan.sizes,
+                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
+                  **plan.tma_flags, tune_key=tune_key)
+        return
     if strategy.kind == "direct":
         rt.launch(_linear_kernel, plan.grid,
                   x, weight, bias, out, *plan.sizes,

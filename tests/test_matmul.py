@@ -337,12 +337,68 @@ def test_settle_keeps_the_faster_candidate(monkeypatch):
     def run(strategy):
         ran.append((strategy, 3.0 if strategy.kind == "direct" else 2.0))
     x = empty(1, dtype=torch.float16)
-    assert matmul.settle(plan, [x], run) == matmul.Strategy("two_stage", 8)
+    assert matmul.settle(plan, [x], True, run) == matmul.Strategy("two_stage", 8)
     assert len(ran) == 2
     # decided once per plan and dtype
-    assert matmul.settle(_plan(), [x], run) == matmul.Strategy("two_stage", 8) and len(ran) == 2
+    assert matmul.settle(_plan(), [x], True, run) == matmul.Strategy("two_stage", 8) and len(ran) == 2
     # no candidates: the plan's strategy, nothing timed
-    assert matmul.settle(_plan(candidates=(), m=17), [x], run).kind == "two_stage" and len(ran) == 2
+    assert matmul.settle(_plan(candidates=(), m=17), [x], True, run).kind == "two_stage" and len(ran) == 2
+
+
+def test_settle_gives_misaligned_operands_the_direct_kernel(monkeypatch):
+    monkeypatch.setattr(matmul.triton.testing, "do_bench", lambda fn, **_: fn() or 1.0)
+    ran = []
+    x = empty(1, dtype=torch.float16)
+    tma = _plan(strategy=matmul.TMA, candidates=(), m=18)
+    assert matmul.settle(tma, [x], True, ran.append) == matmul.TMA
+    assert matmul.settle(tma, [x], False, ran.append) == matmul.DIRECT
+    # timed candidates too: the TMA one is timed (and kept) as the direct kernel
+    timed = _plan(candidates=(matmul.TMA, matmul.Strategy("two_stage", 8)), m=19)
+    matmul.settle(timed, [x], False, ran.append)
+    assert ran == [matmul.DIRECT, matmul.Strategy("two_stage", 8)]
+
+
+def _tma_space(a_strides, b_strides, batch=(1,)):
+    views = {"a": matmul.View((0,), m=a_strides[0], k=a_strides[1]),
+             "b": matmul.View((0,), k=b_strides[0], n=b_strides[1])}
+    return matmul.Space(64, 64, 64, batch, views)
+
+
+@pytest.mark.parametrize("a_strides, b_strides, majors", [
+    ((64, 1), (64, 1), (True, False)),      # row-major A and B (mm)
+    ((64, 1), (1, 64), (True, True)),       # B = w.t(), a linear weight
+    ((1, 64), (64, 1), (False, False)),     # A = a.t()
+    ((1, 72), (1, 136), (False, True)),     # padded rows, still 16-byte multiples
+    ((60, 1), (64, 1), None),               # 120-byte rows: not a multiple of 16 bytes
+    ((64, 2), (64, 1), None),               # no unit stride in A
+    ((0, 1), (64, 1), None),                # a broadcast A (stride 0)
+])
+def test_tma_describes_row_and_column_major_operands_with_aligned_rows(a_strides, b_strides,
+                                                                        majors):
+    assert matmul.tma_majors(_tma_space(a_strides, b_strides), "a", "b", 2) == majors
+
+
+def test_tma_needs_one_batch_element():
+    assert matmul.tma_majors(_tma_space((64, 1), (64, 1), batch=(2,)), "a", "b", 2) is None
+
+
+def test_forced_tma_runs_where_descriptors_fit_and_falls_back_elsewhere():
+    small = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4,
+             "num_stages": 2}
+    a, b = randn(72, 48, dtype=torch.float16), randn(40, 48, dtype=torch.float16)
+    misaligned = randn(72, 49, dtype=torch.float16)[:, 1:]    # starts 2 bytes into its storage
+    cases = [
+        ((a, b.t()), "tma"), ((a.t().contiguous().t(), b.t()), "tma"),
+        ((misaligned, b.t()), "direct"),
+        ((a[None].expand(2, 72, 48), b.t()[None].expand(2, 48, 40)), "direct"),   # batch 2
+    ]
+    for (x, y), kind in cases:
+        # a grid of 3 programs for 9 tiles: each program walks several
+        with runtime.record_launches() as log, runtime.override(strategy="tma", config=small,
+                                                                max_programs=3):
+            out = generated.matmul(x, y)
+        assert [launch.kernel for launch in log] == [kind]
+        torch.testing.assert_close(out.double(), x.double() @ y.double(), rtol=1e-3, atol=1e-2)
 
 
 def test_launch_plans_are_cached_on_metadata():

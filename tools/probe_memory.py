@@ -16,6 +16,8 @@ Parts (default: all; about a minute each):
   long     rms_norm at 1024x32768: ours (tuned, and the looped kernel at fixed chunks), the
            tutorial form, and variants adding a runtime row length, the row loop and masks
   repeat   ours against the tutorial kernels three times over (the run-to-run spread)
+  persist  layer_norm and rms_norm on a persistent grid that loads weight and bias once a program
+           (programs per SM x warps x pipeline stages) next to the one-row-a-program tutorial form
 
 Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py [--part PART ...]
 """
@@ -36,7 +38,7 @@ from specgen.kernel_lib import add_pairs
 ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
 LOG2E = tl.constexpr(1.4426950408889634)
-PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat")
+PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist")
 
 
 def bench_us(fn, sets) -> float:
@@ -94,6 +96,27 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
     rstd = tl.rsqrt(tl.sum(x * x, 1, keep_dims=True) / BLOCK_N + eps)
     w = tl.load(w_ptr + cols).to(tl.float32)
     tl.store(out_ptr + offs, (x * rstd * w).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def norm_persistent_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_rows, stride, eps,
+                           BLOCK_N: tl.constexpr, LAYER: tl.constexpr, STAGES: tl.constexpr):
+    # weight (and bias) read once a program and kept in registers; rows in a grid-stride loop
+    cols = tl.arange(0, BLOCK_N)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    if LAYER:
+        b = tl.load(b_ptr + cols).to(tl.float32)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
+        offs = row * stride + cols
+        x = tl.load(x_ptr + offs).to(tl.float32)
+        if LAYER:
+            mean = tl.sum(x, 0) / BLOCK_N
+            dev = x - mean
+            rstd = tl.rsqrt(tl.sum(dev * dev, 0) / BLOCK_N + eps)
+            y = dev * rstd * w + b
+        else:
+            y = x * tl.rsqrt(tl.sum(x * x, 0) / BLOCK_N + eps) * w
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -255,6 +278,21 @@ def main() -> None:
             line(f"rms_norm probe {tag}",
                  bench_us(lambda x, o: rms_norm_kernel[grid](x, vectors[0], o, N, 1e-6, bm, N, load,
                                                              num_warps=warps), sets))
+    if "persist" in parts:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for layer in (True, False):
+            name = "layer_norm" if layer else "rms_norm"
+            line(f"{name} probe BM=1 w=2 (one row a program)",
+                 bench_us(lambda x, o: (layer_norm_kernel if layer else rms_norm_kernel)[(ROWS,)](
+                     x, *(vectors if layer else vectors[:1]), o, N, 1e-5, 1, N, "", num_warps=2),
+                     sets))
+            for per_sm, warps, stages in itertools.product((8, 16, 32), (2, 4), (1, 2, 3)):
+                if per_sm * warps > 64:
+                    continue
+                grid = (per_sm * sms,)
+                line(f"{name} persistent {per_sm}/SM w={warps} stages={stages}",
+                     bench_us(lambda x, o: norm_persistent_kernel[grid](
+                         x, *vectors, o, ROWS, N, 1e-5, N, layer, stages, num_warps=warps), sets))
     if "ops" in parts:
         ops = {
             "softmax": (lambda x, o: generated.softmax(x, -1), lambda x, o: torch.softmax(x, -1)),

@@ -20,8 +20,8 @@ import triton
 import triton.testing
 
 from specgen.runtime.checks import check_tensors
-from specgen.runtime.launch import (Overrides, interpreting, multiprocessors, overrides, untraced,
-                                    use_int64)
+from specgen.runtime.launch import (Overrides, interpreting, max_programs, multiprocessors,
+                                    overrides, untraced, use_int64)
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse
 from specgen.runtime.replay import empty, note_tuning, zeros
 
@@ -34,6 +34,8 @@ SPLIT_PROGRAMS_PER_SM = 4
 MIN_DOT_BLOCK = 16
 # Hopper's wgmma works on 64-row tiles: configs with fewer rows are meant for problems that small
 WGMMA_ROWS = 64
+# a TMA descriptor's base address and every stride but the unit one are multiples of 16 bytes
+TMA_ALIGN = 16
 
 
 def _letters(dims: Sequence[str]) -> tuple[str, ...]:
@@ -252,10 +254,14 @@ def split_k_factor(m: int, n: int, k: int, batch: int, sms: int, factors: Sequen
 
 @dataclass(frozen=True)
 class Strategy:
-    """``direct`` (one program per tile, fused epilogue) or a split-K reduction of ``factor``."""
+    """``direct`` (one program per tile, fused epilogue), ``tma`` (the same on a persistent grid,
+    A and B through TMA descriptors) or a split-K reduction of ``factor``."""
 
-    kind: str       # direct | two_stage | atomic
+    kind: str       # direct | tma | two_stage | atomic
     factor: int = 1
+
+
+DIRECT, TMA = Strategy("direct"), Strategy("tma")
 
 
 def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device,
@@ -271,6 +277,64 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
     if factor == 1:
         return Strategy("direct")
     return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
+
+
+def tma_majors(space: Space, a: str, b: str, element_size: int) -> tuple[bool, bool] | None:
+    """(A's K stride is 1, B's K stride is 1) when TMA descriptors can describe both operands,
+    else None.
+
+    A descriptor needs a unit stride in its last dim and the other stride a positive multiple of
+    16 bytes: each operand must be stored row- or column-major, with aligned rows. Only a launch of
+    one batch element qualifies (after folding: mm, linear, addmm; not bmm).
+    """
+    if space.batch_count != 1:
+        return None
+    majors = []
+    for name, other_letter in ((a, "m"), (b, "n")):
+        view = space.views[name]
+        k_stride, other = view.k, getattr(view, other_letter)
+        k_major = k_stride == 1
+        # the stride of the dim that is not contiguous: rows of the stored matrix
+        rows = other if k_major else k_stride
+        if not (k_major or other == 1) or rows <= 0 or rows * element_size % TMA_ALIGN:
+            return None
+        majors.append(k_major)
+    return majors[0], majors[1]
+
+
+@functools.cache
+def has_tma(device_index: int) -> bool:
+    """Hopper (sm_90) and later copy tiles with the Tensor Memory Accelerator."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def tma_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor starts on a 16-byte boundary, as a TMA descriptor's base must (a call's
+    property, not its plan's: a slice of an aligned tensor may start anywhere). Traced calls see
+    fake tensors without addresses: their offset into a (256-byte aligned) allocation decides."""
+    for t in tensors:
+        try:
+            address = t.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            address = t.storage_offset() * t.element_size()
+        if address % TMA_ALIGN:
+            return False
+    return True
+
+
+def scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory for the descriptors the TMA kernel builds on the device (triton's allocator
+    protocol: bytes, alignment (the caching allocator's 512 covers it), stream)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Device-side descriptors need triton's global-memory allocator; set ours unless the user set
+    one. Triton keeps it in a context variable, which a new thread starts without: checked per
+    launch, a lookup."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(scratch)
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -401,6 +465,9 @@ class LaunchPlan:
     epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
     swizzle2d: bool                 # column blocks on grid axis 1 (batch then on axis 2)
     batched: bool                   # batch elements on a grid axis
+    # the TMA kernel's A_K_MAJOR and B_K_MAJOR, when its descriptors can describe A and B
+    majors: tuple[bool, bool] | None = None
+    programs: int = 1               # the TMA kernel's grid cap: one program per multiprocessor
     # strategies to time against each other on the first eager call (auto split-K on a GPU)
     candidates: tuple[Strategy, ...] = ()
 
@@ -420,6 +487,15 @@ class LaunchPlan:
             # column blocks past 65535 are looped over in the kernel
             return (rows * splits, min(cols, 65535)) + batch
         return (rows * cols * splits,) + batch
+
+    def tma_grid(self, meta: Mapping) -> tuple[int]:
+        """The persistent grid of the TMA kernel: its programs walk the output tiles."""
+        tiles = triton.cdiv(self.m, meta["BLOCK_M"]) * triton.cdiv(self.n, meta["BLOCK_N"])
+        return (min(tiles, self.programs),)
+
+    @property
+    def tma_flags(self) -> dict:
+        return {"A_K_MAJOR": self.majors[0], "B_K_MAJOR": self.majors[1]}
 
     def reduce_grid(self, meta: Mapping) -> tuple[int, ...]:
         """The grid of the split-K reduction kernel: one program per output tile."""
@@ -467,6 +543,16 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     batch = space.batch_count
     forced = overrides()
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors)
+    majors = tma_majors(space, op.a, op.b, dtype.itemsize)
+    # the tile kernel where split-K is not chosen: TMA's on Hopper for wgmma-sized problems
+    # (forced by the tests anywhere its descriptors can describe the operands)
+    tile_kernel = DIRECT
+    if majors is not None and (forced.strategy == "tma" or forced.strategy is None and (
+            space.m >= WGMMA_ROWS and device.type == "cuda" and not interpreting()
+            and has_tma(device.index or 0))):
+        tile_kernel = TMA
+    if strategy_ in (DIRECT, TMA):
+        strategy_ = tile_kernel
     spans = dict(present)
     spans.update({name: stand_in for name in op.outputs})
     if strategy_.kind != "direct":
@@ -495,7 +581,8 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
         batch_shape=space.batch, sizes=sizes, ab_strides=ab, epilogue_strides=tuple(epilogue),
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
-        candidates=(Strategy("direct"), strategy_) if timed else ())
+        majors=majors, programs=max_programs(device, "persistent", per_sm=1),
+        candidates=(tile_kernel, strategy_) if timed else ())
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)
@@ -503,21 +590,24 @@ _cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)
 _settled: dict[tuple, Strategy] = {}
 
 
-def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None],
+def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], aligned: bool,
            run: Callable[[Strategy], None]) -> Strategy:
     """The strategy to launch. When split-K is a candidate (few output tiles, long K), the first
-    eager call times it against the direct kernel, each autotuned, end to end (launch overhead
+    eager call times it against the tile kernel, each autotuned, end to end (launch overhead
     included: a decode-sized matmul takes about as long as starting it), and keeps the faster.
-    Traced calls cannot time: they take the choice made so far, else the heuristic's."""
+    Traced calls cannot time: they take the choice made so far, else the heuristic's. Operands
+    that do not start on 16-byte boundaries (``aligned`` false) take the direct kernel for TMA's."""
+    def usable(s: Strategy) -> Strategy:
+        return DIRECT if s == TMA and not aligned else s
     if not plan.candidates:
-        return plan.strategy
-    key = (plan, next(t.dtype for t in tensors if t is not None))
+        return usable(plan.strategy)
+    key = (plan, next(t.dtype for t in tensors if t is not None), aligned)
     chosen = _settled.get(key)
     if chosen is None:
         if not untraced(tensors):
-            return plan.strategy
+            return usable(plan.strategy)
         note_tuning()
         times = {s: triton.testing.do_bench(lambda s=s: run(s), return_mode="median")
-                 for s in plan.candidates}
+                 for s in map(usable, plan.candidates)}
         chosen = _settled[key] = min(times, key=times.get)
     return chosen

@@ -1,8 +1,8 @@
 """Cases for the matmul family: M, N, K off every block size, batch shapes, layouts, epilogues.
 
 The roles of an op's tensors come from their dims (A: M, K; B: K, N or N, K; the others feed the
-epilogue). Every case forces a strategy (direct, two-stage or atomic split-K with 1 to 4 splits)
-or leaves it to the launcher, and forces a config: one of the spec's space by number (as
+epilogue). Every case forces a strategy (direct, TMA, two-stage or atomic split-K with 1 to 4
+splits) or leaves it to the launcher, and forces a config: one of the spec's space by number (as
 autotuning would fit it to the sizes: the GPU tier checks every config without tuning each size),
 or a small tile config outside the space so that a few dozen rows already span several tiles,
 partial tiles and grouped/swizzled orderings.
@@ -75,6 +75,15 @@ def matmul_cases(draw, info: OpInfo) -> Case:
     # an empty M, N or K (torch allows each) in about one case of eight
     zero = draw(st.integers(0, 7)) == 0
     m, n, k = (draw(sizes(limit, allow_zero=zero)) for _ in range(3))
+    strategy = draw(st.sampled_from([None, "direct", "tma", "two_stage", "atomic"]))
+    if strategy in ("two_stage", "atomic"):
+        strategy = f"{strategy}:{draw(st.integers(1, 4))}"
+    if strategy is not None:
+        overrides["strategy"] = strategy
+    if strategy == "tma":
+        # rows of 16-byte multiples in contiguous layouts, so the TMA kernel runs; the layouts
+        # it cannot describe (offset, stepped, batched) take the direct kernel
+        m, n, k = (-(-size // 8) * 8 for size in (m, n, k))
     dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
     batch, batch_a, batch_b = (), (), ()
     vector_a = vector_b = False
@@ -118,11 +127,6 @@ def matmul_cases(draw, info: OpInfo) -> Case:
         args[arg.name] = make_tensor(shape, dtype, layout, low=arg.low, high=arg.high,
                                      seed=seed + i)
         notes.append(f"{arg.name}: {shape} {dtype} {layout}")
-    strategy = draw(st.sampled_from([None, "direct", "two_stage", "atomic"]))
-    if strategy in ("two_stage", "atomic"):
-        strategy = f"{strategy}:{draw(st.integers(1, 4))}"
-    if strategy is not None:
-        overrides["strategy"] = strategy
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=matmul_tolerances(k))
 
 

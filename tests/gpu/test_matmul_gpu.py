@@ -1,7 +1,7 @@
 """Matmul family on a real GPU: what the interpreter cannot run or cannot afford.
 
-bfloat16 on every op (the interpreter computes bfloat16 tl.dot wrongly), autotuning (keyed on
-layout), both split-K variants with autotuning (atomic targets reset between trials), batches
+bfloat16 on every op and strategy (the interpreter computes bfloat16 tl.dot wrongly), the TMA
+kernel where the launcher picks it (Hopper, aligned rows), autotuning (keyed on layout), both split-K variants with autotuning (atomic targets reset between trials), batches
 over the 65535 grid limit, column blocks over it (swizzle2d), int64 indexing on an operand of
 more than 2**31 elements, TF32 following torch's setting, and torch.compile of linear_gelu.
 Most tests force one small config (`override(config={...})`) so that the file compiles few kernels
@@ -79,28 +79,54 @@ def _cases(m, n, k, layout, dtype):
 
 # bfloat16 on every op, layout and strategy (float16 and float32 also run in the property suite,
 # which draws bfloat16 too on the GPU)
+X3_OPS = {"bmm", "matmul", "linear", "linear_gelu", "linear_residual"}
+
+
+# (120, 136, 72): rows of 16-byte multiples, which TMA descriptors can describe
 @pytest.mark.parametrize("m, n, k, layout", [(1, 1, 1, "n"), (127, 129, 65, "n"),
-                                             (127, 129, 65, "t"), (200, 72, 333, "s")])
+                                             (127, 129, 65, "t"), (200, 72, 333, "s"),
+                                             (120, 136, 72, "n"), (120, 136, 72, "t")])
 def test_every_op_bfloat16(m, n, k, layout):
     dtype = torch.bfloat16
     for op, (call, reference) in _cases(m, n, k, layout, dtype).items():
-        for strategy in ("direct", "two_stage:3", "atomic:2"):
-            with runtime.override(config=CONFIG, strategy=strategy):
+        for strategy in ("direct", "tma", "two_stage:3", "atomic:2"):
+            with runtime.override(config=CONFIG, strategy=strategy), \
+                    runtime.record_launches() as log:
                 out = call()
             want = reference()
             assert out.dtype == dtype, op
             check(out, want, k)
+            if strategy == "tma":
+                # TMA needs one batch element after folding (bmm's 3 never fold, nor does the
+                # transposed x3) and rows of 16-byte multiples
+                folds = op not in X3_OPS or (layout == "n" and op != "bmm")
+                fits = m % 8 == 0 and layout != "s" and folds
+                assert [launch.kernel for launch in log] == ["tma" if fits else "direct"], op
 
 
-def test_autotuning_is_keyed_on_layout():
+def test_auto_picks_tma_and_autotunes_it():
+    x, w, bias = randn(1024, 512), randn(768, 512), randn(768)
+    want = F.gelu(F.linear(d(x), d(w), d(bias)), approximate="tanh")
+    with runtime.record_launches() as log:
+        check(generated.linear_gelu(x, w, bias), want, 512)
+        # a slice starting 2 bytes in: TMA cannot start there, the direct kernel runs
+        xs = randn(1024, 520)[:, 1:513]
+        check(generated.linear_gelu(xs, w, bias),
+              F.gelu(F.linear(d(xs), d(w), d(bias)), approximate="tanh"), 512)
+    assert [launch.kernel for launch in log] == ["tma", "direct"]
+
+
+@pytest.mark.parametrize("strategy, kernel", [("direct", "_mm_kernel"), ("tma", "_mm_tma_kernel")])
+def test_autotuning_is_keyed_on_layout(strategy, kernel):
     # 64^3: every block clamps to 64, so the pruned space is a handful of configs
     a, b = randn(64, 64), randn(64, 64)
-    generated.mm(a, b)
-    generated.mm(a.t(), b)
-    keys = sys.modules["generated.mm"]._mm_kernel.cache
+    with runtime.override(strategy=strategy):
+        generated.mm(a, b)
+        generated.mm(a.t(), b)
+        check(generated.mm(a.t(), b), d(a.t()) @ d(b), 64)
+    keys = getattr(sys.modules["generated.mm"], kernel).cache
     layouts = {key[3] for key in keys}
     assert {"a:k,b:n,out:n", "a:m,b:n,out:n"} <= layouts, layouts
-    check(generated.mm(a.t(), b), d(a.t()) @ d(b), 64)
 
 
 def test_decode_shape_split_k_autotuned():
@@ -149,13 +175,14 @@ def test_column_blocks_over_grid_limit():
         check(generated.bmm(a, b), d(a) @ d(b), 16)
 
 
-def test_int64_indexing_over_two_billion_elements():
+@pytest.mark.parametrize("strategy", ["direct", "tma"])
+def test_int64_indexing_over_two_billion_elements(strategy):
     k, n = 4096, 64
     m = 2**31 // k + 3                              # x spans 2**31 + 3 * 4096 elements (4 GiB)
     x, w = randn(m, k), randn(n, k)
-    with runtime.record_launches() as log, runtime.override(config=CONFIG):
+    with runtime.record_launches() as log, runtime.override(config=CONFIG, strategy=strategy):
         out = generated.linear(x, w)
-    assert [launch.index_bits for launch in log] == [64]
+    assert [(launch.kernel, launch.index_bits) for launch in log] == [(strategy, 64)]
     # the rows past element 2**31 are the ones an int32 offset would get wrong
     for rows in (slice(0, 64), slice(m - 64, m)):
         check(out[rows], d(x[rows]) @ d(w).t(), k)
@@ -185,7 +212,12 @@ def test_torch_compile_linear_gelu():
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=False)
     want = F.gelu(F.linear(d(x), d(w), d(bias)), approximate="tanh") * 2.0
+    # 64 rows after folding, aligned: the TMA kernel, its descriptors built on the device inside
+    # the compiled graph (triton's allocator gives them global memory)
     check(compiled(x, w, bias), want, 128)
+    torch._dynamo.reset()   # the override is not among dynamo's guards
+    with runtime.override(strategy="direct"):
+        check(torch.compile(fn, fullgraph=True, dynamic=False)(x, w, bias), want, 128)
     # a decode-like call goes through both split-K stages inside the compiled graph
     x1, w1 = randn(16, 4096), randn(256, 4096)
     with runtime.override(strategy="two_stage:4", config=CONFIG):
