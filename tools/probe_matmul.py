@@ -40,12 +40,11 @@ def _tile_ids(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def tma_tile_kernel(x_desc, w_desc, out_desc, bias_ptr, M, N, K,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr):
-    pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+def _output_tile(x_desc, w_desc, out_desc, bias_ptr, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WS: tl.constexpr):
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    # WS: Triton's automatic warp specialization (a producer warp issues the TMA copies)
+    for k in tl.range(tl.cdiv(K, BLOCK_K), warp_specialize=WS):
         x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
         acc = tl.dot(x, w.T, acc)
@@ -56,25 +55,25 @@ def tma_tile_kernel(x_desc, w_desc, out_desc, bias_ptr, M, N, K,
 
 
 @triton.jit
+def tma_tile_kernel(x_desc, w_desc, out_desc, bias_ptr, M, N, K,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr):
+    pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    _output_tile(x_desc, w_desc, out_desc, bias_ptr, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                 False)
+
+
+@triton.jit
 def tma_persistent_kernel(x_desc, w_desc, out_desc, bias_ptr, M, N, K,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
                           WS: tl.constexpr = False):
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = _tile_ids(tile, tiles_m, tiles_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # WS: Triton's automatic warp specialization (a producer warp issues the TMA copies)
-        for k in tl.range(k_tiles, warp_specialize=WS):
-            x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-            acc = tl.dot(x, w.T, acc)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-        out = gelu_tanh_f32(acc + bias[None, :])
-        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], out.to(out_desc.dtype))
+        _output_tile(x_desc, w_desc, out_desc, bias_ptr, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N,
+                     BLOCK_K, WS)
 
 
 def tma_linear_gelu(x, w, b, meta, persistent, flatten=True, ws=False):
