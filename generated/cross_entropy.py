@@ -295,6 +295,16 @@ def _start_target_check(target, n_classes, ignore_index) -> Optional[TargetVerdi
                                                 *options))
 
 
+def _target_checked(run, target, n_classes, ignore_index):
+    """``run()`` (the forward's launches) between queuing the target check and reading its
+    verdict: the read waits for the check kernel, not for the loss kernel queued after it."""
+    verdict = _start_target_check(target, n_classes, ignore_index)
+    result = run()
+    if verdict is not None:
+        verdict.check(NAME, n_classes, ignore_index)
+    return result
+
+
 def _cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, ...]:
     """The loss and what the backward needs (each row's logsumexp, the loss's denominator), on
     checked inputs: no value-dependent host work, so that repeated eager calls can replay it."""
@@ -330,11 +340,8 @@ def _cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, weight: O
 def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = 'mean', label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss and what the backward needs, with the target check of an eager call."""
     _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothing)
-    verdict = _start_target_check(target, logits.shape[1], ignore_index)
-    result = _cross_entropy_forward(logits, target, weight, ignore_index, reduction, label_smoothing)
-    if verdict is not None:
-        verdict.check(NAME, logits.shape[1], ignore_index)
-    return result
+    return _target_checked(lambda: _cross_entropy_forward(logits, target, weight, ignore_index, reduction, label_smoothing),
+                           target, logits.shape[1], ignore_index)
 
 
 _cross_entropy_op = triton_op("specgen::cross_entropy", mutates_args=())(_cross_entropy)
@@ -394,15 +401,13 @@ def _eager_forward(logits, target, weight, ignore_index, reduction, label_smooth
     if replay is None:
         # before any launch, the target check's too (a replayed signature was checked already)
         _check_inputs(*tensors, *options)
-    verdict = _start_target_check(target, logits.shape[1], ignore_index)
-    if replay is not None:
-        result = replay(tensors)
+
+        def run():
+            return _replays.record(key, _cross_entropy_forward, tensors, *tensors, *options)
     else:
-        result = _replays.record(key, _cross_entropy_forward, tensors, *tensors, *options)
-    if verdict is not None:
-        # waits for the check kernel, not the loss kernel queued after it
-        verdict.check(NAME, logits.shape[1], ignore_index)
-    return result
+        def run():
+            return replay(tensors)
+    return _target_checked(run, target, logits.shape[1], ignore_index)
 
 
 class _EagerAutograd(torch.autograd.Function):

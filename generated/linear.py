@@ -393,9 +393,8 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, x, weight, bias, out):
     if plan.empty:
         return
-    # TMA descriptors start on 16-byte boundaries: a call's property, not its plan's
-    aligned = matmul_rt.tma_aligned(x, weight)
-    strategy = matmul_rt.settle(plan, (x, weight, bias,), aligned,
+    tma_fits = plan.tma_fits(x, weight)
+    strategy = matmul_rt.settle(plan, (x, weight, bias,), tma_fits,
                                 lambda strategy: _run(strategy, plan, x, weight, bias, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, x, weight, bias, out)
@@ -409,7 +408,6 @@ def _run(strategy, plan, x, weight, bias, out):
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, x.dtype)
     if strategy.kind == "tma":
-        matmul_rt.ensure_allocator()
         rt.launch(_linear_tma_kernel, plan.tma_grid,
                   x, weight, bias, out, *plan.sizes,
                   *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,

@@ -386,9 +386,8 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, x, weight, bias, residual, out):
     if plan.empty:
         return
-    # TMA descriptors start on 16-byte boundaries: a call's property, not its plan's
-    aligned = matmul_rt.tma_aligned(x, weight)
-    strategy = matmul_rt.settle(plan, (x, weight, bias, residual,), aligned,
+    tma_fits = plan.tma_fits(x, weight)
+    strategy = matmul_rt.settle(plan, (x, weight, bias, residual,), tma_fits,
                                 lambda strategy: _run(strategy, plan, x, weight, bias, residual, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, x, weight, bias, residual, out)
@@ -402,7 +401,6 @@ def _run(strategy, plan, x, weight, bias, residual, out):
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, x.dtype)
     if strategy.kind == "tma":
-        matmul_rt.ensure_allocator()
         rt.launch(_linear_residual_tma_kernel, plan.tma_grid,
                   x, weight, bias, residual, out, *plan.sizes,
                   *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,

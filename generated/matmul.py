@@ -358,9 +358,8 @@ OP = matmul_rt.OpLayout(
 def _launch(plan, a, b, out):
     if plan.empty:
         return
-    # TMA descriptors start on 16-byte boundaries: a call's property, not its plan's
-    aligned = matmul_rt.tma_aligned(a, b)
-    strategy = matmul_rt.settle(plan, (a, b,), aligned,
+    tma_fits = plan.tma_fits(a, b)
+    strategy = matmul_rt.settle(plan, (a, b,), tma_fits,
                                 lambda strategy: _run(strategy, plan, a, b, out))
     rt.note_launch(NAME, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
     _run(strategy, plan, a, b, out)
@@ -374,7 +373,6 @@ def _run(strategy, plan, a, b, out):
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
     if strategy.kind == "tma":
-        matmul_rt.ensure_allocator()
         rt.launch(_matmul_tma_kernel, plan.tma_grid,
                   a, b, out, *plan.sizes,
                   *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,

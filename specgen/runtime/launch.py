@@ -11,6 +11,7 @@ from typing import Iterator, Mapping, Sequence
 import torch
 import triton
 from torch.library import wrap_triton
+from triton.runtime import _allocation
 
 from specgen.runtime import replay
 from specgen.runtime.layout import storage_span
@@ -177,6 +178,21 @@ def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
     return configs
 
 
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory a kernel asks Triton for at launch (the TMA matmul's device-side
+    descriptors): triton's allocator protocol, served by torch's caching allocator, whose 512-byte
+    alignment covers any asked for."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Sets triton's launch-time allocator to torch's unless one is set. Triton keeps it in a
+    context variable, which every new thread starts without: checked before every launch (a
+    lookup), so a call from any thread finds it."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
 # (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner.
 # Bounded: when full it is emptied, and the next launches find their configs in the autotuners'
 # own caches (a little slower, never re-tuned).
@@ -197,6 +213,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     ``num_warps``) is only started, directly or through ``wrap_triton`` as above.
     """
     direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    ensure_allocator()
     if not isinstance(kernel, triton.runtime.Autotuner):
         # no config space: nothing to tune, cache or force
         if not direct:

@@ -260,22 +260,41 @@ class Strategy:
     kind: str       # direct | tma | two_stage | atomic
     factor: int = 1
 
+    @property
+    def split(self) -> bool:
+        """A split-K reduction (a workspace and a second kernel), not a tile kernel."""
+        return self.kind in ("two_stage", "atomic")
+
 
 DIRECT, TMA = Strategy("direct"), Strategy("tma")
 
 
+def tile_strategy(m: int, device: torch.device, describable: bool) -> Strategy:
+    """The kernel of one program per output tile: TMA's on Hopper for wgmma-sized problems whose
+    operands its descriptors can describe (``describable``), else the direct kernel."""
+    if (describable and m >= WGMMA_ROWS and device.type == "cuda" and not interpreting()
+            and has_tma(device.index or 0)):
+        return TMA
+    return DIRECT
+
+
 def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device,
-             factors: Sequence[int]) -> Strategy:
-    """The spec's split_k mode (auto | atomic | off) applied to the sizes; tests may force one."""
+             factors: Sequence[int], describable: bool = False) -> Strategy:
+    """The spec's split_k mode (auto | atomic | off) applied to the sizes, with the tile kernel
+    where it does not split; tests may force one (a forced ``tma`` runs wherever its descriptors
+    can describe the operands, ``describable``, and is the direct kernel elsewhere)."""
     forced = overrides().strategy
     if forced is not None:
         kind, _, factor = forced.partition(":")
+        if kind == "tma" and not describable:
+            return DIRECT
         return Strategy(kind, int(factor or 1))
+    tile = tile_strategy(m, device, describable)
     if mode == "off":
-        return Strategy("direct")
+        return tile
     factor = split_k_factor(m, n, k, batch, multiprocessors(device), factors)
     if factor == 1:
-        return Strategy("direct")
+        return tile
     return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
 
 
@@ -320,21 +339,6 @@ def tma_aligned(*tensors: torch.Tensor) -> bool:
         if address % TMA_ALIGN:
             return False
     return True
-
-
-def scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global memory for the descriptors the TMA kernel builds on the device (triton's allocator
-    protocol: bytes, alignment (the caching allocator's 512 covers it), stream)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def ensure_allocator() -> None:
-    """Device-side descriptors need triton's global-memory allocator; set ours unless the user set
-    one. Triton keeps it in a context variable, which a new thread starts without: checked per
-    launch, a lookup."""
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(scratch)
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -493,6 +497,11 @@ class LaunchPlan:
         tiles = triton.cdiv(self.m, meta["BLOCK_M"]) * triton.cdiv(self.n, meta["BLOCK_N"])
         return (min(tiles, self.programs),)
 
+    def tma_fits(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Whether this call's A and B can go through TMA: the plan's layouts allow it and both
+        start on 16-byte boundaries (a call's property, not its plan's)."""
+        return self.majors is not None and tma_aligned(a, b)
+
     @property
     def tma_flags(self) -> dict:
         return {"A_K_MAJOR": self.majors[0], "B_K_MAJOR": self.majors[1]}
@@ -542,20 +551,12 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     space = prob.space({name: stand_in for name in op.outputs}, op.rank)
     batch = space.batch_count
     forced = overrides()
-    strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors)
     majors = tma_majors(space, op.a, op.b, dtype.itemsize)
-    # the tile kernel where split-K is not chosen: TMA's on Hopper for wgmma-sized problems
-    # (forced by the tests anywhere its descriptors can describe the operands)
-    tile_kernel = DIRECT
-    if majors is not None and (forced.strategy == "tma" or forced.strategy is None and (
-            space.m >= WGMMA_ROWS and device.type == "cuda" and not interpreting()
-            and has_tma(device.index or 0))):
-        tile_kernel = TMA
-    if strategy_ in (DIRECT, TMA):
-        strategy_ = tile_kernel
+    strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors,
+                         majors is not None)
     spans = dict(present)
     spans.update({name: stand_in for name in op.outputs})
-    if strategy_.kind != "direct":
+    if strategy_.split:
         slices = 1 if strategy_.kind == "atomic" else strategy_.factor
         spans["workspace"] = torch.empty((batch, slices, space.m, space.n), device="meta")
     # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
@@ -572,7 +573,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
             epilogue += space.strides(name, letters, batched)
         else:   # an omitted optional operand
             epilogue += [0] * ((op.rank if batched else 0) + len(letters))
-    timed = (strategy_.kind != "direct" and forced == Overrides() and device.type == "cuda"
+    timed = (strategy_.split and forced == Overrides() and device.type == "cuda"
              and not interpreting())
     return LaunchPlan(
         shape=prob.shape, dtype=op.out_dtype or dtype,
@@ -582,7 +583,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         batch_shape=space.batch, sizes=sizes, ab_strides=ab, epilogue_strides=tuple(epilogue),
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
         majors=majors, programs=max_programs(device, "persistent", per_sm=1),
-        candidates=(tile_kernel, strategy_) if timed else ())
+        candidates=(tile_strategy(space.m, device, majors is not None), strategy_) if timed else ())
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)
@@ -590,18 +591,18 @@ _cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)
 _settled: dict[tuple, Strategy] = {}
 
 
-def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], aligned: bool,
+def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: bool,
            run: Callable[[Strategy], None]) -> Strategy:
     """The strategy to launch. When split-K is a candidate (few output tiles, long K), the first
     eager call times it against the tile kernel, each autotuned, end to end (launch overhead
     included: a decode-sized matmul takes about as long as starting it), and keeps the faster.
-    Traced calls cannot time: they take the choice made so far, else the heuristic's. Operands
-    that do not start on 16-byte boundaries (``aligned`` false) take the direct kernel for TMA's."""
+    Traced calls cannot time: they take the choice made so far, else the heuristic's. A call whose
+    operands TMA cannot take (``tma_fits`` false: LaunchPlan.tma_fits) runs the direct kernel."""
     def usable(s: Strategy) -> Strategy:
-        return DIRECT if s == TMA and not aligned else s
+        return DIRECT if s == TMA and not tma_fits else s
     if not plan.candidates:
         return usable(plan.strategy)
-    key = (plan, next(t.dtype for t in tensors if t is not None), aligned)
+    key = (plan, next(t.dtype for t in tensors if t is not None), tma_fits)
     chosen = _settled.get(key)
     if chosen is None:
         if not untraced(tensors):

@@ -189,6 +189,8 @@ class _Launch:
         for position, source, index in self.slots:
             args[position] = inputs[index] if source == "in" else buffers[index]
         compiled = self.compiled
+        # a kernel that asks Triton for global memory at launch needs its allocator (per thread)
+        launch_state.ensure_allocator()
         if compiled is not None and _no_launch_hooks() and torch._C._cuda_getDevice() == self.device:
             # what JITFunction.run does once it has found the compiled kernel; with no launch
             # hooks installed (profilers install some) there is no launch metadata to build

@@ -10,6 +10,7 @@ Most tests force one small config (`override(config={...})`) so that the file co
 
 import gc
 import sys
+import threading
 
 import pytest
 import torch
@@ -114,6 +115,23 @@ def test_auto_picks_tma_and_autotunes_it():
         check(generated.linear_gelu(xs, w, bias),
               F.gelu(F.linear(d(xs), d(w), d(bias)), approximate="tanh"), 512)
     assert [launch.kernel for launch in log] == ["tma", "direct"]
+
+
+def test_tma_calls_replayed_and_from_a_new_thread():
+    # the TMA kernel asks triton's launch-time allocator for its descriptors' memory, which is per
+    # thread: a first call, replays, and calls from a thread that never launched all find one
+    x, w = randn(256, 256), randn(256, 256)
+    want = d(x) @ d(w).t()
+    with runtime.record_launches() as log:
+        check(generated.linear(x, w), want, 256)
+    assert [launch.kernel for launch in log] == ["tma"]
+    for _ in range(3):   # recorded, then replayed
+        check(generated.linear(x, w), want, 256)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(generated.linear(x, w)))
+    thread.start()
+    thread.join()
+    check(results[0], want, 256)
 
 
 @pytest.mark.parametrize("strategy, kernel", [("direct", "_mm_kernel"), ("tma", "_mm_tma_kernel")])
