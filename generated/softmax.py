@@ -56,15 +56,10 @@ CHUNKED_CONFIGS = (
 SPLIT_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 1024, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 1024, 'num_warps': 8},
-    {'BLOCK_M': 1, 'BLOCK_N': 1024, 'num_warps': 16},
     {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 8},
-    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 16},
-    {'BLOCK_M': 1, 'BLOCK_N': 2048, 'num_warps': 32},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
-    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 16},
-    {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 32},
 )
 # the interpreter runs one config (rt.configs keeps the first): two rows a program and 16-wide
 # chunks, so that tiny rows still take the row masks and several chunks

@@ -139,12 +139,13 @@ def test_spec_error(what, old, new, key, words):
 
 def test_chunk_spaces_keep_threads_busy():
     # looped/online chunks up to 16384 (long rows want many loads in flight); split programs
-    # read a share of one row and take chunks up to 4096
+    # read a share of one row and take chunks up to 4096 on up to 8 warps
     plan = family.plan(parse(GOOD))
     per_thread = {c["BLOCK_N"] // (32 * c["num_warps"]) for c in plan.chunked_configs}
     assert min(per_thread) == 2 and max(per_thread) == 32
     assert {"BLOCK_M": 1, "BLOCK_N": 16384, "num_warps": 32} in plan.chunked_configs
     assert max(c["BLOCK_N"] for c in plan.split_configs) == plan.max_chunk == 4096
+    assert max(c["num_warps"] for c in plan.split_configs) == 8
     assert plan.widest_chunk == 16384
 
 

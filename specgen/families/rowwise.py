@@ -35,6 +35,10 @@ N_SYMBOL = "N"
 THREAD_ELEMENTS = (2, 32)
 # the widest chunk of a split program (a share of one row): wider ones leave fewer programs a row
 SPLIT_CHUNK_MAX = 4096
+# and its most warps: at 8x262144 bf16 (H200), chunks of 1024-4096, the split kernels of softmax,
+# layer_norm and rms_norm took 10.9-13.9 us on 4 or 8 warps, 12.0-26.6 us on 16 or 32
+# (tools/sweep_rowwise.py --part split): a share of a row is too short to feed more warps
+SPLIT_WARPS_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -420,7 +424,8 @@ class RowwisePlan(CommonPlan):
     output_tensors: tuple[str, ...] = ()       # what element outputs load
     strategy: str = "auto"
     chunked_configs: tuple[dict, ...] = ()   # looped and online kernels
-    split_configs: tuple[dict, ...] = ()     # split kernels: the chunks up to SPLIT_CHUNK_MAX
+    split_configs: tuple[dict, ...] = ()     # split kernels: chunks up to SPLIT_CHUNK_MAX, warps
+                                             # up to SPLIT_WARPS_MAX
     interpreter_config: dict | None = None
     split_interpreter_config: dict | None = None
     max_chunk: int = 0                       # the widest split chunk (sets the split count)
@@ -671,7 +676,8 @@ def plan(spec: OpSpec) -> RowwisePlan:
     configs = tuple({"BLOCK_M": 1, "BLOCK_N": c, "num_warps": w}
                     for c, w in chunk_pairs(body.chunks, body.num_warps))
     # a split program reads a share of one row: narrow chunks leave more programs a row
-    split_configs = tuple(c for c in configs if c["BLOCK_N"] <= SPLIT_CHUNK_MAX) or configs
+    split_configs = tuple(c for c in configs if c["BLOCK_N"] <= SPLIT_CHUNK_MAX
+                          and c["num_warps"] <= SPLIT_WARPS_MAX) or configs
     # helpers are imported by name (torch.compile re-emits them under their own names): the
     # expressions' functions, the max/min combines, and maximum_f32 of the online update
     called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),

@@ -322,24 +322,26 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape
 _cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
 
 
-# device -> int32 tickets of ``last`` launches, zero between launches: the last program of each
-# output tile resets its own. Shared by every reduction on the device, so ``last`` launches must
-# not run concurrently on two streams.
-_counters: dict[torch.device, torch.Tensor] = {}
+# (device, stream) -> int32 tickets of ``last`` launches, zero between launches: the last program
+# of each output tile resets its own. One set per stream: launches on one stream run one after
+# another, launches on two streams may run at once and must not share tickets.
+_counters: dict[tuple[torch.device, int | None], torch.Tensor] = {}
 # outgrown counters stay allocated: a captured CUDA graph may still use them
 _retired: list[torch.Tensor] = []
 
 
 def tile_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least ``count`` zeroed ticket counters on ``device`` (allocated once, grown as needed)."""
-    counters = _counters.get(device)
+    """At least ``count`` zeroed ticket counters for the current stream of ``device`` (allocated
+    once, grown as needed). A replayed call looks them up again, on its own stream."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    counters = _counters.get((device, stream))
     if counters is None or counters.numel() < count:
         if counters is not None:
             _retired.append(counters)
         size = max(count, 1024, 2 * counters.numel() if counters is not None else 0)
         counters = torch.zeros(size, dtype=torch.int32, device=device)
-        _counters[device] = counters
-    return persistent(counters)
+        _counters[device, stream] = counters
+    return persistent(counters, lambda: tile_counters(device, count))
 
 
 def fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:

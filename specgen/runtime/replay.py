@@ -9,7 +9,8 @@ specializes pointers on it), the scalar arguments, the test overrides and any st
 (matmul: the float32 precision setting). So the second call with a signature records what the
 implementation does, and later calls replay it:
 
-- the allocations, made through ``empty``/``zeros``/``full`` below while a recording runs;
+- the allocations, made through ``empty``/``zeros``/``full`` below while a recording runs, and
+  the long-lived buffers it looked up (``persistent``: looked up again by each replay);
 - each launch: the kernel Triton compiled, the grid, and the arguments, tensors among them named
   by where they come from (input i or allocation j);
 - the result: which allocations (or inputs) the implementation returned.
@@ -54,7 +55,6 @@ class _Recording:
 
     def __init__(self) -> None:
         self.allocations: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
-        self.persistent: list[torch.Tensor] = []
         self.launches: list[tuple] = []
         self.tuned = False  # a launch autotuned: record the next call instead
 
@@ -116,13 +116,10 @@ def zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     return full(shape, 0, dtype, device)
 
 
-def persistent(tensor: torch.Tensor) -> torch.Tensor:
-    """A buffer that outlives calls (reduce's ticket counters, kept allocated for good): a replay
-    passes this same tensor again."""
-    recording = _recording()
-    if recording is not None:
-        recording.persistent.append(tensor)
-    return tensor
+def persistent(tensor: torch.Tensor, lookup: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A buffer that outlives calls (reduce's ticket counters, one set per stream): a replay
+    finds its buffer with ``lookup`` again, which may give another tensor (on another stream)."""
+    return _note(tensor, lookup)
 
 
 def _note(tensor: torch.Tensor, remake: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -154,11 +151,9 @@ def note_tuning() -> None:
 
 
 class _Slots:
-    """Where each tensor of a recorded call comes from: ("in", i) or ("buf", j); persistent
-    buffers are kept as they are."""
+    """Where each tensor of a recorded call comes from: ("in", i) or ("buf", j)."""
 
     def __init__(self, inputs: Sequence[torch.Tensor | None], recording: _Recording) -> None:
-        self.persistent = {id(t) for t in recording.persistent}
         self._by_id = {}
         for j, (tensor, _) in enumerate(recording.allocations):
             self._by_id[id(tensor)] = ("buf", j)
@@ -177,7 +172,6 @@ class _Launch:
     fn: Any                                  # the JITFunction (interpreter: InterpretedFunction)
     grid: tuple[int, int, int]
     args: tuple                              # every kernel parameter, in order; tensors as None
-                                             # (persistent buffers stay)
     slots: tuple[tuple[int, str, int], ...]  # (position, "in"/"buf", index)
     options: tuple[tuple[str, Any], ...]     # num_warps, num_stages, ...
     compiled: Any                            # the CompiledKernel it ran (None under the interpreter)
@@ -220,7 +214,7 @@ def _launch_from(slots: _Slots, fn: Any, grid: Any, args: tuple, kwargs: dict,
     grid = tuple(grid) + (1,) * (3 - len(grid))
     filled = []
     for position, value in enumerate(values):
-        if isinstance(value, torch.Tensor) and id(value) not in slots.persistent:
+        if isinstance(value, torch.Tensor):
             source = slots.find(value)
             if source is None:
                 return f"{fn.__name__}: argument {fn.arg_names[position]} is neither an input nor " \

@@ -79,6 +79,28 @@ def test_sum_past_int32_is_exact_on_integers():
                                rtol=0, atol=0)
 
 
+def test_one_launch_splits_on_two_streams_at_once():
+    # the one-launch split ("last") keeps ticket counters between calls, one set per stream: sums
+    # queued on two streams run at the same time and must not take each other's tickets
+    torch.manual_seed(0)
+    xs = [torch.randn(1 << 16, 256, device="cuda") for _ in range(2)]
+    expected = [torch.sum(x.double(), 0) for x in xs]
+    streams = [torch.cuda.Stream() for _ in xs]
+    outs = [[], []]
+    with runtime.override(strategy="last"):
+        generated.sum(xs[0], 0)  # tunes before the streams are used
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream())
+        for _ in range(50):
+            for i, stream in enumerate(streams):
+                with torch.cuda.stream(stream):
+                    outs[i].append(generated.sum(xs[i], 0))
+    torch.cuda.synchronize()
+    for out, want in zip(outs, expected):
+        for result in out:
+            torch.testing.assert_close(result.double(), want, rtol=1e-5, atol=1e-3)
+
+
 @pytest.mark.parametrize("strategy", [None, "inner", "outer", "split", "atomic"])
 @pytest.mark.parametrize("shape, dim", [((4096, 1000), -1), ((4096, 1000), 0), ((8, 3, 50000), (0, 2))])
 def test_strategies_in_bfloat16(strategy, shape, dim):
