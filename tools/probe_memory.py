@@ -18,6 +18,8 @@ Parts (default: all; about a minute each):
   repeat   ours against the tutorial kernels three times over (the run-to-run spread)
   persist  layer_norm and rms_norm on a persistent grid that loads weight and bias once a program
            (programs per SM x warps x pipeline stages) next to the one-row-a-program tutorial form
+  lnforms  layer_norm a row a program: weight and bias loaded first, one reduction instead of two,
+           no weight and bias; next to softmax and rms_norm of the same form, three rounds
 
 Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py [--part PART ...]
 """
@@ -38,7 +40,7 @@ from specgen.kernel_lib import add_pairs
 ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
 LOG2E = tl.constexpr(1.4426950408889634)
-PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist")
+PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist", "lnforms")
 
 
 def bench_us(fn, sets) -> float:
@@ -84,6 +86,42 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_M: tl.con
     w = tl.load(w_ptr + cols).to(tl.float32)
     b = tl.load(b_ptr + cols).to(tl.float32)
     tl.store(out_ptr + offs, ((x - mean) * rstd * w + b).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def layer_norm_form_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_N: tl.constexpr,
+                           VECTORS_FIRST: tl.constexpr, ONE_REDUCTION: tl.constexpr,
+                           VECTORS: tl.constexpr):
+    # forms of the one-row-a-program layer_norm: weight and bias loaded with x rather than after
+    # the statistics; the sum and the sum of squares in one tuple reduction (shifted by the row's
+    # first element against cancellation) rather than two in a row; no weight and bias at all
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    offs = row * stride + cols
+    if VECTORS_FIRST:
+        w = tl.load(w_ptr + cols).to(tl.float32)
+        b = tl.load(b_ptr + cols).to(tl.float32)
+    x = tl.load(x_ptr + offs).to(tl.float32)
+    if ONE_REDUCTION:
+        shift = tl.load(x_ptr + row * stride).to(tl.float32)
+        d = x - shift
+        total, squares = tl.reduce((d, d * d), 0, add_pairs)
+        mean_d = total / BLOCK_N
+        mean = shift + mean_d
+        var = tl.maximum(squares / BLOCK_N - mean_d * mean_d, 0.0)
+    else:
+        mean = tl.sum(x, 0) / BLOCK_N
+        dev = x - mean
+        correction, m2 = tl.reduce((dev, dev * dev), 0, add_pairs)
+        mean += correction / BLOCK_N
+        var = m2 / BLOCK_N
+    y = (x - mean) * tl.rsqrt(var + eps)
+    if VECTORS:
+        if not VECTORS_FIRST:
+            w = tl.load(w_ptr + cols).to(tl.float32)
+            b = tl.load(b_ptr + cols).to(tl.float32)
+        y = y * w + b
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -293,6 +331,23 @@ def main() -> None:
                 line(f"{name} persistent {per_sm}/SM w={warps} stages={stages}",
                      bench_us(lambda x, o: norm_persistent_kernel[grid](
                          x, *vectors, o, ROWS, N, 1e-5, N, layer, stages, num_warps=warps), sets))
+    if "lnforms" in parts:
+        forms = {"two reductions, vectors after": (False, False, True),
+                 "two reductions, vectors first": (True, False, True),
+                 "one reduction, vectors after": (False, True, True),
+                 "one reduction, vectors first": (True, True, True),
+                 "two reductions, no vectors": (False, False, False)}
+        for round_, warps in itertools.product(range(3), (2, 4)):
+            for label, flags in forms.items():
+                line(f"round {round_} layer_norm {label} w={warps}",
+                     bench_us(lambda x, o: layer_norm_form_kernel[(ROWS,)](
+                         x, *vectors, o, N, 1e-5, N, *flags, num_warps=warps), sets))
+            line(f"round {round_} softmax probe w={warps}",
+                 bench_us(lambda x, o: softmax_kernel[(ROWS,)](x, o, N, 1, N, "", "",
+                                                               num_warps=warps), sets))
+            line(f"round {round_} rms_norm probe w={warps}",
+                 bench_us(lambda x, o: rms_norm_kernel[(ROWS,)](x, vectors[0], o, N, 1e-6, 1, N, "",
+                                                                num_warps=warps), sets))
     if "ops" in parts:
         ops = {
             "softmax": (lambda x, o: generated.softmax(x, -1), lambda x, o: torch.softmax(x, -1)),
