@@ -165,3 +165,54 @@ def test_a_replayed_last_call_looks_its_tickets_up_again(monkeypatch):
     assert _replayed("sum") == before + 1
     torch.testing.assert_close(out, torch.sum(x.double(), 0).float(), rtol=1e-5, atol=1e-4)
     assert not reduction.tile_counters(x.device, 1).any()
+
+
+# (name, call, reference): families whose implementations allocate outputs, workspaces,
+# counters and a target verdict
+_UNDER_A_DEFAULT_DEVICE = [
+    ("softmax", lambda x, t: generated.softmax(x, -1), lambda x, t: torch.softmax(x, -1)),
+    ("layer_norm", lambda x, t: generated.layer_norm(x, [x.shape[-1]]),
+     lambda x, t: torch.nn.functional.layer_norm(x, [x.shape[-1]])),
+    ("sum", lambda x, t: generated.sum(x, 0), lambda x, t: torch.sum(x, 0)),
+    ("cross_entropy", lambda x, t: generated.cross_entropy(x, t),
+     lambda x, t: torch.nn.functional.cross_entropy(x, t)),
+    ("mm", lambda x, t: generated.mm(x, x.T), lambda x, t: torch.mm(x, x.T)),
+]
+
+
+@pytest.mark.parametrize("name, call, reference", _UNDER_A_DEFAULT_DEVICE,
+                         ids=[c[0] for c in _UNDER_A_DEFAULT_DEVICE])
+def test_a_default_device_keeps_the_direct_path(name, call, reference):
+    # torch.set_default_device pushes a function mode that only places factory calls naming no
+    # device: calls under it keep the direct path and their replays. "meta" as the default shows
+    # an allocation that does not name its device (its tensor would be meta, the result wrong).
+    x = _randn(40, 24)
+    target = torch.randint(0, 24, (40,), device=testing.device())
+    with replay.record_at_once():
+        call(x, target)  # may autotune, which is not recorded
+        with torch.device("meta"):
+            call(x, target)
+            before = _replayed(name)
+            out = call(x, target)
+            assert runtime.runs_eagerly(x)
+    assert _replayed(name) == before + 1
+    assert out.device == x.device
+    torch.testing.assert_close(out, reference(x, target), rtol=1e-4, atol=1e-4)
+
+
+def test_another_function_mode_takes_the_dispatcher():
+    class Watch(torch.overrides.TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = _randn(3, 7)
+    with Watch() as watch, torch.device(x.device):
+        assert not runtime.runs_eagerly(x)
+        out = generated.softmax(x, -1)
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    assert torch.ops.specgen.softmax in watch.seen

@@ -70,7 +70,8 @@ class TargetVerdict:
             return
         buffers = self._local.__dict__.setdefault("buffers", {})
         if error.device not in buffers:
-            buffers[error.device] = (torch.empty(2, dtype=torch.int64, pin_memory=True),
+            buffers[error.device] = (torch.empty(2, dtype=torch.int64, device="cpu",
+                                                 pin_memory=True),
                                      torch.cuda.Event())
         self.host, self.event = buffers[error.device]
         self.host.copy_(error, non_blocking=True)

@@ -318,7 +318,7 @@ class Replays:
     def _key(self, tensors: Sequence[object], scalars: Sequence[object]) -> tuple | None:
         if (launch_state.launches_watched() or torch.compiler.is_compiling()
                 or torch._C._len_torch_dispatch_stack() > 0
-                or torch._C._is_torch_function_mode_enabled()):
+                or launch_state.function_modes_active()):
             return None
         grad = torch.is_grad_enabled()
         signature = []

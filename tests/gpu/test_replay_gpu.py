@@ -1,6 +1,8 @@
 """Replays on a GPU start the compiled kernels through Triton's launcher directly (the CPU tier
 replays through the interpreter): every family's replayed calls match torch on fresh data."""
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,3 +57,35 @@ def test_replayed_calls_match_torch(name):
     launches = [launch for entry in op.replays._entries.values()
                 if isinstance(entry, replay.Replay) for launch in entry.launches]
     assert launches and all(launch.compiled is not None for launch in launches)
+
+
+def test_under_a_default_cuda_device_on_a_new_thread():
+    # torch.set_default_device("cuda") keeps the direct path and replays: cross_entropy's pinned
+    # verdict buffer, made on a thread's first call, must still be a host tensor, and the calls
+    # replay as without the context
+    failures, replayed = [], []
+
+    def work():
+        try:
+            with torch.device("cuda"):
+                op = generated.REGISTRY["cross_entropy"]
+                before = op.replays.replayed
+                for _ in range(4):
+                    logits = torch.randn(64, 32000, dtype=torch.bfloat16)
+                    target = torch.randint(0, 32000, (64,))
+                    got = generated.cross_entropy(logits, target)
+                    want = F.cross_entropy(logits.double(), target)
+                    assert abs(got.double() - want) / want < 2e-2, (got, want)
+                    bad = target.clone()
+                    bad[5] = 32000
+                    with pytest.raises(ValueError, match=r"target\[5\] is 32000"):
+                        generated.cross_entropy(logits, bad)
+                replayed.append(op.replays.replayed - before)
+        except BaseException as exc:  # reported by the test's own thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not failures, failures
+    assert replayed and replayed[0] > 0
