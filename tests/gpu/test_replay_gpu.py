@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import generated
 from specgen.runtime import replay
+from specgen.runtime.cross_entropy import TargetVerdict
 
 pytestmark = pytest.mark.gpu
 
@@ -81,6 +82,9 @@ def test_under_a_default_cuda_device_on_a_new_thread():
                     with pytest.raises(ValueError, match=r"target\[5\] is 32000"):
                         generated.cross_entropy(logits, bad)
                 replayed.append(op.replays.replayed - before)
+                # this thread's verdict buffer, made under the context
+                host, _ = TargetVerdict._local.buffers[logits.device]
+                assert host.device.type == "cpu" and host.is_pinned(), host
         except BaseException as exc:  # reported by the test's own thread
             failures.append(exc)
 
