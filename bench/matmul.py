@@ -2,7 +2,8 @@
 
 cuBLAS is the ceiling: eager ``torch.mm`` and ``F.linear`` call it, and the eager linear + gelu
 pays one extra pass over the output for the activation. The decode-like row (M = 16) is bound by
-reading the weight; specgen splits its K loop over programs there.
+reading the weight; specgen splits its K loop over programs there. The batched row multiplies by
+a transposed operand (attention's q @ k.mT: B contiguous along K).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def cases(quick: bool) -> list[Case]:
         _mm(huge, huge, huge),
         _mm(big, big, big),
         _linear_gelu(16, d, d),
+        _bmm_nt(16, 2048 // scale, 2048 // scale, 2048 // scale),
     ]
 
 
@@ -36,6 +38,10 @@ def _linear_gelu_eager(x, weight, bias):
 
 def _mm_eager(a, b):
     return torch.mm(a, b)
+
+
+def _bmm_nt_eager(a, b):
+    return torch.bmm(a, b.mT)
 
 
 def _generated():
@@ -56,17 +62,22 @@ def _mm(m: int, n: int, k: int) -> Case:
                  lambda a, b: _generated().mm(a, b), _mm_eager)
 
 
+def _bmm_nt(batch: int, m: int, n: int, k: int) -> Case:
+    return _case("bmm(a, b.mT) (eager: cuBLAS)", m, n, k, [(batch, m, k), (batch, n, k)],
+                 lambda a, b: _generated().bmm(a, b.mT), _bmm_nt_eager, batch)
+
+
 def _case(op: str, m: int, n: int, k: int, shapes: list[tuple[int, ...]], specgen: Callable,
-          eager: Callable) -> Case:
-    elements = sum(torch.Size(shape).numel() for shape in shapes) + m * n
+          eager: Callable, batch: int = 1) -> Case:
+    elements = sum(torch.Size(shape).numel() for shape in shapes) + batch * m * n
     return Case(
         family="matmul",
         op=op,
-        shape=f"{m}x{n}x{k}",
+        shape=f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}",
         dtype=DTYPE,
         make_inputs=lambda: tuple(torch.randn(shape, device="cuda", dtype=DTYPE) for shape in shapes),
         specgen=specgen,
         eager=eager,
         bytes_moved=DTYPE.itemsize * elements,
-        flops=2 * m * n * k,
+        flops=2 * batch * m * n * k,
     )

@@ -144,9 +144,9 @@ def _addmm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """The direct kernel for Hopper and later, on one batch element: A and B tiles are copied by
-    TMA (no addresses or masks in the K loop: the copy zero-fills past M, N and K), and a grid of
-    one program per multiprocessor walks the output tiles, so no program waits to start."""
+    """The direct kernel for Hopper and later: A and B tiles are copied by TMA (no addresses or
+    masks in the K loop: the copy zero-fills past M, N and K), and a grid of one program per
+    multiprocessor walks the output tiles, so no program waits to start."""
     # a descriptor's last dim is the contiguous one: an operand stored the other way round is
     # described as stored, and its tiles are transposed for the dot (a view, not a copy)
     if A_K_MAJOR:
@@ -341,7 +341,7 @@ def _run(strategy, plan, a, b, c, beta, alpha, out):
         rt.launch(_addmm_tma_kernel, plan.tma_grid,
                   a, b, c, out, *plan.sizes,
                   *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  **plan.tma_flags, tune_key=tune_key)
+                  **plan.tma.flags, tune_key=tune_key)
         return
     if strategy.kind == "direct":
         rt.launch(_addmm_kernel, plan.grid,

@@ -143,6 +143,7 @@ def _bmm_tma_kernel(
     EVEN_K: tl.constexpr,
     INDEX_64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    a_stride_batch, b_stride_batch,
     A_K_MAJOR: tl.constexpr,
     B_K_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -150,26 +151,34 @@ def _bmm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """The direct kernel for Hopper and later, on one batch element: A and B tiles are copied by
-    TMA (no addresses or masks in the K loop: the copy zero-fills past M, N and K), and a grid of
-    one program per multiprocessor walks the output tiles, so no program waits to start."""
+    """The direct kernel for Hopper and later: A and B tiles are copied by TMA (no addresses or
+    masks in the K loop: the copy zero-fills past M, N and K), and a grid of one program per
+    multiprocessor walks the output tiles of every batch element, so no program waits to start."""
     # a descriptor's last dim is the contiguous one: an operand stored the other way round is
     # described as stored, and its tiles are transposed for the dot (a view, not a copy)
     if A_K_MAJOR:
         a_desc = tl.make_tensor_descriptor(
-            a_ptr, shape=[M, K], strides=[a_stride_m, 1], block_shape=[BLOCK_M, BLOCK_K])
+            a_ptr, shape=[batch, M, K], strides=[a_stride_batch, a_stride_m, 1],
+            block_shape=[1, BLOCK_M, BLOCK_K])
     else:
         a_desc = tl.make_tensor_descriptor(
-            a_ptr, shape=[K, M], strides=[a_stride_k, 1], block_shape=[BLOCK_K, BLOCK_M])
+            a_ptr, shape=[batch, K, M], strides=[a_stride_batch, a_stride_k, 1],
+            block_shape=[1, BLOCK_K, BLOCK_M])
     if B_K_MAJOR:
         b_desc = tl.make_tensor_descriptor(
-            b_ptr, shape=[N, K], strides=[b_stride_n, 1], block_shape=[BLOCK_N, BLOCK_K])
+            b_ptr, shape=[batch, N, K], strides=[b_stride_batch, b_stride_n, 1],
+            block_shape=[1, BLOCK_N, BLOCK_K])
     else:
         b_desc = tl.make_tensor_descriptor(
-            b_ptr, shape=[K, N], strides=[b_stride_k, 1], block_shape=[BLOCK_K, BLOCK_N])
+            b_ptr, shape=[batch, K, N], strides=[b_stride_batch, b_stride_k, 1],
+            block_shape=[1, BLOCK_K, BLOCK_N])
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+    tiles = tiles_m * tiles_n
+    for work in range(tl.program_id(0), tiles * batch, tl.num_programs(0)):
+        # the batch element, then the tile in it: programs walk one element's tiles together
+        bid = work // tiles
+        tile = work % tiles
         # tl.swizzle2d visits GROUP_M row blocks column by column, so the B columns they share
         # stay in L2
         pid_m, pid_n = tl.swizzle2d(tile // tiles_n, tile % tiles_n, tiles_m, tiles_n, GROUP_M)
@@ -179,25 +188,28 @@ def _bmm_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             if A_K_MAJOR:
-                a_tile = a_desc.load([row0, k])
+                a_tile = a_desc.load([bid, row0, k]).reshape(BLOCK_M, BLOCK_K)
             else:
-                a_tile = a_desc.load([k, row0]).T
+                a_tile = a_desc.load([bid, k, row0]).reshape(BLOCK_K, BLOCK_M).T
             if B_K_MAJOR:
-                b_tile = b_desc.load([col0, k]).T
+                b_tile = b_desc.load([bid, col0, k]).reshape(BLOCK_N, BLOCK_K).T
             else:
-                b_tile = b_desc.load([k, col0])
+                b_tile = b_desc.load([bid, k, col0]).reshape(BLOCK_K, BLOCK_N)
             acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
         if INDEX_64:
             # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
             pid_m = pid_m.to(tl.int64)
             pid_n = pid_n.to(tl.int64)
+            bid = bid.to(tl.int64)
+        i_0 = bid
+        out_base = i_0 * out_stride_b0
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_cm < M
         mask_n = offs_cn < N
         mask = mask_m[:, None] & mask_n[None, :]
         out = acc
-        out_ptrs = out_ptr + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
+        out_ptrs = out_ptr + out_base + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -364,7 +376,8 @@ def _run(strategy, plan, a, b, out):
         rt.launch(_bmm_tma_kernel, plan.tma_grid,
                   a, b, out, *plan.sizes,
                   *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  **plan.tma_flags, tune_key=tune_key)
+                  a_stride_batch=plan.tma.a_batch, b_stride_batch=plan.tma.b_batch,
+                  **plan.tma.flags, tune_key=tune_key)
         return
     if strategy.kind == "direct":
         rt.launch(_bmm_kernel, plan.grid,

@@ -163,6 +163,7 @@ def _linear_gelu_tma_kernel(
     EVEN_K: tl.constexpr,
     INDEX_64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    x_stride_batch, weight_stride_batch,
     A_K_MAJOR: tl.constexpr,
     B_K_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -170,26 +171,34 @@ def _linear_gelu_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """The direct kernel for Hopper and later, on one batch element: A and B tiles are copied by
-    TMA (no addresses or masks in the K loop: the copy zero-fills past M, N and K), and a grid of
-    one program per multiprocessor walks the output tiles, so no program waits to start."""
+    """The direct kernel for Hopper and later: A and B tiles are copied by TMA (no addresses or
+    masks in the K loop: the copy zero-fills past M, N and K), and a grid of one program per
+    multiprocessor walks the output tiles of every batch element, so no program waits to start."""
     # a descriptor's last dim is the contiguous one: an operand stored the other way round is
     # described as stored, and its tiles are transposed for the dot (a view, not a copy)
     if A_K_MAJOR:
         x_desc = tl.make_tensor_descriptor(
-            x_ptr, shape=[M, K], strides=[x_stride_m, 1], block_shape=[BLOCK_M, BLOCK_K])
+            x_ptr, shape=[batch, M, K], strides=[x_stride_batch, x_stride_m, 1],
+            block_shape=[1, BLOCK_M, BLOCK_K])
     else:
         x_desc = tl.make_tensor_descriptor(
-            x_ptr, shape=[K, M], strides=[x_stride_k, 1], block_shape=[BLOCK_K, BLOCK_M])
+            x_ptr, shape=[batch, K, M], strides=[x_stride_batch, x_stride_k, 1],
+            block_shape=[1, BLOCK_K, BLOCK_M])
     if B_K_MAJOR:
         weight_desc = tl.make_tensor_descriptor(
-            weight_ptr, shape=[N, K], strides=[weight_stride_n, 1], block_shape=[BLOCK_N, BLOCK_K])
+            weight_ptr, shape=[batch, N, K], strides=[weight_stride_batch, weight_stride_n, 1],
+            block_shape=[1, BLOCK_N, BLOCK_K])
     else:
         weight_desc = tl.make_tensor_descriptor(
-            weight_ptr, shape=[K, N], strides=[weight_stride_k, 1], block_shape=[BLOCK_K, BLOCK_N])
+            weight_ptr, shape=[batch, K, N], strides=[weight_stride_batch, weight_stride_k, 1],
+            block_shape=[1, BLOCK_K, BLOCK_N])
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+    tiles = tiles_m * tiles_n
+    for work in range(tl.program_id(0), tiles * batch, tl.num_programs(0)):
+        # the batch element, then the tile in it: programs walk one element's tiles together
+        bid = work // tiles
+        tile = work % tiles
         # grouped ordering: GROUP_M row blocks walk the columns together, so consecutive programs
         # share the B columns they read (kept in L2) instead of each streaming all of B
         programs_in_group = GROUP_M * tiles_n
@@ -204,18 +213,25 @@ def _linear_gelu_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             if A_K_MAJOR:
-                x_tile = x_desc.load([row0, k])
+                x_tile = x_desc.load([bid, row0, k]).reshape(BLOCK_M, BLOCK_K)
             else:
-                x_tile = x_desc.load([k, row0]).T
+                x_tile = x_desc.load([bid, k, row0]).reshape(BLOCK_K, BLOCK_M).T
             if B_K_MAJOR:
-                weight_tile = weight_desc.load([col0, k]).T
+                weight_tile = weight_desc.load([bid, col0, k]).reshape(BLOCK_N, BLOCK_K).T
             else:
-                weight_tile = weight_desc.load([k, col0])
+                weight_tile = weight_desc.load([bid, k, col0]).reshape(BLOCK_K, BLOCK_N)
             acc = tl.dot(x_tile, weight_tile, acc, input_precision=INPUT_PRECISION)
         if INDEX_64:
             # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
             pid_m = pid_m.to(tl.int64)
             pid_n = pid_n.to(tl.int64)
+            bid = bid.to(tl.int64)
+        i_2 = bid % size_b2
+        rest = bid // size_b2
+        i_1 = rest % size_b1
+        rest = rest // size_b1
+        i_0 = rest
+        out_base = i_0 * out_stride_b0 + i_1 * out_stride_b1 + i_2 * out_stride_b2
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_cm < M
@@ -227,7 +243,7 @@ def _linear_gelu_tma_kernel(
             # an omitted optional operand reads as zero
             bias = tl.zeros((1, 1), dtype=tl.float32)
         out = gelu_tanh_f32(acc + bias)
-        out_ptrs = out_ptr + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
+        out_ptrs = out_ptr + out_base + offs_cm[:, None] * out_stride_m + offs_cn[None, :] * out_stride_n
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -412,7 +428,8 @@ def _run(strategy, plan, x, weight, bias, out):
         rt.launch(_linear_gelu_tma_kernel, plan.tma_grid,
                   x, weight, bias, out, *plan.sizes,
                   *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  **plan.tma_flags, tune_key=tune_key)
+                  x_stride_batch=plan.tma.a_batch, weight_stride_batch=plan.tma.b_batch,
+                  **plan.tma.flags, tune_key=tune_key)
         return
     if strategy.kind == "direct":
         rt.launch(_linear_gelu_kernel, plan.grid,

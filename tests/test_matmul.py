@@ -358,9 +358,9 @@ def test_settle_gives_misaligned_operands_the_direct_kernel(monkeypatch):
     assert ran == [matmul.DIRECT, matmul.Strategy("two_stage", 8)]
 
 
-def _tma_space(a_strides, b_strides, batch=(1,)):
-    views = {"a": matmul.View((0,), m=a_strides[0], k=a_strides[1]),
-             "b": matmul.View((0,), k=b_strides[0], n=b_strides[1])}
+def _tma_space(a_strides, b_strides, batch=(1,), a_batch=(0,), b_batch=(0,)):
+    views = {"a": matmul.View(a_batch, m=a_strides[0], k=a_strides[1]),
+             "b": matmul.View(b_batch, k=b_strides[0], n=b_strides[1])}
     return matmul.Space(64, 64, 64, batch, views)
 
 
@@ -375,11 +375,25 @@ def _tma_space(a_strides, b_strides, batch=(1,)):
 ])
 def test_tma_describes_row_and_column_major_operands_with_aligned_rows(a_strides, b_strides,
                                                                         majors):
-    assert matmul.tma_majors(_tma_space(a_strides, b_strides), "a", "b", 2) == majors
+    layout = matmul.tma_layout(_tma_space(a_strides, b_strides), "a", "b", 2)
+    assert (layout and (layout.a_k_major, layout.b_k_major)) == majors
+    if layout is not None:
+        # one batch element: a batch stride the descriptor accepts, never stepped over
+        assert layout.a_batch > 0 and layout.b_batch > 0
+        assert layout.a_batch * 2 % 16 == layout.b_batch * 2 % 16 == 0
 
 
-def test_tma_needs_one_batch_element():
-    assert matmul.tma_majors(_tma_space((64, 1), (64, 1), batch=(2,)), "a", "b", 2) is None
+@pytest.mark.parametrize("batch, a_batch, b_batch, strides", [
+    ((2,), (4096,), (4096,), (4096, 4096)),           # bmm on contiguous operands
+    ((1, 2, 3), (0, 3 * 5000, 5000), (0, 24576, 8192), (5000, 8192)),   # nested batch dims
+    ((1, 2), (0, 4096), (0, 0), None),                # B broadcast over the batch
+    ((1, 2, 3), (0, 5000, 3 * 5000), (0, 24576, 8192), None),   # batch dims out of order
+    ((2,), (4100,), (4096,), None),                   # 8200-byte steps: not 16-byte multiples
+])
+def test_tma_steps_over_batch_elements_one_stride_apart(batch, a_batch, b_batch, strides):
+    space = _tma_space((64, 1), (64, 1), batch, a_batch, b_batch)
+    layout = matmul.tma_layout(space, "a", "b", 2)
+    assert (layout and (layout.a_batch, layout.b_batch)) == strides
 
 
 def test_forced_tma_runs_where_descriptors_fit_and_falls_back_elsewhere():
@@ -390,7 +404,9 @@ def test_forced_tma_runs_where_descriptors_fit_and_falls_back_elsewhere():
     cases = [
         ((a, b.t()), "tma"), ((a.t().contiguous().t(), b.t()), "tma"),
         ((misaligned, b.t()), "direct"),
-        ((a[None].expand(2, 72, 48), b.t()[None].expand(2, 48, 40)), "direct"),   # batch 2
+        ((a[None].expand(2, 72, 48), b.t()[None].expand(2, 48, 40)), "direct"),   # broadcast
+        ((torch.stack([a, 2 * a]), torch.stack([b, -b]).mT), "tma"),     # a batch of 2
+        ((torch.stack([a, 2 * a]).mT.contiguous().mT, torch.stack([b, -b]).mT), "tma"),
     ]
     for (x, y), kind in cases:
         # a grid of 3 programs for 9 tiles: each program walks several

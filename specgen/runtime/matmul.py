@@ -298,17 +298,30 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
     return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
 
 
-def tma_majors(space: Space, a: str, b: str, element_size: int) -> tuple[bool, bool] | None:
-    """(A's K stride is 1, B's K stride is 1) when TMA descriptors can describe both operands,
-    else None.
+@dataclass(frozen=True)
+class TmaLayout:
+    """How the TMA kernel's descriptors read A and B: each as stored (K-major or not), batch
+    elements a single stride apart."""
 
-    A descriptor needs a unit stride in its last dim and the other stride a positive multiple of
-    16 bytes: each operand must be stored row- or column-major, with aligned rows. Only a launch of
-    one batch element qualifies (after folding: mm, linear, addmm; not bmm).
+    a_k_major: bool
+    b_k_major: bool
+    a_batch: int     # elements from one batch element of A to the next (a 16-byte multiple)
+    b_batch: int
+
+    @property
+    def flags(self) -> dict:
+        return {"A_K_MAJOR": self.a_k_major, "B_K_MAJOR": self.b_k_major}
+
+
+def tma_layout(space: Space, a: str, b: str, element_size: int) -> TmaLayout | None:
+    """How TMA descriptors can describe A and B, or None when they cannot.
+
+    A descriptor needs a unit stride in its last dim and every other stride a positive multiple of
+    16 bytes: each operand must be stored row- or column-major, with aligned rows, and its batch
+    elements (bmm, batched matmul) must lie one stride apart (its batch dims nest, none
+    broadcast). With one batch element, any aligned stride serves: it is never stepped over.
     """
-    if space.batch_count != 1:
-        return None
-    majors = []
+    majors, batch_strides = [], []
     for name, other_letter in ((a, "m"), (b, "n")):
         view = space.views[name]
         k_stride, other = view.k, getattr(view, other_letter)
@@ -317,8 +330,25 @@ def tma_majors(space: Space, a: str, b: str, element_size: int) -> tuple[bool, b
         rows = other if k_major else k_stride
         if not (k_major or other == 1) or rows <= 0 or rows * element_size % TMA_ALIGN:
             return None
+        batch = flat_batch_stride(view.batch, space.batch)
+        if batch is None or space.batch_count > 1 and (batch <= 0 or batch * element_size % TMA_ALIGN):
+            return None
+        if space.batch_count == 1:
+            stored_rows = getattr(space, other_letter) if k_major else space.k
+            batch = rows * max(stored_rows, 1)
         majors.append(k_major)
-    return majors[0], majors[1]
+        batch_strides.append(batch)
+    return TmaLayout(majors[0], majors[1], batch_strides[0], batch_strides[1])
+
+
+def flat_batch_stride(strides: Sequence[int], sizes: Sequence[int]) -> int | None:
+    """The one stride between consecutive batch elements (numbered row-major over ``sizes``), or
+    None when the batch dims do not nest; 0 when there is one batch element."""
+    dims = [(stride, size) for stride, size in zip(strides, sizes) if size != 1]
+    for (outer, _), (inner, inner_size) in zip(dims, dims[1:]):
+        if outer != inner * inner_size:
+            return None
+    return dims[-1][0] if dims else 0
 
 
 @functools.cache
@@ -469,8 +499,8 @@ class LaunchPlan:
     epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
     swizzle2d: bool                 # column blocks on grid axis 1 (batch then on axis 2)
     batched: bool                   # batch elements on a grid axis
-    # the TMA kernel's A_K_MAJOR and B_K_MAJOR, when its descriptors can describe A and B
-    majors: tuple[bool, bool] | None = None
+    # how the TMA kernel's descriptors read A and B, when they can
+    tma: TmaLayout | None = None
     programs: int = 1               # the TMA kernel's grid cap: one program per multiprocessor
     # strategies to time against each other on the first eager call (auto split-K on a GPU)
     candidates: tuple[Strategy, ...] = ()
@@ -493,18 +523,15 @@ class LaunchPlan:
         return (rows * cols * splits,) + batch
 
     def tma_grid(self, meta: Mapping) -> tuple[int]:
-        """The persistent grid of the TMA kernel: its programs walk the output tiles."""
+        """The persistent grid of the TMA kernel: its programs walk the output tiles (of every
+        batch element)."""
         tiles = triton.cdiv(self.m, meta["BLOCK_M"]) * triton.cdiv(self.n, meta["BLOCK_N"])
-        return (min(tiles, self.programs),)
+        return (min(tiles * self.batch, self.programs),)
 
     def tma_fits(self, a: torch.Tensor, b: torch.Tensor) -> bool:
         """Whether this call's A and B can go through TMA: the plan's layouts allow it and both
         start on 16-byte boundaries (a call's property, not its plan's)."""
-        return self.majors is not None and tma_aligned(a, b)
-
-    @property
-    def tma_flags(self) -> dict:
-        return {"A_K_MAJOR": self.majors[0], "B_K_MAJOR": self.majors[1]}
+        return self.tma is not None and tma_aligned(a, b)
 
     def reduce_grid(self, meta: Mapping) -> tuple[int, ...]:
         """The grid of the split-K reduction kernel: one program per output tile."""
@@ -551,9 +578,9 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     space = prob.space({name: stand_in for name in op.outputs}, op.rank)
     batch = space.batch_count
     forced = overrides()
-    majors = tma_majors(space, op.a, op.b, dtype.itemsize)
+    tma = tma_layout(space, op.a, op.b, dtype.itemsize)
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors,
-                         majors is not None)
+                         tma is not None)
     spans = dict(present)
     spans.update({name: stand_in for name in op.outputs})
     if strategy_.split:
@@ -582,8 +609,8 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
         batch_shape=space.batch, sizes=sizes, ab_strides=ab, epilogue_strides=tuple(epilogue),
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
-        majors=majors, programs=max_programs(device, "persistent", per_sm=1),
-        candidates=(tile_strategy(space.m, device, majors is not None), strategy_) if timed else ())
+        tma=tma, programs=max_programs(device, "persistent", per_sm=1),
+        candidates=(tile_strategy(space.m, device, tma is not None), strategy_) if timed else ())
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)

@@ -81,8 +81,9 @@ def matmul_cases(draw, info: OpInfo) -> Case:
     if strategy is not None:
         overrides["strategy"] = strategy
     if strategy == "tma":
-        # rows of 16-byte multiples in contiguous layouts, so the TMA kernel runs; the layouts
-        # it cannot describe (offset, stepped, batched) take the direct kernel
+        # rows of 16-byte multiples in contiguous layouts, so the TMA kernel runs (bmm's batch
+        # elements too); the layouts it cannot describe (offset, stepped, broadcast over a
+        # batch) take the direct kernel
         m, n, k = (-(-size // 8) * 8 for size in (m, n, k))
     dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
     batch, batch_a, batch_b = (), (), ()

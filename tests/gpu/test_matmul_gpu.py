@@ -98,10 +98,11 @@ def test_every_op_bfloat16(m, n, k, layout):
             assert out.dtype == dtype, op
             check(out, want, k)
             if strategy == "tma":
-                # TMA needs one batch element after folding (bmm's 3 never fold, nor does the
-                # transposed x3) and rows of 16-byte multiples
-                folds = op not in X3_OPS or (layout == "n" and op != "bmm")
-                fits = m % 8 == 0 and layout != "s" and folds
+                # TMA needs rows of 16-byte multiples, and batch elements one stride apart in
+                # A and B: bmm's are; the transposed x3 does not fold into M, and the 2-D
+                # operand it meets is then broadcast over its batch
+                describable = op not in X3_OPS or layout == "n" or op == "bmm"
+                fits = m % 8 == 0 and layout != "s" and describable
                 assert [launch.kernel for launch in log] == ["tma" if fits else "direct"], op
 
 
@@ -172,6 +173,29 @@ def test_decode_shape_two_stage():
     for factor in (2, 8, 16):
         with runtime.override(strategy=f"two_stage:{factor}", config=TINY):
             check(generated.linear_gelu(x, w, bias), want, 4096)
+
+
+def test_batched_tma_walks_batch_elements():
+    # batch elements one stride apart: 3-D descriptors, and auto takes them from 64 rows on
+    cases = [(randn(6, 256, 192), randn(6, 320, 192).mT),      # attention's q @ k.mT
+             (randn(6, 192, 256).mT, randn(6, 192, 320)),      # A stored M-major
+             (randn(2, 3, 128, 64), randn(2, 3, 64, 96))]      # two batch dims (matmul)
+    for a, b in cases:
+        op = generated.bmm if a.dim() == 3 else generated.matmul
+        with runtime.record_launches() as log:
+            check(op(a, b), torch.matmul(d(a), d(b)), a.shape[-1])
+        assert [launch.kernel for launch in log] == ["tma"], (a.shape, a.stride())
+
+
+def test_batched_tma_int64_past_two_billion_elements():
+    # A spans 520 * 2048 * 2048 > 2**31 elements: the epilogue's batch offsets need int64
+    a, b = randn(520, 2048, 2048), randn(520, 2048, 64)
+    with runtime.record_launches() as log:
+        out = generated.bmm(a, b)
+    assert [(launch.kernel, launch.index_bits) for launch in log] == [("tma", 64)]
+    for i in (0, 519):
+        check(out[i], d(a[i]) @ d(b[i]), 2048)
+    del a, out
 
 
 @pytest.mark.parametrize("strategy", ["direct", "two_stage:2", "atomic:2"])
