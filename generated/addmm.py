@@ -337,17 +337,16 @@ def _run(strategy, plan, a, b, c, beta, alpha, out):
               "EVEN_K": plan.even_k}
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
-    if strategy.kind == "tma":
-        rt.launch(_addmm_tma_kernel, plan.tma_grid,
-                  a, b, c, out, *plan.sizes,
-                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  **plan.tma.flags, tune_key=tune_key)
-        return
-    if strategy.kind == "direct":
-        rt.launch(_addmm_kernel, plan.grid,
-                  a, b, c, out, *plan.sizes,
-                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  tune_key=tune_key)
+    if not strategy.split:
+        # the tile kernels take the same arguments; TMA's adds how its descriptors read A and B
+        tile_args = (a, b, c, out, *plan.sizes, *plan.ab_strides,
+                     *plan.epilogue_strides, *scalars)
+        if strategy.kind == "tma":
+            rt.launch(_addmm_tma_kernel, plan.tma_grid, *tile_args, **flags, **common,
+                      **plan.tma.flags, tune_key=tune_key)
+        else:
+            rt.launch(_addmm_kernel, plan.grid, *tile_args, **flags, **common,
+                      tune_key=tune_key)
         return
     # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
     workspace = matmul_rt.workspace(strategy, plan.batch, plan.m, plan.n, a.device)

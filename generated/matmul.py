@@ -388,18 +388,17 @@ def _run(strategy, plan, a, b, out):
               "EVEN_K": plan.even_k}
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
-    if strategy.kind == "tma":
-        rt.launch(_matmul_tma_kernel, plan.tma_grid,
-                  a, b, out, *plan.sizes,
-                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  a_stride_batch=plan.tma.a_batch, b_stride_batch=plan.tma.b_batch,
-                  **plan.tma.flags, tune_key=tune_key)
-        return
-    if strategy.kind == "direct":
-        rt.launch(_matmul_kernel, plan.grid,
-                  a, b, out, *plan.sizes,
-                  *plan.ab_strides, *plan.epilogue_strides, *scalars, **flags, **common,
-                  tune_key=tune_key)
+    if not strategy.split:
+        # the tile kernels take the same arguments; TMA's adds how its descriptors read A and B
+        tile_args = (a, b, out, *plan.sizes, *plan.ab_strides,
+                     *plan.epilogue_strides, *scalars)
+        if strategy.kind == "tma":
+            rt.launch(_matmul_tma_kernel, plan.tma_grid, *tile_args, **flags, **common,
+                      a_stride_batch=plan.tma.a_batch, b_stride_batch=plan.tma.b_batch,
+                      **plan.tma.flags, tune_key=tune_key)
+        else:
+            rt.launch(_matmul_kernel, plan.grid, *tile_args, **flags, **common,
+                      tune_key=tune_key)
         return
     # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
     workspace = matmul_rt.workspace(strategy, plan.batch, plan.m, plan.n, a.device)

@@ -33,6 +33,7 @@ KERNEL_NAMES = frozenset({
     "acc", "k", "m", "n", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
     "group_rows", "programs_in_group", "k_start", "ws", "slot", "split", "plan", "config",
     "flags", "common", "workspace", "strategy", "tune_key", "tile", "row0", "col0", "tma_fits",
+    "tile_args", "tiles", "work",
 })
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")

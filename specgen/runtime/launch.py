@@ -118,19 +118,18 @@ def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int
 
 
 def untraced(tensors) -> bool:
-    """Plain tensors, and nothing tracing: no torch.compile/export, no dispatch mode, no function
-    mode but a default device."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or function_modes_active()):
-        return False
-    return all(type(t) is torch.Tensor for t in tensors if t is not None)
+    """Plain tensors, and nothing tracing (``tracing``)."""
+    return not tracing() and all(type(t) is torch.Tensor for t in tensors if t is not None)
 
 
-def function_modes_active() -> bool:
-    """Whether a torch function mode that may trace or rewrite a call is active. A default-device
-    context (``torch.set_default_device``, ``with torch.device(...)``) does neither: it only places
+def tracing() -> bool:
+    """Whether something traces or rewrites calls: torch.compile/export, a dispatch mode, or a
+    function mode other than a default device. A default-device context
+    (``torch.set_default_device``, ``with torch.device(...)``) does neither: it only places
     factory calls that name no device, and every allocation of an implementation names one, so
     such calls keep the direct path and their replays."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return True
     if not torch._C._is_torch_function_mode_enabled():
         return False
     return not all(type(mode) is DeviceContext for mode in _get_current_function_mode_stack())

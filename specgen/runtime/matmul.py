@@ -330,12 +330,13 @@ def tma_layout(space: Space, a: str, b: str, element_size: int) -> TmaLayout | N
         rows = other if k_major else k_stride
         if not (k_major or other == 1) or rows <= 0 or rows * element_size % TMA_ALIGN:
             return None
-        batch = flat_batch_stride(view.batch, space.batch)
         if space.batch_count == 1:
             stored_rows = getattr(space, other_letter) if k_major else space.k
             batch = rows * max(stored_rows, 1)
-        elif batch is None or batch <= 0 or batch * element_size % TMA_ALIGN:
-            return None
+        else:
+            batch = flat_batch_stride(view.batch, space.batch)
+            if batch is None or batch <= 0 or batch * element_size % TMA_ALIGN:
+                return None
         majors.append(k_major)
         batch_strides.append(batch)
     return TmaLayout(majors[0], majors[1], batch_strides[0], batch_strides[1])

@@ -316,9 +316,7 @@ class Replays:
         return result
 
     def _key(self, tensors: Sequence[object], scalars: Sequence[object]) -> tuple | None:
-        if (launch_state.launches_watched() or torch.compiler.is_compiling()
-                or torch._C._len_torch_dispatch_stack() > 0
-                or launch_state.function_modes_active()):
+        if launch_state.launches_watched() or launch_state.tracing():
             return None
         grad = torch.is_grad_enabled()
         signature = []
