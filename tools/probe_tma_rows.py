@@ -1,0 +1,178 @@
+"""GPU probe: row-wise ops at 32768x1024 bf16 with rows moved by TMA (one device call).
+
+The one-row-a-program kernels (ours and the tutorial form) read 81-85% of the copy bandwidth at
+this shape, torch's copy 87% (docs/performance.md). This probe asks whether bulk copies help:
+each program moves whole rows through shared memory with tensor descriptors (a row viewed as
+CH chunks of W, since a TMA box is at most 256 wide), reduces there, and stores the result by
+TMA. Variants: rows a program, chunk width, warps, and a persistent grid whose loop the
+pipeliner prefetches (stages). Each variant is checked against torch before it is timed.
+
+Timing as bench/ times (do_bench median, L2 flushed, two input sets rotated): one sweep, then
+three interleaved rounds of the best TMA variant of each op next to the generated op, the
+pointer tutorial kernel and torch's copy.
+
+Usage (GPU machine): PYTHONPATH=. python3 tools/probe_tma_rows.py [--rows R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tools.probe_memory import (bench_us, copy_kernel, layer_norm_kernel, rms_norm_kernel,
+                                softmax_kernel)
+
+N = 1024
+DTYPE = torch.bfloat16
+LOG2E = tl.constexpr(1.4426950408889634)
+OPS = ("copy", "softmax", "rms_norm", "layer_norm")
+
+
+@triton.jit
+def _row_sum(x):
+    # [BM, CH, W] -> [BM, 1, 1]
+    return tl.sum(tl.sum(x, 2), 1)[:, None, None]
+
+
+@triton.jit
+def _rows(x_desc, o_desc, row, w, b, eps, OP: tl.constexpr, N: tl.constexpr):
+    x = x_desc.load([row, 0, 0])
+    if OP == 0:
+        y = x
+    else:
+        x = x.to(tl.float32)
+        if OP == 1:
+            m = tl.max(tl.max(x, 2), 1)[:, None, None]
+            e = tl.exp2((x - m) * LOG2E)
+            y = e * (1.0 / _row_sum(e))
+        elif OP == 2:
+            y = x * tl.rsqrt(_row_sum(x * x) / N + eps) * w
+        else:
+            mean = _row_sum(x) / N
+            dev = x - mean
+            y = dev * tl.rsqrt(_row_sum(dev * dev) / N + eps) * w + b
+    o_desc.store([row, 0, 0], y.to(o_desc.dtype))
+
+
+@triton.jit
+def tma_rows_kernel(x_desc, o_desc, w_ptr, b_ptr, n_rows, eps, OP: tl.constexpr,
+                    BM: tl.constexpr, CH: tl.constexpr, W: tl.constexpr,
+                    PERSISTENT: tl.constexpr, STAGES: tl.constexpr):
+    cols = tl.arange(0, CH)[:, None] * W + tl.arange(0, W)[None, :]
+    w = tl.load(w_ptr + cols).to(tl.float32)[None, :, :]
+    b = tl.load(b_ptr + cols).to(tl.float32)[None, :, :]
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), n_rows // BM, tl.num_programs(0),
+                             num_stages=STAGES):
+            _rows(x_desc, o_desc, tile * BM, w, b, eps, OP, CH * W)
+    else:
+        _rows(x_desc, o_desc, tl.program_id(0) * BM, w, b, eps, OP, CH * W)
+
+
+def reference(op, x, w, b):
+    if op == "copy":
+        return x.clone()
+    if op == "softmax":
+        return torch.softmax(x.float(), -1).to(x.dtype)
+    if op == "rms_norm":
+        return F.rms_norm(x.float(), (N,), w.float(), 1e-6).to(x.dtype)
+    return F.layer_norm(x.float(), (N,), w.float(), b.float(), 1e-5).to(x.dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=32768)
+    parser.add_argument("--quick", action="store_true", help="a few variants (interpreter check)")
+    args = parser.parse_args()
+    rows = args.rows
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print("device", torch.cuda.get_device_name() if device == "cuda" else "cpu",
+          "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    if device == "cuda":
+        from bench.harness import measure_copy_bandwidth
+        copy_gbps = measure_copy_bandwidth()
+    else:
+        copy_gbps = float("nan")
+    print(f"copy 1 GiB: {copy_gbps:.0f} GB/s", flush=True)
+    sets = [(torch.randn(rows, N, device=device, dtype=DTYPE),
+             torch.empty(rows, N, device=device, dtype=DTYPE)) for _ in range(2)]
+    w, b = (torch.randn(N, device=device, dtype=DTYPE) for _ in range(2))
+    nbytes = 2 * rows * N * DTYPE.itemsize
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 2
+
+    def line(label, us):
+        print(f"{label:64s} {us:7.1f} us  {nbytes / us / 1e3:6.0f} GB/s  "
+              f"{100 * nbytes / us / 1e3 / copy_gbps:4.0f}% copy", flush=True)
+
+    def tma(op, bm, width, warps, per_sm, stages):
+        ch = N // width
+        descs = {id(x): (TensorDescriptor.from_tensor(x.view(rows, ch, width), [bm, ch, width]),
+                         TensorDescriptor.from_tensor(o.view(rows, ch, width), [bm, ch, width]))
+                 for x, o in sets}
+        grid = (min(per_sm * sms, rows // bm) if per_sm else rows // bm,)
+        eps = 1e-5 if op == "layer_norm" else 1e-6
+
+        def fn(x, o):
+            tma_rows_kernel[grid](*descs[id(x)], w, b, rows, eps, OPS.index(op), bm, ch, width,
+                                  bool(per_sm), stages, num_warps=warps)
+        return fn
+
+    def checked(op, fn):
+        x, o = sets[0]
+        o.fill_(float("nan"))
+        fn(x, o)
+        torch.testing.assert_close(o.float(), reference(op, x, w, b).float(), atol=2e-2, rtol=2e-2)
+        return fn
+
+    def timed(fn):
+        return bench_us(fn, sets) if device == "cuda" else float("nan")
+
+    variants = [(bm, width, warps, 0, 1) for bm, width, warps in itertools.product(
+        (1, 2, 4), (64, 256), (1, 2, 4)) if bm * N // (32 * warps) <= 64]
+    variants += [(bm, 256, warps, per_sm, stages) for bm, warps, per_sm, stages in
+                 itertools.product((1, 2), (2, 4), (4, 8, 16), (2, 3)) if per_sm * warps <= 32]
+    if args.quick:
+        variants = [(1, 256, 2, 0, 1), (2, 64, 4, 2, 2)]
+    best = {}
+    for op in OPS:
+        for v in variants:
+            us = timed(checked(op, tma(op, *v)))
+            line(f"{op} TMA BM={v[0]} W={v[1]} w={v[2]} per_sm={v[3]} stages={v[4]}", us)
+            if op not in best or us < best[op][0]:
+                best[op] = (us, v)
+    if device != "cuda":
+        print("interpreter: every variant matched torch", flush=True)
+        return
+
+    pointer = {
+        "copy": lambda x, o: copy_kernel[(x.numel() // 4096,)](x, o, 4096, "", "", num_warps=8),
+        "softmax": lambda x, o: softmax_kernel[(rows,)](x, o, N, 1, N, "", "", num_warps=2),
+        "rms_norm": lambda x, o: rms_norm_kernel[(rows,)](x, w, o, N, 1e-6, 1, N, "",
+                                                           num_warps=2),
+        "layer_norm": lambda x, o: layer_norm_kernel[(rows,)](x, w, b, o, N, 1e-5, 1, N, "",
+                                                               num_warps=2),
+    }
+    import generated
+    ours = {
+        "copy": lambda x, o: o.copy_(x),
+        "softmax": lambda x, o: generated.softmax(x, -1),
+        "rms_norm": lambda x, o: generated.rms_norm(x, [N], w, eps=1e-6),
+        "layer_norm": lambda x, o: generated.layer_norm(x, [N], w, b),
+    }
+    for round_ in range(3):
+        for op in OPS:
+            line(f"round {round_} {op} {'torch' if op == 'copy' else 'specgen'}",
+                 timed(ours[op]))
+            line(f"round {round_} {op} pointer tutorial", timed(checked(op, pointer[op])))
+            v = best[op][1]
+            line(f"round {round_} {op} TMA best {v}", timed(tma(op, *v)))
+
+
+if __name__ == "__main__":
+    main()
