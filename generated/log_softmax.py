@@ -77,7 +77,8 @@ SLOTS = 2
 
 
 @triton.jit
-def _log_softmax_single_kernel(
+def _log_softmax_single_rows(
+    block,
     x_ptr, out_ptr,
     n_rows, N,
     row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
@@ -91,11 +92,6 @@ def _log_softmax_single_kernel(
     BLOCK_N: tl.constexpr,
     INDEX_64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if INDEX_64:
-        # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-        pid = pid.to(tl.int64)
-
     n_float = N * 1.0  # N as a float, for scales such as 1 / N
     # the whole row is one tile of BLOCK_N >= N columns; short rows share a program, BLOCK_M of them
     cols = tl.arange(0, BLOCK_N)[None, :]
@@ -124,53 +120,96 @@ def _log_softmax_single_kernel(
         col_coord = col_rest
         out_col += col_coord * out_col_stride_2
         x_col += col_coord * x_col_stride_2
-    num_blocks = tl.cdiv(n_rows, BLOCK_M)
-    for block in range(pid, num_blocks, tl.num_programs(0)):
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        if M_ALIGN >= BLOCK_M:
-            # whole blocks of rows: no row is past the end
-            row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
-        else:
-            row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
-        # stay within the tile margin the launcher adds when it picks the index width)
-        row_id = tl.where(row_mask, rows, 0)
-        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
-        row_coord = row_id
-        if ROW_DIMS > 1:
-            row_coord = row_id % row_size_0
-            row_rest = row_id // row_size_0
-        out_row = row_coord * out_row_stride_0
-        x_row = row_coord * x_row_stride_0
-        if ROW_DIMS > 1:
-            row_coord = row_rest
-            if ROW_DIMS > 2:
-                row_coord = row_rest % row_size_1
-                row_rest = row_rest // row_size_1
-            out_row += row_coord * out_row_stride_1
-            x_row += row_coord * x_row_stride_1
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    if M_ALIGN >= BLOCK_M:
+        # whole blocks of rows: no row is past the end
+        row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
+    else:
+        row_mask = rows < n_rows
+    # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+    # stay within the tile margin the launcher adds when it picks the index width)
+    row_id = tl.where(row_mask, rows, 0)
+    # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
+    row_coord = row_id
+    if ROW_DIMS > 1:
+        row_coord = row_id % row_size_0
+        row_rest = row_id // row_size_0
+    out_row = row_coord * out_row_stride_0
+    x_row = row_coord * x_row_stride_0
+    if ROW_DIMS > 1:
+        row_coord = row_rest
         if ROW_DIMS > 2:
-            row_coord = row_rest
-            if ROW_DIMS > 3:
-                row_coord = row_rest % row_size_2
-                row_rest = row_rest // row_size_2
-            out_row += row_coord * out_row_stride_2
-            x_row += row_coord * x_row_stride_2
+            row_coord = row_rest % row_size_1
+            row_rest = row_rest // row_size_1
+        out_row += row_coord * out_row_stride_1
+        x_row += row_coord * x_row_stride_1
+    if ROW_DIMS > 2:
+        row_coord = row_rest
         if ROW_DIMS > 3:
-            row_coord = row_rest
-            out_row += row_coord * out_row_stride_3
-            x_row += row_coord * x_row_stride_3
-        mask = row_mask & col_mask
+            row_coord = row_rest % row_size_2
+            row_rest = row_rest // row_size_2
+        out_row += row_coord * out_row_stride_2
+        x_row += row_coord * x_row_stride_2
+    if ROW_DIMS > 3:
+        row_coord = row_rest
+        out_row += row_coord * out_row_stride_3
+        x_row += row_coord * x_row_stride_3
+    mask = row_mask & col_mask
 
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
-        row_max = tl.reduce(tl.where(mask, x, float("-inf")), 1, maximum_f32, keep_dims=True)
-        # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
-        row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-        row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
+    x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
+    row_max = tl.reduce(tl.where(mask, x, float("-inf")), 1, maximum_f32, keep_dims=True)
+    # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
+    row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
 
 
-        out = x - row_max - tl.log(row_sum)
-        tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = x - row_max - tl.log(row_sum)
+    tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _log_softmax_single_kernel(
+    x_ptr, out_ptr,
+    n_rows, N,
+    row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
+    out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
+    x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
+    ROW_DIMS: tl.constexpr,
+    COL_DIMS: tl.constexpr,
+    ROW_LOOP: tl.constexpr,
+    M_ALIGN: tl.constexpr,
+    N_ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if INDEX_64:
+        # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
+        pid = pid.to(tl.int64)
+
+    if ROW_LOOP:
+        # a capped grid: each program walks blocks of rows
+        for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+            _log_softmax_single_rows(
+                block,
+                x_ptr, out_ptr,
+                n_rows, N,
+                row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
+                out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
+                x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
+                ROW_DIMS, COL_DIMS,
+                M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
+    else:
+        _log_softmax_single_rows(
+            pid,
+            x_ptr, out_ptr,
+            n_rows, N,
+            row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
+            out_row_stride_0, out_row_stride_1, out_row_stride_2, out_row_stride_3, out_col_stride_0, out_col_stride_1, out_col_stride_2,
+            x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
+            ROW_DIMS, COL_DIMS,
+            M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
 
 
 @triton.jit
@@ -766,11 +805,12 @@ def _launch(x, out, reduced):
     }
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, out.dtype)
-    rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n)
+    rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n,
+                   row_loop=plan.row_loop)
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
         rt.launch(_log_softmax_single_kernel, plan.grid(plan.single), *args, **constexprs,
-                  **plan.masks, **plan.single)
+                  **plan.masks, **plan.single, ROW_LOOP=plan.row_loop)
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
                   **plan.masks, ROW_LOOP=plan.row_loop)

@@ -83,13 +83,18 @@ def test_whole_tiles_take_constant_masks(strategy, rows, n):
         torch.testing.assert_close(normed, F.rms_norm(x, [n], weight))
 
 
-@pytest.mark.parametrize("strategy", ["looped", "online"])
-def test_chunked_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
-    # a program per block of rows (no row loop), or 2 programs walking 7 rows (ROW_LOOP)
-    x = randn(7, 40)
-    for knobs in ({}, {"launch": "persistent", "max_programs": 2}):
-        with runtime.override(strategy=strategy, **knobs):
+@pytest.mark.parametrize("strategy", ["single", "looped", "online"])
+def test_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
+    # a program per block of rows (no row loop), or a grid capped below the blocks that walks
+    # them (ROW_LOOP). The single tile takes 16 rows of 40 a program (two blocks of 20 rows):
+    # two programs cover them without a loop, where a chunked kernel's rows need one
+    x = randn(20, 40)
+    for knobs, loops in (({}, False),
+                         ({"launch": "persistent", "max_programs": 2}, strategy != "single"),
+                         ({"launch": "persistent", "max_programs": 1}, True)):
+        with runtime.override(strategy=strategy, **knobs), runtime.record_launches() as launches:
             out = generated.log_softmax(x, -1)
+        assert [launch.details["row_loop"] for launch in launches] == [loops], knobs
         torch.testing.assert_close(out, torch.log_softmax(x, -1))
 
 

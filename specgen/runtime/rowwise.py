@@ -277,7 +277,7 @@ class LaunchPlan:
     # single and chunked kernels: whole tiles get constant masks (M_ALIGN, N_ALIGN: the largest
     # powers of two dividing the sizes, capped so that few values compile)
     masks: dict
-    row_loop: bool                # chunked kernels: a grid capped below the row count loops
+    row_loop: bool                # single and chunked kernels: a grid capped below the row blocks loops
 
     def grid(self, meta: Mapping[str, int]) -> tuple[int]:
         """Row blocks (single, looped, online), or rows times splits (split)."""
@@ -320,7 +320,11 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
         cap = max_programs(x.device, "flat")
         masks = {"M_ALIGN": alignment(space.rows, MAX_BLOCK_M),
                  "N_ALIGN": alignment(space.n, max_block)}
-        plan = LaunchPlan(space, chosen, index_64, cap, single, splits, masks, cap < space.rows)
+        # a loop over row blocks only where the grid is capped below them (a loop costs time
+        # even when it runs once); a chunked kernel's BLOCK_M is the autotuner's, so its rows
+        # stand in for its blocks (at least as many)
+        blocks = triton.cdiv(space.rows, single["BLOCK_M"]) if single else space.rows
+        plan = LaunchPlan(space, chosen, index_64, cap, single, splits, masks, cap < blocks)
     if key is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:  # many distinct shapes: start over rather than grow
             _plans.clear()
