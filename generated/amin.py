@@ -89,85 +89,6 @@ LAST = tl.constexpr(reduction.LAST)        # PARTIAL; the tile's last program co
 
 
 @triton.jit
-def _amin_tile(
-    tile,
-    x_ptr, out_ptr, part_ptr, counter_ptr,
-    num_kept, num_red, num_splits, split_size, count,
-    kept_size_1, kept_size_2, kept_size_3,
-    x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
-    out_kept_stride_0, out_kept_stride_1, out_kept_stride_2, out_kept_stride_3,
-    red_size_1, red_size_2, red_size_3,
-    x_red_stride_0, x_red_stride_1, x_red_stride_2, x_red_stride_3,
-    KEPT_DIMS: tl.constexpr,
-    RED_DIMS: tl.constexpr,
-    STAGE: tl.constexpr,
-    LEVEL: tl.constexpr,         # 1: reads x; 2: reads the partials of a split launch
-    BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    INDEX_64: tl.constexpr,
-):
-    """One output tile, or one split of it: tiles are numbered kept tile fastest."""
-    kept_tiles = tl.cdiv(num_kept, BLOCK_K)
-    if INDEX_64:
-        kept_tiles = kept_tiles.to(tl.int64)
-    # the tile's kept elements, and the slice of the reduced range this program combines
-    kept_tile = tile % kept_tiles
-    split = tile // kept_tiles
-    kept = kept_tile * BLOCK_K + tl.arange(0, BLOCK_K)
-    kept_mask = kept < num_kept
-    x_kept = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3, x_kept_stride_0,
-                             x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
-    red_start = split * split_size
-    red_end = tl.minimum(red_start + split_size, num_red)
-    acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
-    for red_block in range(red_start, red_end, BLOCK_R):
-        red = red_block + tl.arange(0, BLOCK_R)
-        red_mask = red < red_end
-        x_red = strided_offsets(red, red_size_1, red_size_2, red_size_3, x_red_stride_0,
-                                x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
-        x_offsets = x_kept[:, None] + x_red[None, :]
-        mask = kept_mask[:, None] & red_mask[None, :]
-        # x is read once: its lines go first when L2 evicts (H200, a 32768x1024 bf16 row sum
-        # after a large write: 22 us against 25; tools/probe_memory.py), the partials stay
-        x = tl.load(x_ptr + x_offsets, mask=mask, other=float("inf"),
-                    eviction_policy="evict_first" if LEVEL == 1 else "").to(tl.float32)
-        acc = min_combine_f32(acc, x)
-    result = min_reduce_f32(acc, 1)
-    if STAGE == FINAL:
-        out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
-                                      out_kept_stride_0, out_kept_stride_1, out_kept_stride_2,
-                                      out_kept_stride_3, KEPT_DIMS)
-        result = result
-        tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty), mask=kept_mask)
-    else:
-        part = split * num_kept + kept
-        tl.store(part_ptr + part, result, mask=kept_mask)
-        if STAGE == LAST:
-            # every thread's partial is stored before the ticket, whose release publishes them
-            tl.debug_barrier()
-            ticket = tl.atomic_add(counter_ptr + kept_tile, 1, sem="acq_rel")
-            if ticket == num_splits - 1:
-                # the last of the tile's programs: combine its partials (read from L2, past
-                # this SM's L1) in split order, reset the ticket for the next launch
-                acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
-                for split_block in range(0, num_splits, BLOCK_R):
-                    splits = split_block + tl.arange(0, BLOCK_R)
-                    part_mask = kept_mask[:, None] & (splits < num_splits)[None, :]
-                    partials = tl.load(part_ptr + splits[None, :] * num_kept + kept[:, None],
-                                       mask=part_mask, other=float("inf"),
-                                       cache_modifier=".cg")
-                    acc = min_combine_f32(acc, partials)
-                result = min_reduce_f32(acc, 1)
-                out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
-                                              out_kept_stride_0, out_kept_stride_1,
-                                              out_kept_stride_2, out_kept_stride_3, KEPT_DIMS)
-                result = result
-                tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty),
-                         mask=kept_mask)
-                tl.store(counter_ptr + kept_tile, 0)
-
-
-@triton.jit
 def _amin_kernel(
     x_ptr, out_ptr, part_ptr, counter_ptr,
     num_kept, num_red, num_splits, split_size, count,
@@ -183,12 +104,7 @@ def _amin_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     INDEX_64: tl.constexpr,
-    TILE_LOOP: tl.constexpr,
 ):
-    """A tile a program, or programs walking the tiles in a loop (TILE_LOOP: a grid that may be
-    capped below them, and outer tiles; reduction.Level says why). A loop costs time even when it
-    runs once: sum(x, -1) and mean(x, -1) of 32768x1024 bf16 took 2-3 us of 24 longer in it on
-    the H200 (tools/probe_reduce_loop.py)."""
     kept_tiles = tl.cdiv(num_kept, BLOCK_K)
     pid = tl.program_id(0)
     if INDEX_64:
@@ -196,29 +112,64 @@ def _amin_kernel(
         pid = pid.to(tl.int64)
         kept_tiles = kept_tiles.to(tl.int64)
 
-    if TILE_LOOP:
-        for tile in range(pid, kept_tiles * num_splits, tl.num_programs(0)):
-            _amin_tile(
-                tile,
-                x_ptr, out_ptr, part_ptr, counter_ptr,
-                num_kept, num_red, num_splits, split_size, count,
-                kept_size_1, kept_size_2, kept_size_3,
-                x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
-                out_kept_stride_0, out_kept_stride_1, out_kept_stride_2, out_kept_stride_3,
-                red_size_1, red_size_2, red_size_3,
-                x_red_stride_0, x_red_stride_1, x_red_stride_2, x_red_stride_3,
-                KEPT_DIMS, RED_DIMS, STAGE, LEVEL, BLOCK_K, BLOCK_R, INDEX_64)
-    else:
-        _amin_tile(
-            pid,
-            x_ptr, out_ptr, part_ptr, counter_ptr,
-            num_kept, num_red, num_splits, split_size, count,
-            kept_size_1, kept_size_2, kept_size_3,
-            x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
-            out_kept_stride_0, out_kept_stride_1, out_kept_stride_2, out_kept_stride_3,
-            red_size_1, red_size_2, red_size_3,
-            x_red_stride_0, x_red_stride_1, x_red_stride_2, x_red_stride_3,
-            KEPT_DIMS, RED_DIMS, STAGE, LEVEL, BLOCK_K, BLOCK_R, INDEX_64)
+    num_tiles = kept_tiles * num_splits
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        # the tile's kept elements, and the slice of the reduced range this program combines
+        kept_tile = tile % kept_tiles
+        split = tile // kept_tiles
+        kept = kept_tile * BLOCK_K + tl.arange(0, BLOCK_K)
+        kept_mask = kept < num_kept
+        x_kept = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3, x_kept_stride_0,
+                                 x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
+        red_start = split * split_size
+        red_end = tl.minimum(red_start + split_size, num_red)
+        acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
+        for red_block in range(red_start, red_end, BLOCK_R):
+            red = red_block + tl.arange(0, BLOCK_R)
+            red_mask = red < red_end
+            x_red = strided_offsets(red, red_size_1, red_size_2, red_size_3, x_red_stride_0,
+                                    x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
+            x_offsets = x_kept[:, None] + x_red[None, :]
+            mask = kept_mask[:, None] & red_mask[None, :]
+            # x is read once: its lines go first when L2 evicts (H200, a 32768x1024 bf16 row sum
+            # after a large write: 22 us against 25; tools/probe_memory.py), the partials stay
+            x = tl.load(x_ptr + x_offsets, mask=mask, other=float("inf"),
+                        eviction_policy="evict_first" if LEVEL == 1 else "").to(tl.float32)
+            acc = min_combine_f32(acc, x)
+        result = min_reduce_f32(acc, 1)
+        if STAGE == FINAL:
+            out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
+                                          out_kept_stride_0, out_kept_stride_1, out_kept_stride_2,
+                                          out_kept_stride_3, KEPT_DIMS)
+            result = result
+            tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty), mask=kept_mask)
+        else:
+            part = split * num_kept + kept
+            tl.store(part_ptr + part, result, mask=kept_mask)
+            if STAGE == LAST:
+                # every thread's partial is stored before the ticket, whose release publishes them
+                tl.debug_barrier()
+                ticket = tl.atomic_add(counter_ptr + kept_tile, 1, sem="acq_rel")
+                if ticket == num_splits - 1:
+                    # the last of the tile's programs: combine its partials (read from L2, past
+                    # this SM's L1) in split order, reset the ticket for the next launch
+                    acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
+                    for split_block in range(0, num_splits, BLOCK_R):
+                        splits = split_block + tl.arange(0, BLOCK_R)
+                        part_mask = kept_mask[:, None] & (splits < num_splits)[None, :]
+                        partials = tl.load(part_ptr + splits[None, :] * num_kept + kept[:, None],
+                                           mask=part_mask, other=float("inf"),
+                                           cache_modifier=".cg")
+                        acc = min_combine_f32(acc, partials)
+                    result = min_reduce_f32(acc, 1)
+                    out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
+                                                  out_kept_stride_0, out_kept_stride_1,
+                                                  out_kept_stride_2, out_kept_stride_3, KEPT_DIMS)
+                    result = result
+                    tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty),
+                             mask=kept_mask)
+                    tl.store(counter_ptr + kept_tile, 0)
+
 
 # one kernel, autotuned over two tile families; each keeps its own best config
 PRUNE = {"early_config_prune": reduction.fitting_tiles}
@@ -258,7 +209,7 @@ def _run(kernel, level, pointers, plan, dtypes):
     """One launch of ``level``; ``pointers`` fill the kernel's pointer arguments, in order."""
     rt.launch(kernel, level.grid, *pointers, *level.args, KEPT_DIMS=level.kept_dims,
               RED_DIMS=level.red_dims, STAGE=level.stage, LEVEL=level.level,
-              INDEX_64=plan.index_64, TILE_LOOP=level.tile_loop, tune_key=(plan, level, dtypes))
+              INDEX_64=plan.index_64, tune_key=(plan, level, dtypes))
 
 
 def _check_inputs(x, dim, keepdim):

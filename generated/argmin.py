@@ -90,68 +90,6 @@ NO_INDEX = tl.constexpr(2**63 - 1)
 
 
 @triton.jit
-def _argmin_tile(
-    tile,
-    x_ptr, out_ptr, part_ptr, counter_ptr, x_index_ptr, part_index_ptr,
-    num_kept, num_red, num_splits, split_size, count,
-    kept_size_1, kept_size_2, kept_size_3,
-    x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
-    out_kept_stride_0, out_kept_stride_1, out_kept_stride_2, out_kept_stride_3,
-    red_size_1, red_size_2, red_size_3,
-    x_red_stride_0, x_red_stride_1, x_red_stride_2, x_red_stride_3,
-    KEPT_DIMS: tl.constexpr,
-    RED_DIMS: tl.constexpr,
-    STAGE: tl.constexpr,
-    LEVEL: tl.constexpr,         # 1: reads x; 2: reads the partials of a split launch
-    BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    INDEX_64: tl.constexpr,
-):
-    """One output tile, or one split of it: tiles are numbered kept tile fastest."""
-    kept_tiles = tl.cdiv(num_kept, BLOCK_K)
-    if INDEX_64:
-        kept_tiles = kept_tiles.to(tl.int64)
-    # the tile's kept elements, and the slice of the reduced range this program combines
-    kept_tile = tile % kept_tiles
-    split = tile // kept_tiles
-    kept = kept_tile * BLOCK_K + tl.arange(0, BLOCK_K)
-    kept_mask = kept < num_kept
-    x_kept = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3, x_kept_stride_0,
-                             x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
-    red_start = split * split_size
-    red_end = tl.minimum(red_start + split_size, num_red)
-    acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
-    # start past every real index, so that a real element wins a tie with the identity
-    acc_index = tl.full([BLOCK_K, BLOCK_R], NO_INDEX, tl.int64)
-    for red_block in range(red_start, red_end, BLOCK_R):
-        red = red_block + tl.arange(0, BLOCK_R)
-        red_mask = red < red_end
-        x_red = strided_offsets(red, red_size_1, red_size_2, red_size_3, x_red_stride_0,
-                                x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
-        x_offsets = x_kept[:, None] + x_red[None, :]
-        mask = kept_mask[:, None] & red_mask[None, :]
-        # x is read once: its lines go first when L2 evicts (H200, a 32768x1024 bf16 row sum
-        # after a large write: 22 us against 25; tools/probe_memory.py), the partials stay
-        x = tl.load(x_ptr + x_offsets, mask=mask, other=float("inf"),
-                    eviction_policy="evict_first" if LEVEL == 1 else "").to(tl.float32)
-        if LEVEL == 1:
-            x_index = tl.broadcast_to(red[None, :].to(tl.int64), [BLOCK_K, BLOCK_R])
-        else:
-            x_index = tl.load(x_index_ptr + x_offsets, mask=mask, other=NO_INDEX)
-        acc, acc_index = argmin_combine_f32(acc, acc_index, x, x_index)
-    result, result_index = argmin_reduce_f32(acc, acc_index, 1)
-    if STAGE == FINAL:
-        out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
-                                      out_kept_stride_0, out_kept_stride_1, out_kept_stride_2,
-                                      out_kept_stride_3, KEPT_DIMS)
-        tl.store(out_ptr + out_offsets, result_index, mask=kept_mask)
-    else:
-        part = split * num_kept + kept
-        tl.store(part_ptr + part, result, mask=kept_mask)
-        tl.store(part_index_ptr + part, result_index, mask=kept_mask)
-
-
-@triton.jit
 def _argmin_kernel(
     x_ptr, out_ptr, part_ptr, counter_ptr, x_index_ptr, part_index_ptr,
     num_kept, num_red, num_splits, split_size, count,
@@ -167,12 +105,7 @@ def _argmin_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     INDEX_64: tl.constexpr,
-    TILE_LOOP: tl.constexpr,
 ):
-    """A tile a program, or programs walking the tiles in a loop (TILE_LOOP: a grid that may be
-    capped below them, and outer tiles; reduction.Level says why). A loop costs time even when it
-    runs once: sum(x, -1) and mean(x, -1) of 32768x1024 bf16 took 2-3 us of 24 longer in it on
-    the H200 (tools/probe_reduce_loop.py)."""
     kept_tiles = tl.cdiv(num_kept, BLOCK_K)
     pid = tl.program_id(0)
     if INDEX_64:
@@ -180,29 +113,47 @@ def _argmin_kernel(
         pid = pid.to(tl.int64)
         kept_tiles = kept_tiles.to(tl.int64)
 
-    if TILE_LOOP:
-        for tile in range(pid, kept_tiles * num_splits, tl.num_programs(0)):
-            _argmin_tile(
-                tile,
-                x_ptr, out_ptr, part_ptr, counter_ptr, x_index_ptr, part_index_ptr,
-                num_kept, num_red, num_splits, split_size, count,
-                kept_size_1, kept_size_2, kept_size_3,
-                x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
-                out_kept_stride_0, out_kept_stride_1, out_kept_stride_2, out_kept_stride_3,
-                red_size_1, red_size_2, red_size_3,
-                x_red_stride_0, x_red_stride_1, x_red_stride_2, x_red_stride_3,
-                KEPT_DIMS, RED_DIMS, STAGE, LEVEL, BLOCK_K, BLOCK_R, INDEX_64)
-    else:
-        _argmin_tile(
-            pid,
-            x_ptr, out_ptr, part_ptr, counter_ptr, x_index_ptr, part_index_ptr,
-            num_kept, num_red, num_splits, split_size, count,
-            kept_size_1, kept_size_2, kept_size_3,
-            x_kept_stride_0, x_kept_stride_1, x_kept_stride_2, x_kept_stride_3,
-            out_kept_stride_0, out_kept_stride_1, out_kept_stride_2, out_kept_stride_3,
-            red_size_1, red_size_2, red_size_3,
-            x_red_stride_0, x_red_stride_1, x_red_stride_2, x_red_stride_3,
-            KEPT_DIMS, RED_DIMS, STAGE, LEVEL, BLOCK_K, BLOCK_R, INDEX_64)
+    num_tiles = kept_tiles * num_splits
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        # the tile's kept elements, and the slice of the reduced range this program combines
+        kept_tile = tile % kept_tiles
+        split = tile // kept_tiles
+        kept = kept_tile * BLOCK_K + tl.arange(0, BLOCK_K)
+        kept_mask = kept < num_kept
+        x_kept = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3, x_kept_stride_0,
+                                 x_kept_stride_1, x_kept_stride_2, x_kept_stride_3, KEPT_DIMS)
+        red_start = split * split_size
+        red_end = tl.minimum(red_start + split_size, num_red)
+        acc = tl.full([BLOCK_K, BLOCK_R], float("inf"), tl.float32)
+        # start past every real index, so that a real element wins a tie with the identity
+        acc_index = tl.full([BLOCK_K, BLOCK_R], NO_INDEX, tl.int64)
+        for red_block in range(red_start, red_end, BLOCK_R):
+            red = red_block + tl.arange(0, BLOCK_R)
+            red_mask = red < red_end
+            x_red = strided_offsets(red, red_size_1, red_size_2, red_size_3, x_red_stride_0,
+                                    x_red_stride_1, x_red_stride_2, x_red_stride_3, RED_DIMS)
+            x_offsets = x_kept[:, None] + x_red[None, :]
+            mask = kept_mask[:, None] & red_mask[None, :]
+            # x is read once: its lines go first when L2 evicts (H200, a 32768x1024 bf16 row sum
+            # after a large write: 22 us against 25; tools/probe_memory.py), the partials stay
+            x = tl.load(x_ptr + x_offsets, mask=mask, other=float("inf"),
+                        eviction_policy="evict_first" if LEVEL == 1 else "").to(tl.float32)
+            if LEVEL == 1:
+                x_index = tl.broadcast_to(red[None, :].to(tl.int64), [BLOCK_K, BLOCK_R])
+            else:
+                x_index = tl.load(x_index_ptr + x_offsets, mask=mask, other=NO_INDEX)
+            acc, acc_index = argmin_combine_f32(acc, acc_index, x, x_index)
+        result, result_index = argmin_reduce_f32(acc, acc_index, 1)
+        if STAGE == FINAL:
+            out_offsets = strided_offsets(kept, kept_size_1, kept_size_2, kept_size_3,
+                                          out_kept_stride_0, out_kept_stride_1, out_kept_stride_2,
+                                          out_kept_stride_3, KEPT_DIMS)
+            tl.store(out_ptr + out_offsets, result_index, mask=kept_mask)
+        else:
+            part = split * num_kept + kept
+            tl.store(part_ptr + part, result, mask=kept_mask)
+            tl.store(part_index_ptr + part, result_index, mask=kept_mask)
+
 
 # one kernel, autotuned over two tile families; each keeps its own best config
 PRUNE = {"early_config_prune": reduction.fitting_tiles}
@@ -236,7 +187,7 @@ def _run(kernel, level, pointers, plan, dtypes):
     """One launch of ``level``; ``pointers`` fill the kernel's pointer arguments, in order."""
     rt.launch(kernel, level.grid, *pointers, *level.args, KEPT_DIMS=level.kept_dims,
               RED_DIMS=level.red_dims, STAGE=level.stage, LEVEL=level.level,
-              INDEX_64=plan.index_64, TILE_LOOP=level.tile_loop, tune_key=(plan, level, dtypes))
+              INDEX_64=plan.index_64, tune_key=(plan, level, dtypes))
 
 
 def _check_inputs(x, dim, keepdim):

@@ -218,22 +218,6 @@ def test_split_fills_the_gpu_with_the_narrowest_tile():
     assert (strategy.tiles, strategy.splits, strategy.split_size) == ("outer", 33, 1008)
 
 
-@pytest.mark.parametrize("shape, dims, knobs, loops", [
-    ((32768, 1024), (1,), {}, False),                       # flat, inner: a tile a program
-    ((32768, 1024), (1,), {"launch": "persistent", "max_programs": 528}, True),   # capped grid
-    ((8, 1 << 20), (0,), {}, True),                         # outer tiles keep the loop
-])
-def test_tiles_loop_only_on_a_capped_grid_or_outer_tiles(shape, dims, knobs, loops):
-    module = importlib.import_module("generated.sum")
-    x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
-    out = torch.empty([s for d, s in enumerate(shape) if d not in dims], dtype=torch.bfloat16,
-                      device="meta")
-    with runtime.override(**knobs):
-        plan = reduction.plan_launch("sum", "auto", "flat", "sum", False, module.SPLIT_BLOCK_K,
-                                     module.MAX_TILE, x, out, dims, False)
-    assert plan.second is None and plan.first.tile_loop == loops
-
-
 def test_cross_entropy_target_check_on_every_path():
     # the check kernel runs before the loss kernel and the host reads its verdict while the loss
     # kernel runs: first, recorded and replayed eager calls, autograd and the registered op raise

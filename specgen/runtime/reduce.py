@@ -243,10 +243,6 @@ class Level:
     num_kept: int
     splits: int
     cap: int
-    # programs walk the tiles in a loop (TILE_LOOP), rather than take one each: where the grid
-    # may be capped below the tiles, and for outer tiles, which the loop did not slow down
-    # (H200, 32768x1024 bf16: sum(x, 0) 26.3 us in it, 26.8 without; sum(x, -1) 24 against 22)
-    tile_loop: bool
 
     def grid(self, meta: dict) -> tuple[int]:
         return (grid_size(triton.cdiv(self.num_kept, meta["BLOCK_K"]) * self.splits, self.cap),)
@@ -302,10 +298,8 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape
               number: int) -> Level:
         args = (problem.kept.numel, problem.reduced.numel, splits, split_size, count,
                 *kept_args(problem.kept), *reduced_args(problem.reduced))
-        # the most tiles any config makes: one kept element a tile
-        tile_loop = tiles == "outer" or cap < problem.kept.numel * splits
         return Level(tiles, args, dims_of(problem.kept), dims_of(problem.reduced), stage, number,
-                     problem.kept.numel, splits, cap, tile_loop)
+                     problem.kept.numel, splits, cap)
 
     if strategy.name in ("inner", "outer"):
         index_64 = choose_int64(op, indexing, spans, max_tile)
