@@ -86,8 +86,9 @@ def test_whole_tiles_take_constant_masks(strategy, rows, n):
 @pytest.mark.parametrize("strategy", ["single", "looped", "online"])
 def test_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
     # a program per block of rows (no row loop), or a grid capped below the blocks that walks
-    # them (ROW_LOOP). The single tile takes 16 rows of 40 a program (two blocks of 20 rows):
-    # two programs cover them without a loop, where a chunked kernel's rows need one
+    # them (ROW_LOOP). The single tile holds 16 rows of 40, so 20 rows are two blocks: two
+    # programs cover them without a loop; a chunked kernel's plan counts rows (its BLOCK_M is the
+    # autotuner's), so it loops
     x = randn(20, 40)
     for knobs, loops in (({}, False),
                          ({"launch": "persistent", "max_programs": 2}, strategy != "single"),

@@ -4,14 +4,16 @@ The one-row-a-program kernels (ours and the tutorial form) read 81-85% of the co
 this shape, torch's copy 87% (docs/performance.md). This probe asks whether bulk copies help:
 each program moves whole rows through shared memory with tensor descriptors (a row viewed as
 CH chunks of W, since a TMA box is at most 256 wide), reduces there, and stores the result by
-TMA. Variants: rows a program, chunk width, warps, and a persistent grid whose loop the
-pipeliner prefetches (stages). Each variant is checked against torch before it is timed.
+TMA. Variants: rows a program, chunk width, warps, the box used as [BM, CH, W] or reshaped to
+the [BM, N] tile a template would use ("flat"), descriptors passed in or made in the kernel, and
+(--persistent) a persistent grid whose loop the pipeliner prefetches (stages). Each variant is
+checked against torch before it is timed.
 
 Timing as bench/ times (do_bench median, L2 flushed, two input sets rotated): one sweep, then
 three interleaved rounds of the best TMA variant of each op next to the generated op, the
 pointer tutorial kernel and torch's copy.
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/probe_tma_rows.py [--rows R]
+Usage (GPU machine): PYTHONPATH=. python3 tools/probe_tma_rows.py [--rows R --n N] [--persistent]
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32768)
     parser.add_argument("--n", type=int, default=1024)
     parser.add_argument("--quick", action="store_true", help="a few variants (interpreter check)")
+    parser.add_argument("--persistent", action="store_true",
+                        help="also the persistent grids (rows per program x stages) of the 3-D form")
     args = parser.parse_args()
     global N
     rows, N = args.rows, args.n
@@ -189,10 +193,17 @@ def main() -> None:
     # rows a program on 1-2 warps win at 1024 wide
     warps_range = (1, 2) if N <= 1024 else (4, 8)
     variants = list(itertools.product((1, 2), (64, 256), warps_range))
+    # (rows a program, warps, programs per SM, pipeline stages)
+    persistent = [v for v in itertools.product((1, 2), (2, 4), (4, 8, 16), (2, 3))
+                  if v[1] * v[2] <= 32] if args.persistent else []
     if args.quick:
         variants = [(1, 256, 2), (2, 64, 1)]
+        persistent = [(2, 2, 2, 2)] if args.persistent else []
     best = {}
     for op in OPS:
+        for bm, warps, per_sm, stages in persistent:
+            line(f"{op} TMA 3-D persistent BM={bm} w={warps} per_sm={per_sm} stages={stages}",
+                 timed(checked(op, tma(op, bm, 256, warps, per_sm, stages))))
         for v in variants:
             us = timed(checked(op, tma(op, *v, 0, 1)))
             line(f"{op} TMA 3-D BM={v[0]} W={v[1]} w={v[2]}", us)
