@@ -63,13 +63,13 @@ SPLIT_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
 )
-# the interpreter runs one config (rt.configs keeps the first): two rows a program and 16-wide
-# chunks, so that tiny rows still take the row masks and several chunks
+# the interpreter runs the first config unless a test forces another: there it is two rows a
+# program and 16-wide chunks, so that tiny rows still take the row masks and several chunks
 INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
-CHUNKED_SPACE = (INTERPRETER_CONFIG,) if rt.interpreting() else CHUNKED_CONFIGS
-SPLIT_SPACE = (SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else SPLIT_CONFIGS
+CHUNKED_SPACE = ((INTERPRETER_CONFIG,) if rt.interpreting() else ()) + CHUNKED_CONFIGS
+SPLIT_SPACE = ((SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else ()) + SPLIT_CONFIGS
 # the longest tile a program forms column offsets for (masked lanes included)
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one

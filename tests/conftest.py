@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from specgen.runtime import interpreting
 
@@ -15,6 +15,11 @@ settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_
 # GPU tier: real compilation, many more examples
 settings.register_profile("gpu", max_examples=50, deadline=None, suppress_health_check=_SLOW_OK,
                           print_blob=True)
+# hunting a rare failure: many examples (SPECGEN_EXAMPLES), no shrinking, which on a GPU can
+# outlast a device call; the failing example is reported as drawn
+settings.register_profile("hunt", max_examples=int(os.environ.get("SPECGEN_EXAMPLES", "500")),
+                          deadline=None, suppress_health_check=_SLOW_OK, print_blob=True,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 # a quick look while editing
 settings.register_profile("dev", max_examples=5, deadline=None, suppress_health_check=_SLOW_OK)
 

@@ -176,12 +176,8 @@ def grid_size(num_tiles: int, cap: int) -> int:
 
 
 def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
-    """Autotune configs from a spec's config space.
-
-    Under the interpreter only the first is kept: timing configs there measures numpy, not a GPU,
-    and would multiply the CPU tier's run time.
-    """
-    space = space[:1] if interpreting() else space
+    """Autotune configs from a spec's config space: all of them, under the interpreter too, where
+    the property suite forces each in turn (``launch`` runs the first there when none is forced)."""
     configs = []
     for point in space:
         meta = {k: v for k, v in point.items() if k not in ("num_warps", "num_stages")}
@@ -237,6 +233,9 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     key = (kernel, tune_key, tuple(sorted(kwargs.items())))
     if _overrides.config is not None:
         config = forced_config(kernel, args, kwargs, _overrides.config)
+    elif interpreting():
+        # timing configs there measures numpy, not a GPU: the first that fits runs, untimed
+        config = forced_config(kernel, args, kwargs, 0)
     elif direct and key in _tuned:
         config = _tuned[key]
     elif not direct and kernel.reset_to_zero:
