@@ -21,6 +21,8 @@ from specgen.runtime.layout import storage_span
 INT32_MAX = 2**31 - 1
 # programs per multiprocessor in a persistent launch: enough to hide latency, few enough to loop
 PERSISTENT_PROGRAMS_PER_SM = 4
+# the multiprocessor count assumed where there is no GPU: an H100's (and an H200's)
+NOMINAL_SMS = 132
 
 
 def interpreting() -> bool:
@@ -152,10 +154,10 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def multiprocessors(device: torch.device, nominal: int = 4) -> int:
-    """The device's multiprocessor count; ``nominal`` where there are none (the interpreter),
-    chosen by the caller so that its decisions there are those of some real GPU."""
-    return _sm_count(device.index or 0) if device.type == "cuda" else nominal
+def multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessor count; where there are none (the interpreter, planner tests on
+    meta tensors) an H100's, so that the CPU tier plans grids and splits as the GPU tier does."""
+    return _sm_count(device.index or 0) if device.type == "cuda" else NOMINAL_SMS
 
 
 def max_programs(device: torch.device, launch: str,
@@ -166,8 +168,6 @@ def max_programs(device: torch.device, launch: str,
         return INT32_MAX
     if _overrides.max_programs is not None:
         return _overrides.max_programs
-    if device.type != "cuda":
-        return 4
     return per_sm * multiprocessors(device)
 
 

@@ -31,8 +31,6 @@ SINGLE_LIMIT = 1 << 16
 SPLIT_MIN = 16384
 # programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
 SPLIT_PROGRAMS_PER_SM = 4
-# the multiprocessor count assumed where there is no GPU (the interpreter, planner tests): an H100
-NOMINAL_SMS = 132
 # single tile: elements a program moves when rows are short (several rows a program). Small
 # programs: at 32768x1024 bf16 (H200) a row a program on 2 warps ran softmax / layer_norm /
 # rms_norm in 36.6 / 38.7 / 38.2 us, 4 rows on 8 warps in 37.7 / 45.8 / 38.5 us (a row spread
@@ -239,12 +237,12 @@ def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n
             raise ValueError(f"{op}: strategy 'single' holds a whole row in one program; rows of "
                              f"{n} elements are longer than {SINGLE_LIMIT}")
         return forced
-    return choose_strategy(rows, n, "online" in available, multiprocessors(device, NOMINAL_SMS))
+    return choose_strategy(rows, n, "online" in available, multiprocessors(device))
 
 
 def split_count(rows: int, n: int, block_n: int, device: torch.device) -> int:
     """Programs per row of a split launch: enough to fill the GPU, each with at least one chunk."""
-    target = SPLIT_PROGRAMS_PER_SM * multiprocessors(device, NOMINAL_SMS)
+    target = SPLIT_PROGRAMS_PER_SM * multiprocessors(device)
     return max(1, min(triton.cdiv(target, max(rows, 1)), triton.cdiv(n, block_n)))
 
 
