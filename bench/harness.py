@@ -12,6 +12,7 @@ import itertools
 import math
 import platform
 import re
+import statistics
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +35,12 @@ ROTATION_BYTES = 200 * 10**6
 
 COPY_BYTES = 2**30
 
+# Each impl is timed in this many interleaved rounds (specgen, eager, compile, specgen, ...) and
+# reported as the median of its rounds: a passing state of the machine (clocks, a busy host)
+# then moves one round of every impl rather than one impl's whole number. Single rounds of the
+# short row-wise cases moved 2x between runs (8x262144: ours 12-30 us, compile 16-100 us).
+ROUNDS = 3
+
 
 @dataclass
 class Case:
@@ -55,7 +62,8 @@ class Row:
     """What was measured for one case; a missing entry in ``ms`` means that impl failed."""
 
     case: Case
-    ms: dict[str, float] = field(default_factory=dict)
+    ms: dict[str, float] = field(default_factory=dict)      # the median of the rounds
+    rounds: dict[str, list[float]] = field(default_factory=dict)
     check: str = ""
     errors: list[str] = field(default_factory=list)
 
@@ -105,15 +113,25 @@ def run_case(case: Case) -> Row:
             "eager": case.eager,
             "compile": torch.compile(case.eager, dynamic=False),
         }
+        ready = {}
         for impl, fn in impls.items():
             # Each impl is guarded on its own so that a missing specgen op still leaves baselines.
             try:
                 if impl == "specgen":
                     row.check = check(fn, case.eager, input_sets[0], case.dtype)
-                row.ms[impl] = time_rotating(fn, input_sets)
+                warm_up(fn, input_sets)
+                ready[impl] = fn
             except Exception as exc:
-                row.errors.append(f"{impl}: {describe(exc)}")
-                traceback.print_exc()
+                failed(row, impl, exc)
+        for _ in range(ROUNDS):
+            for impl in list(ready):
+                try:
+                    row.rounds.setdefault(impl, []).append(time_rotating(ready[impl], input_sets))
+                except Exception as exc:
+                    failed(row, impl, exc)
+                    del ready[impl]
+                    row.rounds.pop(impl, None)
+        row.ms = {impl: statistics.median(times) for impl, times in row.rounds.items()}
     except Exception as exc:  # making inputs failed: nothing to time
         row.errors.append(describe(exc))
         traceback.print_exc()
@@ -125,17 +143,26 @@ def run_case(case: Case) -> Row:
     return row
 
 
+def failed(row: Row, impl: str, exc: Exception) -> None:
+    row.errors.append(f"{impl}: {describe(exc)}")
+    traceback.print_exc()
+
+
 def input_set_count(case: Case) -> int:
     # do_bench also flushes L2 before each timed call; rotating makes the numbers independent of
     # that flush. Only small cases get extra sets, so their memory stays near ROTATION_BYTES.
     return max(1, math.ceil(ROTATION_BYTES / case.bytes_moved))
 
 
-def time_rotating(fn: Callable, input_sets: list[tuple]) -> float:
-    """Median ms of ``fn`` called on each input set in turn, after one warm-up call per set."""
-    for inputs in input_sets:  # compiles (torch.compile, triton) and checks every set's guards
+def warm_up(fn: Callable, input_sets: list[tuple]) -> None:
+    """One call per input set: compiles (torch.compile, triton) and checks every set's guards."""
+    for inputs in input_sets:
         fn(*inputs)
     torch.cuda.synchronize()
+
+
+def time_rotating(fn: Callable, input_sets: list[tuple]) -> float:
+    """Median ms of ``fn`` called on each input set in turn."""
     cycle = itertools.cycle(input_sets)
     return bench_ms(lambda: fn(*next(cycle)))
 
@@ -162,7 +189,9 @@ def describe(exc: Exception) -> str:
 
 def progress_line(row: Row) -> str:
     c = row.case
-    times = ", ".join(f"{impl} {row.ms[impl]:.3f} ms" for impl in IMPLS if impl in row.ms)
+    times = ", ".join(f"{impl} {row.ms[impl]:.3f} ms "
+                      f"({', '.join(f'{t:.3f}' for t in row.rounds[impl])})"
+                      for impl in IMPLS if impl in row.ms)
     return f"[{c.family}] {c.op} {c.shape} {dtype_name(c.dtype)}: {times or 'no timings'}; {check_cell(row)}"
 
 
@@ -183,10 +212,12 @@ def report_header(run: Run) -> str:
         f"- Copy bandwidth: {run.copy_gbps:.0f} GB/s (1 GiB fp32 `dst.copy_(src)`, bytes read + written)",
         f"- Command: `{run.command}`",
         "",
-        "Times are do_bench medians. GB/s is effective: each input read once plus the output written "
-        "once, over the time. For cases with a FLOP count the throughput columns show TFLOP/s. "
-        "`% copy` is specgen GB/s over the copy bandwidth; `vs compile` is compile ms / specgen ms "
-        "(above 1: specgen is faster). `check` is ‖specgen − eager‖ / ‖eager‖ in float64.",
+        f"Times are the median of {ROUNDS} interleaved rounds (specgen, eager, compile, then "
+        "again) of do_bench medians; the run's log lists every round. GB/s is effective: each "
+        "input read once plus the output written once, over the time. For cases with a FLOP "
+        "count the throughput columns show TFLOP/s. `% copy` is specgen GB/s over the copy "
+        "bandwidth; `vs compile` is compile ms / specgen ms (above 1: specgen is faster). "
+        "`check` is ‖specgen − eager‖ / ‖eager‖ in float64.",
         "",
     ])
 
