@@ -8,7 +8,8 @@ L2 flushed, two input sets rotated, three interleaved rounds):
 - a two-pass kernel of the generated numerics (sum of squares with ``evict_last``, then the
   output pass with ``evict_first``) over the chunk widths and warps of our space, its loop
   bounds either the runtime N (as ours), the constexpr N (a loop of constant trip count, as
-  Inductor's), or the chunks unrolled (``tl.static_range``).
+  Inductor's), the chunks unrolled (``tl.static_range``), or the runtime N with the loop
+  unrolled twice (``tl.range(..., loop_unroll_factor=2)``: one compile serves every N).
 
 Usage (GPU machine): PYTHONPATH=. python3 tools/probe_looped_n.py [--rows R --n N] [--check-only]
 """
@@ -25,7 +26,8 @@ import triton
 import triton.language as tl
 
 DTYPE = torch.bfloat16
-RUNTIME, CONSTANT, UNROLLED = 0, 1, 2
+RUNTIME, CONSTANT, UNROLLED, UNROLL2 = 0, 1, 2, 3
+BOUNDS = ("runtime", "constant", "unrolled", "runtime-unroll2")
 
 
 @triton.jit
@@ -46,6 +48,11 @@ def rms_two_pass_kernel(x_ptr, w_ptr, out_ptr, N, stride, eps, N_CONST: tl.const
         for start in range(0, N_CONST, BLOCK_N):
             x = tl.load(x_row + start + cols, eviction_policy="evict_last").to(tl.float32)
             acc += x * x
+    elif BOUNDS == 3:
+        n_float = N * 1.0
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=2):
+            x = tl.load(x_row + start + cols, eviction_policy="evict_last").to(tl.float32)
+            acc += x * x
     else:
         n_float = N_CONST * 1.0
         for chunk in tl.static_range(N_CONST // BLOCK_N):
@@ -59,6 +66,11 @@ def rms_two_pass_kernel(x_ptr, w_ptr, out_ptr, N, stride, eps, N_CONST: tl.const
             tl.store(out_row + start + cols, (x * rstd * w).to(out_ptr.dtype.element_ty))
     elif BOUNDS == 1:
         for start in range(0, N_CONST, BLOCK_N):
+            x = tl.load(x_row + start + cols, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(w_ptr + start + cols).to(tl.float32)
+            tl.store(out_row + start + cols, (x * rstd * w).to(out_ptr.dtype.element_ty))
+    elif BOUNDS == 3:
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=2):
             x = tl.load(x_row + start + cols, eviction_policy="evict_first").to(tl.float32)
             w = tl.load(w_ptr + start + cols).to(tl.float32)
             tl.store(out_row + start + cols, (x * rstd * w).to(out_ptr.dtype.element_ty))
@@ -103,11 +115,11 @@ def main() -> None:
             print("tuned looped config:", config, flush=True)
     chunks = [c for c in (4096, 8192, 16384) if n % c == 0]
     for block_n, warps, bounds in itertools.product(chunks, (16, 32),
-                                                    (RUNTIME, CONSTANT, UNROLLED)):
+                                                    (RUNTIME, CONSTANT, UNROLLED, UNROLL2)):
         def fn(x, o, block_n=block_n, warps=warps, bounds=bounds):
             rms_two_pass_kernel[(rows,)](x, w, o, n, n, 1e-6, n, bounds, block_n, num_warps=warps)
         variants[f"two-pass BLOCK_N={block_n} w={warps} "
-                 f"bounds={('runtime', 'constant', 'unrolled')[bounds]}"] = fn
+                 f"bounds={BOUNDS[bounds]}"] = fn
 
     for label, fn in variants.items():
         x, o = sets[0]
