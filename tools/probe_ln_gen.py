@@ -19,7 +19,6 @@ Usage (GPU machine): PYTHONPATH=. python3 tools/probe_ln_gen.py [--rows R --n N]
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import itertools
 
@@ -29,7 +28,7 @@ import triton
 import triton.language as tl
 
 from specgen.kernel_lib import add_pairs
-from tools.probe_memory import bench_us, layer_norm_kernel
+from tools.probe_memory import bench_us, layer_norm_kernel, probe_parser, row_sets
 
 DTYPE = torch.bfloat16
 
@@ -91,22 +90,15 @@ def ln_bisect_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_rows, N, x_stride, out_stri
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=32768)
-    parser.add_argument("--n", type=int, default=1024)
+    parser = probe_parser(32768, 1024)
     parser.add_argument("--tiles", action="store_true",
                         help="the generated form at other tiles and L1 policies, not the bisection")
-    parser.add_argument("--check-only", action="store_true",
-                        help="check every variant, time none (TRITON_INTERPRET=1 on a CPU)")
     args = parser.parse_args()
     rows, n = args.rows, args.n
-    device = "cpu" if args.check_only else "cuda"
-    print("device", device, "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    device, sets = row_sets(rows, n, args.check_only)
     if not args.check_only:
         from bench.harness import measure_copy_bandwidth
         copy_gbps = measure_copy_bandwidth()
-    sets = [(torch.randn(rows, n, device=device, dtype=DTYPE),
-             torch.empty(rows, n, device=device, dtype=DTYPE)) for _ in range(2)]
     w, b = (torch.randn(n, device=device, dtype=DTYPE) for _ in range(2))
     nbytes = 2 * rows * n * DTYPE.itemsize
     ref = F.layer_norm(sets[0][0].float(), (n,), w.float(), b.float()).to(DTYPE)

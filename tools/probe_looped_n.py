@@ -16,7 +16,6 @@ Usage (GPU machine): PYTHONPATH=. python3 tools/probe_looped_n.py [--rows R --n 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import itertools
 
@@ -24,6 +23,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from tools.probe_memory import bench_us, probe_parser, row_sets
 
 DTYPE = torch.bfloat16
 RUNTIME, CONSTANT, UNROLLED, UNROLL2 = 0, 1, 2, 3
@@ -82,17 +83,9 @@ def rms_two_pass_kernel(x_ptr, w_ptr, out_ptr, N, stride, eps, N_CONST: tl.const
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1024)
-    parser.add_argument("--n", type=int, default=32768)
-    parser.add_argument("--check-only", action="store_true",
-                        help="check every variant, time none (TRITON_INTERPRET=1 on a CPU)")
-    args = parser.parse_args()
+    args = probe_parser(1024, 32768).parse_args()
     rows, n = args.rows, args.n
-    device = "cpu" if args.check_only else "cuda"
-    print("device", device, "torch", torch.__version__, "triton", triton.__version__, flush=True)
-    sets = [(torch.randn(rows, n, device=device, dtype=DTYPE),
-             torch.empty(rows, n, device=device, dtype=DTYPE)) for _ in range(2)]
+    device, sets = row_sets(rows, n, args.check_only)
     w = torch.randn(n, device=device, dtype=DTYPE)
     nbytes = 2 * rows * n * DTYPE.itemsize
     ref = F.rms_norm(sets[0][0].float(), (n,), w.float()).to(DTYPE)
@@ -101,7 +94,6 @@ def main() -> None:
     variants = {"specgen op": lambda x, o: generated.rms_norm(x, [n], w)}
     if not args.check_only:
         from bench.harness import measure_copy_bandwidth
-        from tools.probe_memory import bench_us
         copy_gbps = measure_copy_bandwidth()
         compiled = torch.compile(lambda x: F.rms_norm(x, (n,), w), dynamic=False)
         variants["torch.compile"] = lambda x, o: compiled(x)

@@ -26,6 +26,7 @@ Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py [--part PART ...
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import itertools
 
@@ -41,6 +42,24 @@ ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
 LOG2E = tl.constexpr(1.4426950408889634)
 PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist", "lnforms")
+
+
+def probe_parser(rows: int, n: int) -> argparse.ArgumentParser:
+    """The options every row probe takes: its shape, and --check-only."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--n", type=int, default=n)
+    parser.add_argument("--check-only", action="store_true",
+                        help="check every variant, time none (TRITON_INTERPRET=1 on a CPU)")
+    return parser
+
+
+def row_sets(rows: int, n: int, check_only: bool) -> tuple[str, list[tuple]]:
+    """The device, and two (x, out) sets of rows x n for bench_us to rotate through."""
+    device = "cpu" if check_only else "cuda"
+    print("device", device, "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    return device, [(torch.randn(rows, n, device=device, dtype=DTYPE),
+                     torch.empty(rows, n, device=device, dtype=DTYPE)) for _ in range(2)]
 
 
 def bench_us(fn, sets) -> float:
@@ -276,8 +295,6 @@ def lse_lane_kernel(x_ptr, lse_ptr, n_rows, n_cols, stride, BLOCK_V: tl.constexp
 
 
 def main() -> None:
-    import argparse
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", action="append", choices=PARTS)
     parts = set(parser.parse_args().part or PARTS)
