@@ -36,7 +36,7 @@ ROTATION_BYTES = 200 * 10**6
 COPY_BYTES = 2**30
 
 # Each impl is timed in this many interleaved rounds (specgen, eager, compile, specgen, ...) and
-# reported as the median of its rounds: a passing state of the machine (clocks, a busy host)
+# reported as the median of its rounds: a transient state of the machine (clocks, a busy host)
 # then moves one round of every impl rather than one impl's whole number. Single rounds of the
 # short row-wise cases moved 2x between runs (8x262144: ours 12-30 us, compile 16-100 us).
 ROUNDS = 3

@@ -202,6 +202,17 @@ def test_cross_entropy_rejects_bad_targets_and_shapes():
         generated.cross_entropy(logits[0], torch.zeros((), dtype=torch.long))
 
 
+def test_without_a_gpu_splits_are_planned_for_an_h100():
+    # the CPU tier's property suite reaches the splits the GPU tier takes at the same sizes: a
+    # full reduction of 1024 elements fills 4 x 132 programs as far as 64-element splits allow
+    module = importlib.import_module("generated.sum")
+    x = torch.empty(1024, dtype=torch.bfloat16, device="meta")
+    out = torch.empty((), dtype=torch.bfloat16, device="meta")
+    plan = reduction.plan_launch("sum", "auto", "flat", "sum", False, module.SPLIT_BLOCK_K,
+                                 module.MAX_TILE, x, out, (0,), False)
+    assert plan.strategy.name in ("last", "split") and plan.strategy.splits == 16
+
+
 def test_split_fills_the_gpu_with_the_narrowest_tile():
     # sum(x, 0) of 32768 x 1024 on 528 programs: the narrowest outer tile (64 columns) makes 16
     # output tiles, so 33 splits of 1008 rows; planned for the widest tile (512) it was 256 splits,

@@ -160,3 +160,32 @@ def test_every_thread_gets_the_launch_allocator_and_a_users_is_kept():
         thread.join()
     assert found["fresh"] is launch_module._scratch
     assert found["users"][0] is found["users"][1]
+
+
+@pytest.mark.skipif(not runtime.interpreting(), reason="the interpreter's launch path (CPU tier)")
+def test_interpreter_runs_any_forced_config_and_otherwise_the_first_untuned(monkeypatch):
+    # the CPU tier's property suite forces configs as the GPU tier's does, so the interpreter
+    # keeps the whole space; unforced, it runs the first that fits and never times configs
+    module = importlib.import_module("generated.sum")
+    kernel = module.inner_kernel
+    assert len(kernel.configs) == len(module.INNER_CONFIGS)
+    tiles = []
+    run = kernel.fn.run
+
+    def spy(*args, **kwargs):
+        tiles.append((kwargs["BLOCK_K"], kwargs["BLOCK_R"], kwargs["num_warps"]))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel.fn, "run", spy)
+    x = torch.randn(16, 16384)   # wide and long enough that every tile fits (no pruning)
+    with runtime.override(strategy="inner"):
+        for number in range(len(kernel.configs)):
+            with runtime.override(config=number):
+                torch.testing.assert_close(generated.sum(x, -1), x.sum(-1), rtol=1e-4, atol=1e-3)
+        assert sorted(tiles) == sorted((c.kwargs["BLOCK_K"], c.kwargs["BLOCK_R"], c.num_warps)
+                                       for c in kernel.configs)
+        tiles.clear()
+        generated.sum(x[:, 1:], -1)
+    first = kernel.configs[0]
+    assert tiles == [(first.kwargs["BLOCK_K"], first.kwargs["BLOCK_R"], first.num_warps)]
+    assert not kernel.cache  # the autotuner never ran

@@ -48,9 +48,9 @@ def _config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> 
 
 
 # The default config space, an explicit list (a product of lists would either miss these or
-# explode). The first is what the interpreter runs unless a test forces another. Blocks are clamped to the problem at launch
-# (a 16-row problem runs every config with 16 rows), and configs under 64 rows only run on
-# problems that small (runtime/matmul.py, prune_configs).
+# explode). The first is what the interpreter runs unless a test forces another. Blocks are
+# clamped to the problem at launch (a 16-row problem runs every config with 16 rows), and configs
+# under 64 rows only run on problems that small (runtime/matmul.py, prune_configs).
 DEFAULT_CONFIGS = (
     # large problems, one program per SM: the Hopper bf16/fp16 tiles closest to cuBLAS; GROUP_M
     # 16 won mm and linear_gelu at 4096^3 and 8192^3 on an H200, 8 won linear at 8192^3

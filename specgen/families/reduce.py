@@ -80,7 +80,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     # rows x reduced elements per tile: many short rows, or a few long ones. The first config of
-    # each list is the one the interpreter runs unless a test forces another (rt.launch): keep it small
+    # each list is the one the interpreter runs unless a test forces another (rt.launch): keep it
+    # small
     # (1, 16384): a full reduction's long splits, with 32-64 elements in flight per thread
     inner = tile_pairs(tuning, "INNER", ((4, 256), (4, 1024), (1, 4096), (8, 512), (16, 256),
                                          (1, 16384)), "kept, reduced")
