@@ -61,13 +61,12 @@ SPLIT_CONFIGS = (
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 4},
     {'BLOCK_M': 1, 'BLOCK_N': 4096, 'num_warps': 8},
 )
-# the interpreter runs the first config unless a test forces another: there it is two rows a
-# program and 16-wide chunks, so that tiny rows still take the row masks and several chunks
+# the config the interpreter runs unless a test forces another (rt.configs puts it first there):
+# two rows a program and 16-wide chunks, so that tiny rows still take the row masks and several
+# chunks
 INTERPRETER_CONFIG = {'BLOCK_M': 2, 'BLOCK_N': 16, 'num_warps': 4}
 # a split program reduces a share of one row
 SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
-CHUNKED_SPACE = ((INTERPRETER_CONFIG,) if rt.interpreting() else ()) + CHUNKED_CONFIGS
-SPLIT_SPACE = ((SPLIT_INTERPRETER_CONFIG,) if rt.interpreting() else ()) + SPLIT_CONFIGS
 # the longest tile a program forms column offsets for (masked lanes included)
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one
@@ -363,7 +362,8 @@ def _log_softmax_looped_rows(
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(CHUNKED_CONFIGS, INTERPRETER_CONFIG),
+                 key=["N", "INDEX_64"])
 @triton.jit
 def _log_softmax_looped_kernel(
     x_ptr, out_ptr,
@@ -540,7 +540,8 @@ def _log_softmax_online_rows(
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=rt.configs(CHUNKED_SPACE), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(CHUNKED_CONFIGS, INTERPRETER_CONFIG),
+                 key=["N", "INDEX_64"])
 @triton.jit
 def _log_softmax_online_kernel(
     x_ptr, out_ptr,
@@ -586,7 +587,8 @@ def _log_softmax_online_kernel(
             M_ALIGN, N_ALIGN, BLOCK_M, BLOCK_N, INDEX_64)
 
 
-@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
+                 key=["N", "INDEX_64"])
 @triton.jit
 def _log_softmax_split0_kernel(
     x_ptr, out_ptr,
@@ -688,7 +690,8 @@ def _log_softmax_split0_kernel(
         tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, part_sum)
 
 
-@triton.autotune(configs=rt.configs(SPLIT_SPACE), key=["N", "INDEX_64"])
+@triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
+                 key=["N", "INDEX_64"])
 @triton.jit
 def _log_softmax_split_out_kernel(
     x_ptr, out_ptr,

@@ -189,3 +189,9 @@ def test_interpreter_runs_any_forced_config_and_otherwise_the_first_untuned(monk
     first = kernel.configs[0]
     assert tiles == [(first.kwargs["BLOCK_K"], first.kwargs["BLOCK_R"], first.num_warps)]
     assert not kernel.cache  # the autotuner never ran
+    # a row-wise space leads with its interpreter tile there, then the GPU's space
+    rows = importlib.import_module("generated.softmax")
+    chunked = rows._softmax_looped_kernel.configs
+    assert len(chunked) == 1 + len(rows.CHUNKED_CONFIGS)
+    assert chunked[0].kwargs == {k: v for k, v in rows.INTERPRETER_CONFIG.items()
+                                 if k != "num_warps"}

@@ -175,9 +175,14 @@ def grid_size(num_tiles: int, cap: int) -> int:
     return max(1, min(num_tiles, cap))
 
 
-def configs(space: Sequence[Mapping[str, int]]) -> list[triton.Config]:
+def configs(space: Sequence[Mapping[str, int]],
+            interpreter_first: Mapping[str, int] | None = None) -> list[triton.Config]:
     """Autotune configs from a spec's config space: all of them, under the interpreter too, where
-    the property suite forces each in turn (``launch`` runs the first there when none is forced)."""
+    the property suite forces each in turn (``launch`` runs the first there when none is forced).
+    ``interpreter_first`` leads the space under the interpreter only: a tile sized for the CPU
+    tier's tiny inputs, which a GPU need not time."""
+    if interpreter_first is not None and interpreting():
+        space = (interpreter_first, *space)
     configs = []
     for point in space:
         meta = {k: v for k, v in point.items() if k not in ("num_warps", "num_stages")}
@@ -233,11 +238,13 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     key = (kernel, tune_key, tuple(sorted(kwargs.items())))
     if _overrides.config is not None:
         config = forced_config(kernel, args, kwargs, _overrides.config)
-    elif interpreting():
-        # timing configs there measures numpy, not a GPU: the first that fits runs, untimed
-        config = forced_config(kernel, args, kwargs, 0)
     elif direct and key in _tuned:
         config = _tuned[key]
+    elif interpreting():
+        # timing configs there measures numpy, not a GPU: the first that fits runs, untimed
+        # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
+        # no environment variable)
+        config = forced_config(kernel, args, kwargs, 0)
     elif not direct and kernel.reset_to_zero:
         # Inductor benchmarks a user kernel's configs without its reset_to_zero hook, so atomic
         # targets would keep every trial's sums: traced, such a kernel runs one config (the one

@@ -275,7 +275,8 @@ class LaunchPlan:
     # single and chunked kernels: whole tiles get constant masks (M_ALIGN, N_ALIGN: the largest
     # powers of two dividing the sizes, capped so that few values compile)
     masks: dict
-    row_loop: bool                # single and chunked kernels: a grid capped below the row blocks loops
+    # single and chunked kernels: a grid capped below the row blocks loops over them
+    row_loop: bool
 
     def grid(self, meta: Mapping[str, int]) -> tuple[int]:
         """Row blocks (single, looped, online), or rows times splits (split)."""
