@@ -20,6 +20,17 @@ Parts (default: all; about a minute each):
            (programs per SM x warps x pipeline stages) next to the one-row-a-program tutorial form
   lnforms  layer_norm a row a program: weight and bias loaded first, one reduction instead of two,
            no weight and bias; next to softmax and rms_norm of the same form, three rounds
+  stores   eviction policies of the loads and the stores together (evict_first on both leaves the
+           flush's dirty lines in L2 instead of writing them back): copy, the three row ops a row
+           a program at 32768x1024 and looped rms_norm at 1024x32768, three interleaved rounds
+  copytiles Triton's copy of 32768x1024 bf16 over tile sizes and warps (elements a thread, bytes in
+           flight) next to torch's copy (the driver's memcpy), three rounds
+  maxnreg  the three row ops a row a program on 2 warps under register caps (more programs resident
+           per SM), with each build's registers and spills, three rounds
+  lnregs   layer_norm a row a program on 2 warps in forms that hold fewer registers (40 cap 25
+           programs an SM, 32 would let 32 in): its registers, spills and time, three rounds
+  warps    the three row ops a row a program on 1, 2 or 4 warps (one warp: no shared-memory round in
+           the reductions) at 32768x1024 and 4096x4096, and the generated ops, three rounds
 
 Usage (GPU machine): PYTHONPATH=. python3 tools/probe_memory.py [--part PART ...]
 """
@@ -41,7 +52,8 @@ from specgen.kernel_lib import add_pairs
 ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
 LOG2E = tl.constexpr(1.4426950408889634)
-PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist", "lnforms")
+PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist", "lnforms",
+         "stores", "warps", "copytiles", "maxnreg", "lnregs")
 
 
 def probe_parser(rows: int, n: int) -> argparse.ArgumentParser:
@@ -90,7 +102,7 @@ def softmax_kernel(x_ptr, out_ptr, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 @triton.jit
 def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, LOAD: tl.constexpr):
+                      BLOCK_N: tl.constexpr, LOAD: tl.constexpr, STORE: tl.constexpr = ""):
     # the generated single tile's numerics: mean, then the squared deviations with the mean
     # correction (the sum of the deviations) in one tuple reduction
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -104,7 +116,8 @@ def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_M: tl.con
     rstd = tl.rsqrt(m2 / BLOCK_N + eps)
     w = tl.load(w_ptr + cols).to(tl.float32)
     b = tl.load(b_ptr + cols).to(tl.float32)
-    tl.store(out_ptr + offs, ((x - mean) * rstd * w + b).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + offs, ((x - mean) * rstd * w + b).to(out_ptr.dtype.element_ty),
+             eviction_policy=STORE)
 
 
 @triton.jit
@@ -144,15 +157,61 @@ def layer_norm_form_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_N: t
 
 
 @triton.jit
+def layer_norm_regs_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_N: tl.constexpr,
+                           FORM: tl.constexpr):
+    # 0: the generated numerics (x kept in float32 through the output)
+    # 1: the deviations kept instead of x (x dies once they are formed)
+    # 2: the row as two halves, the output written half by half (weight and bias of one half live)
+    # 3: x kept as its raw 16-bit pattern, widened again for the output
+    row = tl.program_id(0)
+    HALF: tl.constexpr = BLOCK_N // 2
+    if FORM == 2:
+        lo = tl.arange(0, HALF)
+        hi = HALF + tl.arange(0, HALF)
+        x_lo = tl.load(x_ptr + row * stride + lo).to(tl.float32)
+        x_hi = tl.load(x_ptr + row * stride + hi).to(tl.float32)
+        mean = (tl.sum(x_lo, 0) + tl.sum(x_hi, 0)) / BLOCK_N
+        d_lo = x_lo - mean
+        d_hi = x_hi - mean
+        rstd = tl.rsqrt((tl.sum(d_lo * d_lo, 0) + tl.sum(d_hi * d_hi, 0)) / BLOCK_N + eps)
+        y_lo = d_lo * rstd * tl.load(w_ptr + lo).to(tl.float32) + tl.load(b_ptr + lo).to(tl.float32)
+        tl.store(out_ptr + row * stride + lo, y_lo.to(out_ptr.dtype.element_ty))
+        y_hi = d_hi * rstd * tl.load(w_ptr + hi).to(tl.float32) + tl.load(b_ptr + hi).to(tl.float32)
+        tl.store(out_ptr + row * stride + hi, y_hi.to(out_ptr.dtype.element_ty))
+    else:
+        cols = tl.arange(0, BLOCK_N)
+        offs = row * stride + cols
+        raw = tl.load(x_ptr + offs)
+        x = raw.to(tl.float32)
+        mean = tl.sum(x, 0) / BLOCK_N
+        dev = x - mean
+        if FORM == 1:
+            rstd = tl.rsqrt(tl.sum(dev * dev, 0) / BLOCK_N + eps)
+            y = dev
+        else:
+            correction, m2 = tl.reduce((dev, dev * dev), 0, add_pairs)
+            mean += correction / BLOCK_N
+            rstd = tl.rsqrt(m2 / BLOCK_N + eps)
+            if FORM == 3:
+                bits = raw.to(tl.int16, bitcast=True)
+                y = bits.to(out_ptr.dtype.element_ty, bitcast=True).to(tl.float32) - mean
+            else:
+                y = x - mean
+        w = tl.load(w_ptr + cols).to(tl.float32)
+        b = tl.load(b_ptr + cols).to(tl.float32)
+        tl.store(out_ptr + offs, (y * rstd * w + b).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, LOAD: tl.constexpr):
+                    BLOCK_N: tl.constexpr, LOAD: tl.constexpr, STORE: tl.constexpr = ""):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
     offs = rows * stride + cols
     x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, 1, keep_dims=True) / BLOCK_N + eps)
     w = tl.load(w_ptr + cols).to(tl.float32)
-    tl.store(out_ptr + offs, (x * rstd * w).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + offs, (x * rstd * w).to(out_ptr.dtype.element_ty), eviction_policy=STORE)
 
 
 @triton.jit
@@ -177,7 +236,8 @@ def norm_persistent_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_rows, stride, eps,
 
 
 @triton.jit
-def rms_norm_looped_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK_N: tl.constexpr):
+def rms_norm_looped_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK_N: tl.constexpr,
+                           STORE: tl.constexpr = ""):
     # Inductor's looped form for long rows (one row a program, sizes as constants, no masks):
     # squares summed per lane, then a second read of the row (from L2) for the outputs
     row = x_ptr + tl.program_id(0).to(tl.int64) * N
@@ -191,7 +251,7 @@ def rms_norm_looped_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK_N:
         cols = start + tl.arange(0, BLOCK_N)
         x = tl.load(row + cols, eviction_policy="evict_first").to(tl.float32)
         w = tl.load(w_ptr + cols, eviction_policy="evict_last").to(tl.float32)
-        tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty))
+        tl.store(out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), eviction_policy=STORE)
 
 
 @triton.jit
@@ -365,6 +425,104 @@ def main() -> None:
             line(f"round {round_} rms_norm probe w={warps}",
                  bench_us(lambda x, o: rms_norm_kernel[(ROWS,)](x, vectors[0], o, N, 1e-6, 1, N, "",
                                                                 num_warps=warps), sets))
+    if "stores" in parts:
+        policies = (("", ""), ("evict_first", ""), ("", "evict_first"),
+                    ("evict_first", "evict_first"), ("", "evict_last"))
+        long_rows, long_n = N, ROWS   # 1024 x 32768
+        long_sets = [(torch.randn(long_rows, long_n, device="cuda", dtype=DTYPE),
+                      torch.empty(long_rows, long_n, device="cuda", dtype=DTYPE)) for _ in range(2)]
+        w_long = torch.randn(long_n, device="cuda", dtype=DTYPE)
+        for round_ in range(3):
+            line(f"round {round_} torch copy", bench_us(lambda x, o: o.copy_(x), sets))
+            for load, store in policies:
+                tag = f"load={load or '-'} store={store or '-'}"
+                line(f"round {round_} copy {tag}",
+                     bench_us(lambda x, o: copy_kernel[(x.numel() // 4096,)](
+                         x, o, 4096, load, store, num_warps=8), sets))
+                line(f"round {round_} softmax {tag}",
+                     bench_us(lambda x, o: softmax_kernel[(ROWS,)](x, o, N, 1, N, load, store,
+                                                                   num_warps=2), sets))
+                line(f"round {round_} layer_norm {tag}",
+                     bench_us(lambda x, o: layer_norm_kernel[(ROWS,)](
+                         x, *vectors, o, N, 1e-5, 1, N, load, store, num_warps=2), sets))
+                line(f"round {round_} rms_norm {tag}",
+                     bench_us(lambda x, o: rms_norm_kernel[(ROWS,)](
+                         x, vectors[0], o, N, 1e-6, 1, N, load, store, num_warps=2), sets))
+            for store in ("", "evict_first"):
+                line(f"round {round_} rms_norm 1024x32768 looped 8192 w=32 store={store or '-'}",
+                     bench_us(lambda x, o: rms_norm_looped_kernel[(long_rows,)](
+                         x, w_long, o, 1e-6, long_n, 8192, store, num_warps=32), long_sets))
+        long_sets = None
+    if "lnregs" in parts:
+        forms = ("generated numerics", "deviations kept", "halves", "raw x kept")
+        for form, label in enumerate(forms):
+            built = layer_norm_regs_kernel[(ROWS,)](*sets[0][:1], *vectors, sets[0][1], N, 1e-5, N,
+                                                    form, num_warps=2)
+            x, out = sets[0]
+            ref = F.layer_norm(x.double(), (N,), *(v.double() for v in vectors), 1e-5)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            print(f"layer_norm {label}: {built.n_regs} registers, {built.n_spills} spills, "
+                  f"error {err:.1e}", flush=True)
+        for round_ in range(3):
+            line(f"round {round_} torch copy", bench_us(lambda x, o: o.copy_(x), sets))
+            for form, label in enumerate(forms):
+                line(f"round {round_} layer_norm {label}",
+                     bench_us(lambda x, o: layer_norm_regs_kernel[(ROWS,)](
+                         x, *vectors, o, N, 1e-5, N, form, num_warps=2), sets))
+    if "maxnreg" in parts:
+        launchers = {
+            "softmax": lambda x, o, **kw: softmax_kernel[(ROWS,)](x, o, N, 1, N, "", "", **kw),
+            "layer_norm": lambda x, o, **kw: layer_norm_kernel[(ROWS,)](x, *vectors, o, N, 1e-5, 1,
+                                                                        N, "", **kw),
+            "rms_norm": lambda x, o, **kw: rms_norm_kernel[(ROWS,)](x, vectors[0], o, N, 1e-6, 1, N,
+                                                                    "", **kw),
+        }
+        caps = (None, 24, 32, 40)
+        for name, launch in launchers.items():
+            for cap in caps:
+                built = launch(*sets[0], num_warps=2, maxnreg=cap)
+                print(f"{name} maxnreg={cap}: {built.n_regs} registers, {built.n_spills} spills",
+                      flush=True)
+        for round_ in range(3):
+            line(f"round {round_} torch copy", bench_us(lambda x, o: o.copy_(x), sets))
+            for (name, launch), cap in itertools.product(launchers.items(), caps):
+                line(f"round {round_} {name} w=2 maxnreg={cap}",
+                     bench_us(lambda x, o: launch(x, o, num_warps=2, maxnreg=cap), sets))
+    if "copytiles" in parts:
+        tiles = [(block, warps) for block, warps in itertools.product(
+            (1024, 2048, 4096, 8192, 16384), (1, 2, 4, 8, 16)) if 8 <= block // (32 * warps) <= 64]
+        for round_ in range(3):
+            line(f"round {round_} torch copy", bench_us(lambda x, o: o.copy_(x), sets))
+            for block, warps in tiles:
+                line(f"round {round_} triton copy BLOCK={block} w={warps} "
+                     f"({block // (32 * warps)} a thread)",
+                     bench_us(lambda x, o: copy_kernel[(x.numel() // block,)](
+                         x, o, block, "", "", num_warps=warps), sets))
+    if "warps" in parts:
+        square = [(torch.randn(4096, 4096, device="cuda", dtype=DTYPE),
+                   torch.empty(4096, 4096, device="cuda", dtype=DTYPE)) for _ in range(2)]
+        square_vectors = [torch.randn(4096, device="cuda", dtype=DTYPE) for _ in range(2)]
+        shapes = (("32768x1024", sets, vectors, (1, 2, 4)),
+                  ("4096x4096", square, square_vectors, (4, 8, 16)))
+        for round_ in range(3):
+            for label, shape_sets, vecs, warp_counts in shapes:
+                rows, n = shape_sets[0][0].shape
+                moved = 2 * rows * n * DTYPE.itemsize
+                line(f"round {round_} {label} torch copy", bench_us(lambda x, o: o.copy_(x),
+                                                                   shape_sets), moved)
+                for warps in warp_counts:
+                    line(f"round {round_} {label} softmax w={warps}",
+                         bench_us(lambda x, o: softmax_kernel[(rows,)](
+                             x, o, n, 1, n, "", "", num_warps=warps), shape_sets), moved)
+                    line(f"round {round_} {label} layer_norm w={warps}",
+                         bench_us(lambda x, o: layer_norm_kernel[(rows,)](
+                             x, *vecs, o, n, 1e-5, 1, n, "", num_warps=warps), shape_sets), moved)
+                    line(f"round {round_} {label} rms_norm w={warps}",
+                         bench_us(lambda x, o: rms_norm_kernel[(rows,)](
+                             x, vecs[0], o, n, 1e-6, 1, n, "", num_warps=warps), shape_sets), moved)
+                line(f"round {round_} {label} generated layer_norm",
+                     bench_us(lambda x, o: generated.layer_norm(x, [n], *vecs), shape_sets), moved)
+        square = None
     if "ops" in parts:
         ops = {
             "softmax": (lambda x, o: generated.softmax(x, -1), lambda x, o: torch.softmax(x, -1)),
