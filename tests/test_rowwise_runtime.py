@@ -24,6 +24,7 @@ def randn(*shape, dtype=torch.float32):
     (lambda x: generated.logsumexp(x, [1, -1]), ValueError, "'dim' names dim 1 more than once"),
     (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),
     (lambda x: generated.logsumexp(x, 1.5), TypeError, "'dim' must be an int or a sequence"),
+    (lambda x: generated.logsumexp(x, 1, 1), TypeError, "argument 'keepdim' must be bool"),
     (lambda x: generated.softmax(x.tolist()), TypeError, "argument 'x' must be a torch.Tensor"),
     (lambda x: generated.softmax(x.double()), TypeError, "argument 'x' has dtype torch.float64"),
     (lambda x: generated.layer_norm(x, [4]), ValueError,
@@ -122,6 +123,10 @@ def test_edge_cases_match_torch():
         with runtime.override(strategy=strategy):
             torch.testing.assert_close(generated.logsumexp(cube, (0, 2)),
                                        torch.logsumexp(cube, (0, 2)))
+            # keepdim: the reduced dims stay as 1s, strides as torch's
+            kept = generated.logsumexp(cube, (0, 2), keepdim=True)
+            torch.testing.assert_close(kept, torch.logsumexp(cube, (0, 2), keepdim=True))
+            assert kept.stride() == torch.logsumexp(cube, (0, 2), keepdim=True).stride()
     rows = randn(6, 37)                      # 37: several 16-wide chunks under the interpreter
     rows[0] = -math.inf
     rows[1, :3] = -math.inf

@@ -124,6 +124,12 @@ CASES = [
      "name 'mu' is used but not declared"),
     ("dims on a tensor", 'x = "tensor"', 'x = { kind = "tensor", dims = ["m"] }', "args.x",
      "row-wise tensors take no 'dims'"),
+    ("keepdim not a bool", 'along = ["weight"]', 'along = ["weight"]\nkeepdim = "eps"',
+     "rows.keepdim", "'eps' is not an argument of kind \"bool\""),
+    ("keepdim without per-row outputs", 'eps = { kind = "float", default = 1e-5 }\n\n[rows]\n',
+     'eps = { kind = "float", default = 1e-5 }\nkeep = { kind = "bool", default = false }\n\n'
+     '[rows]\nkeepdim = "keep"\n', "rows.keepdim",
+     "keepdim shapes the outputs with one value per row"),
 ]
 
 
@@ -135,6 +141,23 @@ def test_spec_error(what, old, new, key, words):
     assert info.value.path == "specs/bad.toml"
     assert info.value.key == key, str(info.value)
     assert words in info.value.message, str(info.value)
+
+
+def test_keepdim_shapes_the_per_row_outputs_on_the_host_only():
+    spec = parse(SOFTMAX.replace('dim = { kind = "int", default = -1 }',
+                                 'dim = { kind = "int", default = -1 }\n'
+                                 'keepdim = { kind = "bool", default = false }')
+                 .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"'))
+    plan = family.plan(spec)
+    assert plan.keepdim == "keepdim"
+    # the kernels never read it, and no expression may
+    assert "keepdim" not in [a.name for a in plan.kernel_scalars]
+    with pytest.raises(SpecError, match="'keepdim' is used but not declared"):
+        parse(SOFTMAX.replace('dim = { kind = "int", default = -1 }',
+                              'dim = { kind = "int", default = -1 }\n'
+                              'keepdim = { kind = "bool", default = false }')
+              .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"')
+              .replace('lse = "max + log(sum)"', 'lse = "where(keepdim, max, sum)"'))
 
 
 def test_chunk_spaces_keep_threads_busy():

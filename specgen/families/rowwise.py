@@ -57,6 +57,7 @@ class RowwiseBody:
     along: tuple[str, ...]               # tensors of the reduced shape, read along each row
     absent: tuple[tuple[str, float], ...]  # the value an omitted optional tensor stands for
     finfo_eps: tuple[str, ...]           # optional floats that mean finfo(x.dtype).eps when None
+    keepdim: str | None                  # a bool argument: per-row outputs keep the reduced dims
     steps: tuple[Step, ...]
     outputs: tuple[Output, ...]
     row_outputs: tuple[str, ...]         # outputs with one value per row (they read no tensor)
@@ -95,6 +96,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     optional_floats = {a.name: "" for a in spec_args
                        if isinstance(a, ScalarArg) and a.type == "float" and a.optional}
     finfo_eps = _names(rows, "finfo_eps", optional_floats, "an optional float argument")
+    keepdim = _parse_keepdim(rows, args)
     rows.finish()
     for arg in spec_args:
         where = top.where.child("args").child(arg.name)
@@ -109,10 +111,14 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
                                                                                   dim):
             raise where.error("a shape argument is only used as [rows] normalized_shape or dim")
 
-    symbols = _symbols(spec_args, dim)
+    symbols = _symbols(spec_args, (dim, keepdim))
     elementwise = set(tensors)
     steps = _parse_steps(top.pop_table("reduce"), symbols, elementwise)
     outputs, row_outputs = _parse_outputs(top.pop_table("compute"), symbols, elementwise)
+    if keepdim and not row_outputs:
+        raise rows.where.child("keepdim").error(
+            "keepdim shapes the outputs with one value per row, and every output of this op is "
+            "element-wise (each reads a tensor)")
     pointwise_outputs = _pointwise_outputs(outputs, row_outputs,
                                            [n for n in tensors if n not in along])
 
@@ -131,7 +137,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             "'online' needs a max step directly followed by a sum of exp(E - max), E being the "
             "expression the max reduces; this op's [reduce] has no such pair")
     schedule.finish()
-    return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, steps, outputs,
+    return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, steps,
+                       outputs,
                        row_outputs, pointwise_outputs, chunks, num_warps, strategy)
 
 
@@ -165,6 +172,20 @@ def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
     return check_type(raw_dim, int, where), None
 
 
+def _parse_keepdim(rows: Table, args: dict) -> str | None:
+    """``[rows] keepdim``: a bool argument, as torch's keepdim=False (an op without it drops the
+    reduced dims from its per-row outputs)."""
+    name = rows.pop("keepdim", str, None)
+    if name is None:
+        return None
+    arg = args.get(name)
+    if not (isinstance(arg, ScalarArg) and arg.type == "bool" and not arg.optional):
+        raise rows.where.child("keepdim").error(
+            f"'{name}' is not an argument of kind \"bool\" (as keepdim = {{ kind = \"bool\", "
+            f"default = false }})")
+    return name
+
+
 def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     table = rows.pop_table("absent", required=False) or Table({}, rows.where.child("absent"))
     absent = {}
@@ -180,15 +201,16 @@ def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[t
     return tuple((n, absent[n]) for n in along if n in absent)
 
 
-def _symbols(spec_args: tuple, dim: str | int | None) -> dict[str, Symbol]:
-    """Names an expression may read: tensors, float/int/bool scalars (not the dim), choices, N."""
+def _symbols(spec_args: tuple, axis_args: tuple) -> dict[str, Symbol]:
+    """Names an expression may read: tensors, float/int/bool scalars (not the dim or keepdim),
+    choices, N."""
     symbols = {N_SYMBOL: Symbol(N_SYMBOL, "scalar")}
     for arg in spec_args:
         if isinstance(arg, TensorArg):
             symbols[arg.name] = Symbol(arg.name, "tensor")
         elif arg.kind == "choice":
             symbols[arg.name] = Symbol(arg.name, "choice", arg.values)
-        elif arg.kind != "shape" and arg.name != dim:
+        elif arg.kind != "shape" and arg.name not in axis_args:
             symbols[arg.name] = Symbol(arg.name, "scalar")
     return symbols
 
@@ -415,6 +437,7 @@ class RowwisePlan(CommonPlan):
     dim: str | int | None = None
     normalized_shape: str | None = None
     finfo_eps: tuple[str, ...] = ()
+    keepdim: str | None = None
     tensors: tuple[TensorPlan, ...] = ()
     steps: tuple[StepPlan, ...] = ()
     variance: int | None = None                # index of the mean of a mean/variance pair
@@ -465,7 +488,8 @@ class RowwisePlan(CommonPlan):
 
     @property
     def kernel_scalars(self) -> tuple:
-        return tuple(a for a in self.scalars if a.name != self.dim)
+        # the dim and keepdim shape the launch on the host; the kernels never read them
+        return tuple(a for a in self.scalars if a.name not in (self.dim, self.keepdim))
 
     @property
     def pointers(self) -> str:
@@ -688,7 +712,8 @@ def plan(spec: OpSpec) -> RowwisePlan:
     common = common_plan(spec, tuple(o.name for o in body.outputs))
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
-        normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, tensors=tuple(tensors),
+        normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
+        tensors=tuple(tensors),
         steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         split_configs=split_configs,

@@ -117,8 +117,11 @@ def check_along(op: str, x: torch.Tensor, reduced: tuple[int, ...],
                              f"{expected} (the reduced dims of the input)")
 
 
-def row_shape(x: torch.Tensor, reduced: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of a per-row output: the input's shape without the reduced dims (keepdim=False)."""
+def row_shape(x: torch.Tensor, reduced: tuple[int, ...], keepdim: bool = False) -> tuple[int, ...]:
+    """The shape of a per-row output: the input's shape without the reduced dims, or with them
+    as 1 (keepdim)."""
+    if keepdim:
+        return tuple(1 if d in reduced else size for d, size in enumerate(x.shape))
     return tuple(size for d, size in enumerate(x.shape) if d not in reduced)
 
 
@@ -188,7 +191,9 @@ def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
     row_sizes = tuple(shape[d] for d in row_d)
     col_sizes = tuple(shape[d] for d in reduced)
     elem_row_strides = [tuple(t.stride(d) for d in row_d) for t in elements]
-    out_row_strides = [tuple(t.stride()) for t in row_outputs]
+    # a per-row output has the row dims, or x's rank when it keeps the reduced dims (as 1)
+    out_row_strides = [tuple(t.stride(d) for d in row_d) if t.dim() == len(shape) else t.stride()
+                       for t in row_outputs]
     row_dims, rsizes, rstrides = _collapsed(op, row_sizes, elem_row_strides + out_row_strides,
                                             ROW_RANK, "row")
     elem_col_strides = [tuple(t.stride(d) for d in reduced) for t in elements]

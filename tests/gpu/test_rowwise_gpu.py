@@ -135,7 +135,8 @@ def test_torch_compile_sees_through_the_ops():
         h = generated.layer_norm(x, [3000], w, b)
         hidden, normed = generated.add_rms_norm(h, x, w)
         return (generated.softmax(h * 2, -1), generated.rms_norm(h, [3000], w), hidden, normed,
-                generated.log_softmax(normed, 0), generated.logsumexp(hidden, [1]))
+                generated.log_softmax(normed, 0), generated.logsumexp(hidden, [1]),
+                generated.logsumexp(hidden, [1], keepdim=True))
 
     compiled = torch.compile(block, fullgraph=True)
     for actual, expected in zip(compiled(x), block(x)):
