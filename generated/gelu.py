@@ -157,8 +157,8 @@ def _check_inputs(x, approximate):
 
 def _gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     tensors, device, shape = _check_inputs(x, approximate)
-    dtype = pointwise.result_dtype(list(tensors.values()))
-    out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
+    result_dtype = pointwise.result_dtype(list(tensors.values()))
+    out = pointwise.empty_output(shape, result_dtype, device, list(tensors.values()))
     _launch(x, approximate, out)
     return out
 

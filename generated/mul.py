@@ -158,8 +158,8 @@ def _check_inputs(x, y):
 
 def _mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     tensors, device, shape = _check_inputs(x, y)
-    dtype = pointwise.result_dtype(list(tensors.values()))
-    out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
+    result_dtype = pointwise.result_dtype(list(tensors.values()))
+    out = pointwise.empty_output(shape, result_dtype, device, list(tensors.values()))
     _launch(x, y, out)
     return out
 

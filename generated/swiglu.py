@@ -160,8 +160,8 @@ def _check_inputs(a, b):
 
 def _swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     tensors, device, shape = _check_inputs(a, b)
-    dtype = pointwise.result_dtype(list(tensors.values()))
-    out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
+    result_dtype = pointwise.result_dtype(list(tensors.values()))
+    out = pointwise.empty_output(shape, result_dtype, device, list(tensors.values()))
     _launch(a, b, out)
     return out
 

@@ -152,8 +152,8 @@ def _check_inputs(x):
 
 def _tanh(x: torch.Tensor) -> torch.Tensor:
     tensors, device, shape = _check_inputs(x)
-    dtype = pointwise.result_dtype(list(tensors.values()))
-    out = pointwise.empty_output(shape, dtype, device, list(tensors.values()))
+    result_dtype = pointwise.result_dtype(list(tensors.values()))
+    out = pointwise.empty_output(shape, result_dtype, device, list(tensors.values()))
     _launch(x, out)
     return out
 

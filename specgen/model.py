@@ -25,7 +25,7 @@ class TensorArg:
 @dataclass(frozen=True)
 class ScalarArg:
     name: str
-    type: str                       # float | int | bool | shape (a list of ints)
+    type: str                       # float | int | bool | shape (a list of ints) | dtype
     default: Union[float, int, bool, tuple[int, ...], None] = None
     optional: bool = False          # may be None (the default); the family says what None means
 

@@ -13,7 +13,7 @@ from specgen.families.common import check_name
 from specgen.model import DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
 from specgen.table import Table, check_type, parse_list
 
-ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape")
+ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape", "dtype")
 _SCALAR_TYPES = {"float": float, "int": int, "bool": bool, "shape": list}
 # names a reference expression may use besides the op's arguments
 REFERENCE_NAMES = ("torch", "F", "math")
@@ -56,6 +56,11 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     op.finish()
 
     args = _parse_args(top.pop_table("args"))
+    for arg in args:
+        if arg.kind == "dtype" and not getattr(family.module, "DTYPE_ARGS", False):
+            raise top.where.child("args").child(arg.name).error(
+                f"the {family_name} family takes no dtype argument (row-wise ops do, as [rows] "
+                f"dtype)")
     _check_reference(reference, reference_where, args,
                      getattr(family.module, "REFERENCE_NAMES", ()))
     body = family.module.parse_body(top, args, name)
@@ -121,6 +126,13 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
                 f"default '{default}' is not one of the values: {', '.join(values)}")
         table.finish()
         return ChoiceArg(name, values, default)
+    if kind == "dtype":
+        # torch's dtype=None: None means the input's dtype, so the argument is always optional
+        if not table.pop("optional", bool, False):
+            raise where.error('a dtype argument defaults to None (the input\'s dtype), as '
+                              'torch\'s: declare it { kind = "dtype", optional = true }')
+        table.finish()
+        return ScalarArg(name, kind, None, True)
     default = table.pop("default", _SCALAR_TYPES[kind], None)
     if kind == "shape" and default is not None:
         # a list of ints, as torch's normalized_shape

@@ -25,6 +25,10 @@ def randn(*shape, dtype=torch.float32):
     (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),
     (lambda x: generated.logsumexp(x, 1.5), TypeError, "'dim' must be an int or a sequence"),
     (lambda x: generated.logsumexp(x, 1, 1), TypeError, "argument 'keepdim' must be bool"),
+    (lambda x: generated.softmax(x, 1, "float32"), TypeError,
+     "argument 'dtype' must be a torch.dtype or None"),
+    (lambda x: generated.log_softmax(x, 1, torch.float64), TypeError,
+     "argument 'dtype' is torch.float64; supported: float16, bfloat16, float32"),
     (lambda x: generated.softmax(x.tolist()), TypeError, "argument 'x' must be a torch.Tensor"),
     (lambda x: generated.softmax(x.double()), TypeError, "argument 'x' has dtype torch.float64"),
     (lambda x: generated.layer_norm(x, [4]), ValueError,
@@ -109,6 +113,36 @@ def test_auto_strategy_and_int64():
     assert [(launch.kernel, launch.index_bits) for launch in launches] == [("single", 32)]
     assert [(launch.kernel, launch.index_bits) for launch in wide] == [("single", 64)]
     torch.testing.assert_close(out, F.rms_norm(x, [33]))
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        runtime.interpreting(), reason="the interpreter rounds float32 to bfloat16 toward zero "
+        "(torch and the GPU round to nearest): the GPU tier runs this case")),
+])
+@pytest.mark.parametrize("strategy", ["single", "looped", "online", "split"])
+def test_dtype_casts_the_input_before_the_op(strategy, dtype):
+    """softmax and log_softmax with dtype= (narrower than x, then wider) against torch's rule."""
+    # values near 256, where bfloat16 keeps only even numbers and float16 quarters: the result
+    # for the cast input differs from the one for the float32 input by far more than an ulp
+    x = 256 + 0.3 * torch.arange(2 * 37, dtype=torch.float32, device=device()).reshape(2, 37)
+    ulp = {torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    with runtime.override(strategy=strategy):
+        for op, ref in ((generated.softmax, torch.softmax),
+                        (generated.log_softmax, torch.log_softmax)):
+            out = op(x, -1, dtype=dtype)
+            assert out.dtype == dtype
+            # within an ulp (of the result's dtype) of the cast input's exact result...
+            torch.testing.assert_close(out.double(), ref(x.to(dtype).double(), -1), rtol=ulp,
+                                       atol=1e-6)
+            # ...and far from the uncast input's
+            assert not torch.allclose(out.double(), ref(x.double(), -1), rtol=4 * ulp,
+                                      atol=1e-6), "x was not cast"
+            # a wider dtype keeps every input bit
+            wide = op(x.to(dtype), 0, dtype=torch.float32)
+            assert wide.dtype == torch.float32
+            torch.testing.assert_close(wide, ref(x.to(dtype).double(), 0).float())
 
 
 def test_edge_cases_match_torch():

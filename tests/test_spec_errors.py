@@ -35,6 +35,12 @@ def test_good_spec_parses():
 
 # (what is wrong, text replaced -> replacement, key path, words of the message)
 CASES = [
+    ("dtype argument outside the row-wise family", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = 1.0 }\ndtype = { kind = "dtype", optional = true }',
+     "args.dtype", "the pointwise family takes no dtype argument"),
+    ("dtype argument not optional", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = 1.0 }\ndtype = { kind = "dtype" }', "args.dtype",
+     "a dtype argument defaults to None"),
     ("unknown key", 'doc = "x + alpha * y"', 'doc = "d"\ndocs = "typo"', "op.docs",
      "unknown key 'docs'; expected one of"),
     ("unknown table", "[compute]", "[extras]\nk = 1\n[compute]", "extras", "unknown table 'extras'"),

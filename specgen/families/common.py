@@ -19,14 +19,15 @@ RESERVED = frozenset({
     "tl", "triton", "torch", "rt", "math", "F", "reference",
     "pid", "tile", "num_tiles", "tiles_m", "tiles_n", "tile_m", "tile_n", "rest", "rows", "cols",
     "mask", "offsets", "numel", "size_m", "size_n", "shape", "space", "grid", "cap", "tensors",
-    "device", "dtype", "scalars", "constexprs", "strides", "outer", "index_64", "meta",
+    "device", "result_dtype", "out_dtype", "scalars", "constexprs", "strides", "outer", "index_64",
+    "meta",
 }) | frozenset(FUNCTIONS)
 # module-level names of a generated module, which the op's own function must not shadow
 OP_RESERVED = frozenset({"torch", "triton", "tl", "rt", "reference", "pointwise", "generated",
                          "specgen", "math", "F"}) | frozenset(callee for _, callee in FUNCTIONS.values())
 
 _ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
-                "shape": "list[int]"}
+                "shape": "list[int]", "dtype": "torch.dtype"}
 
 
 def check_name(name: str, where: Where, what: str) -> None:

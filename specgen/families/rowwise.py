@@ -23,6 +23,8 @@ from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
 OPS = ("sum", "max", "min")
+# a spec may declare a dtype argument (parse.py asks the family), named by [rows] dtype
+DTYPE_ARGS = True
 STRATEGIES = ("auto", "single", "looped", "online", "split")
 # identities the masked lanes of each reduction take, written out in the kernels: torch.compile
 # re-emits a constexpr global by its repr, and tl.constexpr(-inf) would not parse back
@@ -58,6 +60,7 @@ class RowwiseBody:
     absent: tuple[tuple[str, float], ...]  # the value an omitted optional tensor stands for
     finfo_eps: tuple[str, ...]           # optional floats that mean finfo(x.dtype).eps when None
     keepdim: str | None                  # a bool argument: per-row outputs keep the reduced dims
+    dtype: str | None                    # a dtype argument: the row tensor is cast to it first
     steps: tuple[Step, ...]
     outputs: tuple[Output, ...]
     row_outputs: tuple[str, ...]         # outputs with one value per row (they read no tensor)
@@ -97,6 +100,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
                        if isinstance(a, ScalarArg) and a.type == "float" and a.optional}
     finfo_eps = _names(rows, "finfo_eps", optional_floats, "an optional float argument")
     keepdim = _parse_keepdim(rows, args)
+    dtype = _parse_dtype(rows, args, tensors, tensor)
     rows.finish()
     for arg in spec_args:
         where = top.where.child("args").child(arg.name)
@@ -104,14 +108,16 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             raise where.error("row-wise tensors take no 'dims': [rows] sets their shapes")
         if isinstance(arg, TensorArg) and arg.optional and arg.name not in along:
             raise where.error("only tensors read along a row ([rows] along) may be optional")
-        if isinstance(arg, ScalarArg) and arg.optional and arg.name not in finfo_eps:
+        if isinstance(arg, ScalarArg) and arg.type == "dtype" and arg.name != dtype:
+            raise where.error("a dtype argument is only used as [rows] dtype")
+        if isinstance(arg, ScalarArg) and arg.optional and arg.name not in finfo_eps + (dtype,):
             raise where.error("an optional scalar must say what None means: list it in "
                               "[rows] finfo_eps")
         if isinstance(arg, ScalarArg) and arg.type == "shape" and arg.name not in (normalized_shape,
                                                                                   dim):
             raise where.error("a shape argument is only used as [rows] normalized_shape or dim")
 
-    symbols = _symbols(spec_args, (dim, keepdim))
+    symbols = _symbols(spec_args, (dim, keepdim, dtype))
     elementwise = set(tensors)
     steps = _parse_steps(top.pop_table("reduce"), symbols, elementwise)
     outputs, row_outputs = _parse_outputs(top.pop_table("compute"), symbols, elementwise)
@@ -137,8 +143,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             "'online' needs a max step directly followed by a sum of exp(E - max), E being the "
             "expression the max reduces; this op's [reduce] has no such pair")
     schedule.finish()
-    return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, steps,
-                       outputs,
+    return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, dtype,
+                       steps, outputs,
                        row_outputs, pointwise_outputs, chunks, num_warps, strategy)
 
 
@@ -186,6 +192,24 @@ def _parse_keepdim(rows: Table, args: dict) -> str | None:
     return name
 
 
+def _parse_dtype(rows: Table, args: dict, tensors: dict, tensor: str) -> str | None:
+    """``[rows] dtype``: a dtype argument, as torch's softmax(x, dim, dtype=None): the row tensor
+    is cast to it before the op, and the outputs have it (None: the input's dtype)."""
+    name = rows.pop("dtype", str, None)
+    if name is None:
+        return None
+    where = rows.where.child("dtype")
+    arg = args.get(name)
+    if not (isinstance(arg, ScalarArg) and arg.type == "dtype"):
+        raise where.error(f"'{name}' is not an argument of kind \"dtype\" (as dtype = "
+                          f"{{ kind = \"dtype\", optional = true }})")
+    others = [n for n in tensors if n != tensor]
+    if others:
+        raise where.error(f"dtype casts the row tensor '{tensor}' before the op, as torch's "
+                          f"dtype=; this op also reads {', '.join(others)}")
+    return name
+
+
 def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     table = rows.pop_table("absent", required=False) or Table({}, rows.where.child("absent"))
     absent = {}
@@ -201,16 +225,16 @@ def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[t
     return tuple((n, absent[n]) for n in along if n in absent)
 
 
-def _symbols(spec_args: tuple, axis_args: tuple) -> dict[str, Symbol]:
-    """Names an expression may read: tensors, float/int/bool scalars (not the dim or keepdim),
-    choices, N."""
+def _symbols(spec_args: tuple, host_args: tuple) -> dict[str, Symbol]:
+    """Names an expression may read: tensors, float/int/bool scalars (not the dim, keepdim or
+    dtype, which shape the launch on the host), choices, N."""
     symbols = {N_SYMBOL: Symbol(N_SYMBOL, "scalar")}
     for arg in spec_args:
         if isinstance(arg, TensorArg):
             symbols[arg.name] = Symbol(arg.name, "tensor")
         elif arg.kind == "choice":
             symbols[arg.name] = Symbol(arg.name, "choice", arg.values)
-        elif arg.kind != "shape" and arg.name not in axis_args:
+        elif arg.kind != "shape" and arg.name not in host_args:
             symbols[arg.name] = Symbol(arg.name, "scalar")
     return symbols
 
@@ -340,6 +364,7 @@ class TensorPlan:
     role: str                      # row | like | along | out | row_out
     optional: bool = False
     absent: float = 0.0
+    cast: str = ""                 # a dtype the loaded values are rounded to first ([rows] dtype)
 
     @property
     def ptr(self) -> str:
@@ -438,6 +463,7 @@ class RowwisePlan(CommonPlan):
     normalized_shape: str | None = None
     finfo_eps: tuple[str, ...] = ()
     keepdim: str | None = None
+    dtype: str | None = None
     tensors: tuple[TensorPlan, ...] = ()
     steps: tuple[StepPlan, ...] = ()
     variance: int | None = None                # index of the mean of a mean/variance pair
@@ -661,7 +687,11 @@ def plan(spec: OpSpec) -> RowwisePlan:
     body: RowwiseBody = spec.body
     absent = dict(body.absent)
     roles = {body.tensor: "row", **{n: "along" for n in body.along}}
-    tensors = [TensorPlan(t.name, roles.get(t.name, "like"), t.optional, absent.get(t.name, 0.0))
+    # [rows] dtype: the row tensor is cast to the outputs' dtype (the dtype argument, or the
+    # input's own) before the op, as torch casts it; a cast to the same or a wider dtype is exact
+    cast = f"{body.outputs[0].name}_ptr.dtype.element_ty" if body.dtype else ""
+    tensors = [TensorPlan(t.name, roles.get(t.name, "like"), t.optional, absent.get(t.name, 0.0),
+                          cast if t.name == body.tensor else "")
                for t in spec.tensors]
     tensors += [TensorPlan(o.name, "row_out" if o.name in body.row_outputs else "out")
                 for o in body.outputs]
@@ -713,7 +743,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
-        tensors=tuple(tensors),
+        dtype=body.dtype, tensors=tuple(tensors),
         steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         split_configs=split_configs,

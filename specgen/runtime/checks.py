@@ -66,6 +66,17 @@ def check_scalar(op: str, name: str, value: object, kind: type) -> None:
                         f"got {type(value).__name__}")
 
 
+def check_dtype_arg(op: str, name: str, value: object, dtypes: Sequence[torch.dtype]) -> None:
+    """A ``dtype=`` argument: None (the input's dtype) or one of the op's dtypes."""
+    if value is None:
+        return
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{op}: argument '{name}' must be a torch.dtype or None, "
+                        f"got {type(value).__name__}")
+    if value not in dtypes:
+        raise TypeError(f"{op}: argument '{name}' is {value}; supported: {_dtype_list(dtypes)}")
+
+
 def _is_real(tensor: torch.Tensor) -> bool:
     """Real memory to compare (fake tensors under torch.compile have no data pointer)."""
     from torch._subclasses.fake_tensor import is_fake

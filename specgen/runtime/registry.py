@@ -13,7 +13,7 @@ class ArgInfo:
     """One argument of an op, as the property tests need it."""
 
     name: str
-    kind: str                       # tensor | float | int | bool | choice
+    kind: str                       # tensor | float | int | bool | choice | shape | dtype
     default: object = None          # None: required (or an omitted optional tensor)
     optional: bool = False
     choices: tuple[str, ...] = ()

@@ -87,6 +87,13 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
             args[arg.name] = dim
         elif arg.kind == "shape":
             args[arg.name] = list(reduced_shape)
+        elif arg.kind == "dtype":
+            # torch's dtype=: None keeps the input's; any supported dtype, narrower or wider.
+            # The interpreter rounds float32 to bfloat16 toward zero (torch and the GPU to
+            # nearest), so a cast to bfloat16 is drawn in the GPU tier only
+            casts = [d for d in info.dtypes
+                     if not (interpreting() and d == torch.bfloat16 and dtype != d)]
+            args[arg.name] = draw(st.sampled_from((None, *casts)))
         elif arg.kind == "float":
             # eps-like scalars: positive, from tiny to large enough to matter
             value = draw(st.floats(1e-6, 0.5))
@@ -125,6 +132,11 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     if none_floats:
         # torch reads None as finfo(x.dtype).eps; the float64 reference would take float64's
         reference_args = {**args, **{n: torch.finfo(dtype).eps for n in none_floats}}
+    cast = [a.name for a in info.args if a.kind == "dtype" and args[a.name] is not None]
+    if cast:
+        # torch casts x to dtype= first: the float64 reference starts from the cast values
+        notes.append(f"{cast[0]}={args[cast[0]]}")
+        reference_args = {**(reference_args or args), x_name: x.to(args[cast[0]]), cast[0]: None}
 
     forced = draw(knobs())
     rows = math.prod(size for d, size in enumerate(shape) if d not in reduced)
