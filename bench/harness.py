@@ -235,8 +235,10 @@ def table_cells(row: Row, copy_gbps: float) -> list[str]:
     throughput = {impl: throughput_cell(c, ms[impl]) if impl in ms else "-" for impl in IMPLS}
     copy_share = "-"
     if "specgen" in ms and c.flops is None:
-        copy_share = f"{c.bytes_moved / (ms['specgen'] * 1e6) / copy_gbps:.0%}"
-    speedup = f"{ms['compile'] / ms['specgen']:.2f}" if {"specgen", "compile"} <= ms.keys() else "-"
+        # one decimal and three: a cell a target reads (85% of copy, 1x compile) must not round
+        # across it (84.7% is not 85%, 0.996 not 1.00)
+        copy_share = f"{c.bytes_moved / (ms['specgen'] * 1e6) / copy_gbps:.1%}"
+    speedup = f"{ms['compile'] / ms['specgen']:.3f}" if {"specgen", "compile"} <= ms.keys() else "-"
     return [
         f"`{c.op}`", c.shape, dtype_name(c.dtype),
         *(f"{ms[impl]:.3f}" if impl in ms else "-" for impl in IMPLS),
