@@ -144,8 +144,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             "expression the max reduces; this op's [reduce] has no such pair")
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, dtype,
-                       steps, outputs,
-                       row_outputs, pointwise_outputs, chunks, num_warps, strategy)
+                       steps, outputs, row_outputs, pointwise_outputs, chunks, num_warps, strategy)
 
 
 def chunk_pairs(chunks: tuple[int, ...], num_warps: tuple[int, ...]) -> list[tuple[int, int]]:
