@@ -197,10 +197,16 @@ class CommonPlan:
 
     @property
     def scalar_checks(self) -> tuple[str, ...]:
-        """Launcher lines that check scalar and choice arguments (types, allowed values)."""
+        """Launcher lines that check scalar, choice and dtype arguments (types, allowed values)."""
         checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.type})' for a in self.scalars]
         checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
-        return tuple(checks)
+        return (*checks, *self.dtype_checks)
+
+    @property
+    def dtype_checks(self) -> tuple[str, ...]:
+        """Lines that check ``dtype=`` arguments: None or one of the op's dtypes."""
+        return tuple(f'rt.check_dtype_arg(NAME, "{a.name}", {a.name}, DTYPES)'
+                     for a in self.args if a.kind == "dtype")
 
     @property
     def signature_no_out(self) -> str:

@@ -177,35 +177,35 @@ def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
     return check_type(raw_dim, int, where), None
 
 
+def _arg_of_kind(rows: Table, key: str, args: dict, kind: str, optional: bool,
+                 example: str) -> str | None:
+    """``[rows] <key>``: the name of an argument of ``kind`` (``optional`` or not), declared as
+    ``example``; None when the key is absent."""
+    name = rows.pop(key, str, None)
+    arg = args.get(name)
+    if name is not None and not (isinstance(arg, ScalarArg) and arg.type == kind
+                                 and arg.optional == optional):
+        raise rows.where.child(key).error(
+            f"'{name}' is not an argument of kind \"{kind}\" (as {key} = {example})")
+    return name
+
+
 def _parse_keepdim(rows: Table, args: dict) -> str | None:
     """``[rows] keepdim``: a bool argument, as torch's keepdim=False (an op without it drops the
     reduced dims from its per-row outputs)."""
-    name = rows.pop("keepdim", str, None)
-    if name is None:
-        return None
-    arg = args.get(name)
-    if not (isinstance(arg, ScalarArg) and arg.type == "bool" and not arg.optional):
-        raise rows.where.child("keepdim").error(
-            f"'{name}' is not an argument of kind \"bool\" (as keepdim = {{ kind = \"bool\", "
-            f"default = false }})")
-    return name
+    return _arg_of_kind(rows, "keepdim", args, "bool", False,
+                        '{ kind = "bool", default = false }')
 
 
 def _parse_dtype(rows: Table, args: dict, tensors: dict, tensor: str) -> str | None:
     """``[rows] dtype``: a dtype argument, as torch's softmax(x, dim, dtype=None): the row tensor
     is cast to it before the op, and the outputs have it (None: the input's dtype)."""
-    name = rows.pop("dtype", str, None)
-    if name is None:
-        return None
-    where = rows.where.child("dtype")
-    arg = args.get(name)
-    if not (isinstance(arg, ScalarArg) and arg.type == "dtype"):
-        raise where.error(f"'{name}' is not an argument of kind \"dtype\" (as dtype = "
-                          f"{{ kind = \"dtype\", optional = true }})")
+    name = _arg_of_kind(rows, "dtype", args, "dtype", True, '{ kind = "dtype", optional = true }')
     others = [n for n in tensors if n != tensor]
-    if others:
-        raise where.error(f"dtype casts the row tensor '{tensor}' before the op, as torch's "
-                          f"dtype=; this op also reads {', '.join(others)}")
+    if name is not None and others:
+        raise rows.where.child("dtype").error(
+            f"dtype casts the row tensor '{tensor}' before the op, as torch's dtype=; this op "
+            f"also reads {', '.join(others)}")
     return name
 
 
@@ -672,6 +672,24 @@ class RowwisePlan(CommonPlan):
     @property
     def launch_args(self) -> str:
         return self.launch_params
+
+    @property
+    def out_dtype_lines(self) -> tuple[str, ...]:
+        """Lines before the outputs are allocated: the dtype they take under ``[rows] dtype``."""
+        if not self.dtype:
+            return ()
+        return ("# dtype=None keeps the input's",
+                f"out_dtype = {self.row_tensor}.dtype if {self.dtype} is None else {self.dtype}")
+
+    @property
+    def out_dtype(self) -> str:
+        return "out_dtype" if self.dtype else f"{self.row_tensor}.dtype"
+
+    @property
+    def row_shape_call(self) -> str:
+        """The shape of a per-row output: without the reduced dims, or with them as 1s."""
+        keepdim = f", {self.keepdim}" if self.keepdim else ""
+        return f"rowwise.row_shape({self.row_tensor}, reduced{keepdim})"
 
     @property
     def output_list(self) -> str:
