@@ -8,7 +8,6 @@ generated ops and torch.compile at the same shapes, and two forms of cross_entro
 logsumexp (a chunk max per step, or a per-lane max with one exp per element).
 
 Parts (default: all; about a minute each):
-  copy     torch's and Triton's copy of 32768x1024 bf16 under each load/store eviction policy
   rowwise  softmax, layer_norm, rms_norm tiles (rows a program x warps) as tutorial kernels
   ops      our softmax/layer_norm/rms_norm/sum next to torch.compile at the same shapes
   rowsum   row-sum tiles, persistent grids, and the same kernel over 1 GiB (the read ceiling)
@@ -20,9 +19,10 @@ Parts (default: all; about a minute each):
            (programs per SM x warps x pipeline stages) next to the one-row-a-program tutorial form
   lnforms  layer_norm a row a program: weight and bias loaded first, one reduction instead of two,
            no weight and bias; next to softmax and rms_norm of the same form, three rounds
-  stores   eviction policies of the loads and the stores together (evict_first on both leaves the
-           flush's dirty lines in L2 instead of writing them back): copy, the three row ops a row
-           a program at 32768x1024 and looped rms_norm at 1024x32768, three interleaved rounds
+  stores   eviction policies of the loads and the stores together (would evict_first on both leave
+           the flush's dirty lines in L2 unwritten? it does not: docs/performance.md 000f): torch's
+           and Triton's copy, the three row ops a row a program at 32768x1024 and looped rms_norm
+           at 1024x32768, three interleaved rounds
   copytiles Triton's copy of 32768x1024 bf16 over tile sizes and warps (elements a thread, bytes in
            flight) next to torch's copy (the driver's memcpy), three rounds
   maxnreg  the three row ops a row a program on 2 warps under register caps (more programs resident
@@ -52,7 +52,7 @@ from specgen.kernel_lib import add_pairs
 ROWS, N = 32768, 1024
 DTYPE = torch.bfloat16
 LOG2E = tl.constexpr(1.4426950408889634)
-PARTS = ("copy", "ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist", "lnforms",
+PARTS = ("ops", "rowwise", "rowsum", "lse", "long", "repeat", "persist", "lnforms",
          "stores", "warps", "copytiles", "maxnreg", "lnregs")
 
 
@@ -373,12 +373,6 @@ def main() -> None:
     import generated
 
     vectors = [torch.randn(N, device="cuda", dtype=DTYPE) for _ in range(2)]
-    if "copy" in parts:
-        line("torch copy 32768x1024 bf16", bench_us(lambda x, o: o.copy_(x), sets))
-        for load, store in itertools.product(("", "evict_first", "evict_last"), ("", "evict_first")):
-            line(f"triton copy load={load or '-'} store={store or '-'}",
-                 bench_us(lambda x, o: copy_kernel[(x.numel() // 4096,)](x, o, 4096, load, store,
-                                                                          num_warps=8), sets))
     if "rowwise" in parts:
         tiles = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 4), (4, 8))
         for (bm, warps), load in itertools.product(tiles, ("", "evict_first")):
@@ -427,7 +421,8 @@ def main() -> None:
                                                                 num_warps=warps), sets))
     if "stores" in parts:
         policies = (("", ""), ("evict_first", ""), ("", "evict_first"),
-                    ("evict_first", "evict_first"), ("", "evict_last"))
+                    ("evict_first", "evict_first"), ("", "evict_last"), ("evict_last", ""),
+                    ("evict_last", "evict_first"))
         long_rows, long_n = N, ROWS   # 1024 x 32768
         long_sets = [(torch.randn(long_rows, long_n, device="cuda", dtype=DTYPE),
                       torch.empty(long_rows, long_n, device="cuda", dtype=DTYPE)) for _ in range(2)]
