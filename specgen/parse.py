@@ -59,8 +59,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     for arg in args:
         if arg.kind == "dtype" and not getattr(family.module, "DTYPE_ARGS", False):
             raise top.where.child("args").child(arg.name).error(
-                f"the {family_name} family takes no dtype argument (row-wise ops do, as [rows] "
-                f"dtype)")
+                f"the {family_name} family takes no dtype argument (row-wise and reduce ops do)")
     _check_reference(reference, reference_where, args,
                      getattr(family.module, "REFERENCE_NAMES", ()))
     body = family.module.parse_body(top, args, name)

@@ -42,6 +42,11 @@ def parse(text):
      "'argmax' returns an index: it takes no 'map'"),
     ('map = "x * x"', 'dim = "sometimes"', "reduce.dim", "expected one of optional, required"),
     ('x = "tensor"', 'x = "tensor"\ny = "tensor"', "args", "exactly one tensor argument"),
+    ('x = "tensor"', 'x = "tensor"\nd = { kind = "dtype", optional = true }\n'
+     'e = { kind = "dtype", optional = true }', "args", "at most one dtype argument"),
+    ('x = "tensor"', 'x = "tensor"\nkeepdim = { kind = "dtype", optional = true }',
+     "args.keepdim", "'keepdim' is the name of an argument the family adds"),
+
     ('map = "x * x"', 'map = "x"\n[tuning]\nINNER = [[3, 64]]', "tuning.INNER",
      "expected [kept, reduced] pairs of powers of two"),
     ('reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"', 'reference = "torch.sum(x, dims)"',
@@ -56,6 +61,14 @@ def test_reduce_spec_errors(old, new, key, words):
         parse(SUM.replace(old, new, 1))
     assert str(err.value).startswith(f"specs/bad.toml: [{key}]: "), str(err.value)
     assert words in str(err.value), str(err.value)
+
+
+def test_index_reductions_take_no_dtype():
+    text = SUM.replace('map = "x * x"', "").replace('combine = "sum"', 'combine = "argmin"')
+    text = text.replace('x = "tensor"', 'x = "tensor"\nd = { kind = "dtype", optional = true }')
+    with pytest.raises(SpecError, match=r"^specs/bad.toml: \[args.d\]: 'argmin' returns an "
+                                        r"int64 index: it takes no dtype argument"):
+        parse(text)
 
 
 def test_cross_entropy_spec_checks_signature():
@@ -179,6 +192,52 @@ def test_prod_of_signed_values_matches_torch(strategy):
         for dim in (0, 1):
             torch.testing.assert_close(generated.prod(x, dim), torch.prod(x.double(), dim).float(),
                                        rtol=1e-4, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        runtime.interpreting(), reason="the interpreter rounds float32 to bfloat16 toward zero "
+        "(torch and the GPU round to nearest): the GPU tier runs this case")),
+])
+@pytest.mark.parametrize("strategy", [None, "inner", "outer", "split", "atomic", "last"])
+def test_dtype_casts_the_input_before_the_reduction(strategy, dtype):
+    """sum, mean and prod with dtype= (narrower than x, then wider) against torch's rule."""
+    # each column: k values v just above 256 (v rounds down to 256 in dtype) and k of -256, so
+    # the cast input sums to 0 and the float32 one to k * (v - 256); a product of values just
+    # above 1 (each rounds to 1) is 1 for the cast input, far above 1 for the float32 one
+    k, step = 24, {torch.float16: 0.1, torch.bfloat16: 0.9}[dtype]
+    column = torch.cat([torch.full((k,), 256 + step), torch.full((k,), -256.0)])
+    signed = column[:, None].expand(2 * k, 3).contiguous()
+    near_one = torch.full((2 * k, 3), 1 + step / 256)
+    if strategy == "atomic":
+        cases = [(generated.sum, torch.sum, signed)]   # atomics add: sum only
+    else:
+        cases = [(generated.sum, torch.sum, signed), (generated.mean, torch.mean, signed),
+                 (generated.prod, torch.prod, near_one)]
+    with runtime.override(strategy=strategy):
+        for op, ref, x in cases:
+            for t, dim in ((x, 0), (x.t(), 1)):     # the reduced dim strided, then contiguous
+                out = op(t, dim, dtype=dtype)
+                assert out.dtype == dtype
+                want = ref(t.to(dtype).double(), dim)
+                torch.testing.assert_close(out.double(), want, rtol=2**-7, atol=1e-6)
+                # ...far from the result for the uncast input
+                assert not torch.allclose(out.double(), ref(t.double(), dim), rtol=1e-3,
+                                          atol=1e-3), f"{op.__name__}: x was not cast"
+                # a wider dtype keeps every input bit
+                wide = op(t.to(dtype), dim, dtype=torch.float32)
+                assert wide.dtype == torch.float32
+                torch.testing.assert_close(wide, want.float())
+
+
+def test_dtype_argument_errors():
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError, match="argument 'dtype' must be a torch.dtype or None"):
+        generated.sum(x, 1, dtype="float16")
+    with pytest.raises(TypeError, match="argument 'dtype' is torch.int64; supported"):
+        generated.mean(x, 1, dtype=torch.int64)
+    assert generated.sum(x, 1, False, torch.float16).dtype == torch.float16   # positional, too
 
 
 def test_launches_are_recorded_with_their_strategy():

@@ -3,7 +3,9 @@
 Spec tables: ``[reduce]`` (``combine``, optional ``map`` and ``finish`` expressions, ``dim``),
 ``[tuning]`` (``INNER`` and ``OUTER`` tiles, ``num_warps``) and ``[schedule]``
 (``launch``). The op's signature is ``name(x, dim=None, keepdim=False)`` (``dim`` required when
-``dim = "required"``); the family adds ``dim`` and ``keepdim``, so the spec declares only the tensor.
+``dim = "required"``); the family adds ``dim`` and ``keepdim``, so the spec declares the tensor and
+at most one optional ``dtype`` argument, torch's ``dtype=`` of ``sum``/``mean``/``prod``: it comes
+last in the signature, ``x`` is cast to it before the reduction and the result has it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (ArgPlan, CommonPlan, common_plan, power_of_two_list,
                                      tile_pairs)
-from specgen.model import OpSpec, TensorArg
+from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
 
@@ -27,6 +29,8 @@ COMBINES = {
     "argmax": ('float("-inf")', "index"),
     "argmin": ('float("inf")', "index"),
 }
+# a spec may declare a dtype argument (parse.py asks the family): torch's dtype= of a reduction
+DTYPE_ARGS = True
 DIM_MODES = ("optional", "required")
 LAUNCHES = ("flat", "persistent")
 # names the reference may use besides the declared arguments: the family adds them to the signature
@@ -36,6 +40,7 @@ REFERENCE_NAMES = ("dim", "keepdim")
 @dataclass(frozen=True)
 class ReduceBody:
     combine: str
+    dtype: str | None                    # the dtype argument: x is cast to it, the result has it
     map_source: str | None
     map_expr: object
     finish_expr: object
@@ -49,9 +54,10 @@ class ReduceBody:
 def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     args_where = top.where.child("args")
     tensors = [a for a in spec_args if isinstance(a, TensorArg)]
-    if len(spec_args) != 1 or len(tensors) != 1:
-        raise args_where.error("a reduce op takes exactly one tensor argument (the family adds "
-                               "'dim' and 'keepdim')")
+    dtypes = [a for a in spec_args if isinstance(a, ScalarArg) and a.type == "dtype"]
+    if len(tensors) != 1 or len(dtypes) > 1 or len(spec_args) != len(tensors) + len(dtypes):
+        raise args_where.error("a reduce op takes exactly one tensor argument and at most one "
+                               "dtype argument (the family adds 'dim' and 'keepdim')")
     if name in HELPERS:
         # the generated module imports the specgen.reduce_lib helper of that name
         raise top.where.child("op").child("name").error(
@@ -59,8 +65,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     x = tensors[0]
     if x.optional or x.dims:
         raise args_where.child(x.name).error("a reduce op's tensor takes no 'optional' or 'dims'")
-    if x.name in REFERENCE_NAMES:
-        raise args_where.child(x.name).error(f"'{x.name}' is the name of an argument the family adds")
+    for arg in spec_args:
+        if arg.name in REFERENCE_NAMES:
+            raise args_where.child(arg.name).error(
+                f"'{arg.name}' is the name of an argument the family adds")
 
     table = top.pop_table("reduce")
     combine = table.pop_choice("combine", tuple(COMBINES))
@@ -71,6 +79,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     if is_index and (map_source or finish_source):
         key = "map" if map_source else "finish"
         raise table.where.child(key).error(f"'{combine}' returns an index: it takes no '{key}'")
+    dtype = dtypes[0].name if dtypes else None
+    if is_index and dtype:
+        raise args_where.child(dtype).error(
+            f"'{combine}' returns an int64 index: it takes no dtype argument")
     map_expr = parse_expr(map_source, table.where.child("map"), symbols) if map_source else None
     finish_symbols = {"acc": Symbol("acc", "value"), "N": Symbol("N", "value")}
     finish_expr = (parse_expr(finish_source, table.where.child("finish"), finish_symbols)
@@ -95,8 +107,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     launch = schedule.pop_choice("launch", LAUNCHES, "flat")
     schedule.finish()
-    return ReduceBody(combine, map_source, map_expr, finish_expr, dim, inner, outer, num_warps,
-                      launch)
+    return ReduceBody(combine, dtype, map_source, map_expr, finish_expr, dim, inner, outer,
+                      num_warps, launch)
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class ReducePlan(CommonPlan):
     identity: str = "0.0"
     index: bool = False             # argmax/argmin: the result is an int64 index
     x: str = "x"
+    dtype: str | None = None        # the dtype argument: x is cast to it before the reduction
     map_code: str = ""              # "" when elements are combined as loaded
     finish_code: str = "result"
     dim_required: bool = False
@@ -136,6 +149,15 @@ class ReducePlan(CommonPlan):
                 "outer": min(c["BLOCK_K"] for c in self.outer_configs)}
 
     @property
+    def out_dtype(self) -> str:
+        """The result's dtype: int64 for an index, else the dtype argument or x's."""
+        if self.index:
+            return "torch.int64"
+        if self.dtype:
+            return f"{self.x}.dtype if {self.dtype} is None else {self.dtype}"
+        return f"{self.x}.dtype"
+
+    @property
     def max_tile(self) -> int:
         return max(c["BLOCK_K"] * c["BLOCK_R"] for c in self.inner_configs + self.outer_configs)
 
@@ -164,17 +186,22 @@ def plan(spec: OpSpec) -> ReducePlan:
     # kind "dim": one int (argmax/argmin), "dims": an int or a tuple; optional: None is allowed
     dim_info = f'rt.ArgInfo("dim", "{"dim" if index else "dims"}"'
     dim_info += ", optional=True)" if body.dim == "optional" else ")"
-    infos = common.arg_infos + (dim_info, 'rt.ArgInfo("keepdim", "bool", default=False)')
-    fields = {**common.__dict__, "args": common.args + extra, "arg_infos": infos}
+    extra_infos = (dim_info, 'rt.ArgInfo("keepdim", "bool", default=False)')
+    # torch's order: the tensor, dim, keepdim, then dtype (the spec declares the tensor first)
+    tensor_at = next(i for i, a in enumerate(common.args) if a.kind == "tensor")
+    rest = [i for i in range(len(common.args)) if i != tensor_at]
+    args = (common.args[tensor_at], *extra, *(common.args[i] for i in rest))
+    infos = (common.arg_infos[tensor_at], *extra_infos, *(common.arg_infos[i] for i in rest))
+    fields = {**common.__dict__, "args": args, "arg_infos": infos}
     called = set()
     for expr in (body.map_expr, body.finish_expr):
         if expr is not None:
             called |= helpers(expr)
-    return ReducePlan(**fields, helpers=tuple(sorted(called)), combine=body.combine, identity=identity, index=index, x=x,
-                      map_code=map_code, finish_code=finish_code,
-                      dim_required=body.dim == "required", inner_configs=configs(body.inner_tiles),
-                      outer_configs=configs(body.outer_tiles),
-                      launch=body.launch)
+    return ReducePlan(**fields, helpers=tuple(sorted(called)), combine=body.combine,
+                      identity=identity, index=index, x=x, dtype=body.dtype, map_code=map_code,
+                      finish_code=finish_code, dim_required=body.dim == "required",
+                      inner_configs=configs(body.inner_tiles),
+                      outer_configs=configs(body.outer_tiles), launch=body.launch)
 
 
 def scaffold(name: str) -> str:

@@ -169,6 +169,20 @@ def scalar_value(draw, arg) -> Any:
     return draw(st.booleans())
 
 
+def dtype_arg(draw, dtypes: tuple[torch.dtype, ...], x_dtype: torch.dtype) -> torch.dtype | None:
+    """A value for torch's ``dtype=``: None keeps the input's; any supported dtype, narrower or
+    wider. The interpreter rounds float32 to bfloat16 toward zero (torch and the GPU to nearest),
+    so a cast to bfloat16 is drawn in the GPU tier only."""
+    casts = [d for d in dtypes if not (interpreting() and d == torch.bfloat16 and x_dtype != d)]
+    return draw(st.sampled_from((None, *casts)))
+
+
+def cast_first(args: dict[str, Any], x_name: str, dtype_name: str) -> dict[str, Any]:
+    """Reference arguments for a call with ``dtype=``: torch casts x to it before the op, so the
+    float64 reference starts from the cast values (and takes no dtype, which would round it)."""
+    return {**args, x_name: args[x_name].to(args[dtype_name]), dtype_name: None}
+
+
 @st.composite
 def knobs(draw) -> dict[str, Any]:
     """Forced launch choices: int64 indexing, small persistent grids, any config of the space."""

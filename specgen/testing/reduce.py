@@ -8,7 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo
-from specgen.testing.core import Case, knobs, layouts, make_tensor, shapes
+from specgen.testing.core import Case, cast_first, dtype_arg, knobs, layouts, make_tensor, shapes
 
 # a reduction of n float32 terms carries error growing with n; the output rounding dominates below
 _REDUCE_TOLERANCES = {
@@ -68,9 +68,17 @@ def reduce_cases(draw, info: OpInfo) -> Case:
             flat[draw(st.integers(0, flat.numel() - 1))] = draw(st.sampled_from(
                 [float("nan"), 3.0, -3.0]))
             flat[draw(st.integers(0, flat.numel() - 1))] = 3.0
-    return Case({"x": x, "dim": dim, "keepdim": keepdim}, (), overrides,
-                describe=f"x: {shape} {dtype} {layout} {tuple(x.stride())}; dim={dim!r} "
-                         f"keepdim={keepdim}", tolerances=_REDUCE_TOLERANCES)
+    args = {"x": x, "dim": dim, "keepdim": keepdim}
+    describe = f"x: {shape} {dtype} {layout} {tuple(x.stride())}; dim={dim!r} keepdim={keepdim}"
+    reference_args = None
+    if any(a.kind == "dtype" for a in info.args):
+        # torch's dtype= (sum, mean, prod), drawn after any in-place change to x
+        args["dtype"] = dtype_arg(draw, info.dtypes, dtype)
+        describe += f" dtype={args['dtype']}"
+        if args["dtype"] is not None:
+            reference_args = cast_first(args, "x", "dtype")
+    return Case(args, (), overrides, describe=describe, tolerances=_REDUCE_TOLERANCES,
+                reference_args=reference_args)
 
 
 def _empty_reduction(shape: tuple[int, ...], dim) -> bool:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
 from specgen.runtime.rowwise import single_fits
-from specgen.testing.core import Case, knobs, layouts, make_tensor, max_numel, scalar_value, shapes
+from specgen.testing.core import (Case, cast_first, dtype_arg, knobs, layouts, make_tensor,
+                                  max_numel, scalar_value, shapes)
 
 # float32 sums over a row round at every step; the bound grows a little with the length
 TOLERANCES = {
@@ -88,12 +89,7 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
         elif arg.kind == "shape":
             args[arg.name] = list(reduced_shape)
         elif arg.kind == "dtype":
-            # torch's dtype=: None keeps the input's; any supported dtype, narrower or wider.
-            # The interpreter rounds float32 to bfloat16 toward zero (torch and the GPU to
-            # nearest), so a cast to bfloat16 is drawn in the GPU tier only
-            casts = [d for d in info.dtypes
-                     if not (interpreting() and d == torch.bfloat16 and dtype != d)]
-            args[arg.name] = draw(st.sampled_from((None, *casts)))
+            args[arg.name] = dtype_arg(draw, info.dtypes, dtype)
         elif arg.kind == "float":
             # eps-like scalars: positive, from tiny to large enough to matter
             value = draw(st.floats(1e-6, 0.5))
@@ -134,9 +130,8 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
         reference_args = {**args, **{n: torch.finfo(dtype).eps for n in none_floats}}
     cast = [a.name for a in info.args if a.kind == "dtype" and args[a.name] is not None]
     if cast:
-        # torch casts x to dtype= first: the float64 reference starts from the cast values
         notes.append(f"{cast[0]}={args[cast[0]]}")
-        reference_args = {**(reference_args or args), x_name: x.to(args[cast[0]]), cast[0]: None}
+        reference_args = cast_first(reference_args or args, x_name, cast[0])
 
     forced = draw(knobs())
     rows = math.prod(size for d, size in enumerate(shape) if d not in reduced)

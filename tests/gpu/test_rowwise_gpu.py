@@ -136,7 +136,9 @@ def test_torch_compile_sees_through_the_ops():
         hidden, normed = generated.add_rms_norm(h, x, w)
         return (generated.softmax(h * 2, -1), generated.rms_norm(h, [3000], w), hidden, normed,
                 generated.log_softmax(normed, 0), generated.logsumexp(hidden, [1]),
-                generated.logsumexp(hidden, [1], keepdim=True))
+                generated.logsumexp(hidden, [1], keepdim=True),
+                generated.softmax(h, -1, dtype=torch.float32),
+                generated.log_softmax(x.float(), -1, dtype=torch.bfloat16))
 
     compiled = torch.compile(block, fullgraph=True)
     for actual, expected in zip(compiled(x), block(x)):
