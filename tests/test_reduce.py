@@ -123,7 +123,9 @@ def test_auto_strategy(shape, dims, expected, monkeypatch):
 
 
 def test_last_launches_once_and_resets_its_tickets():
-    x = torch.randn(300, 70, generator=torch.Generator().manual_seed(0))
+    # drawn on the CPU (the seeded generator is a CPU one), then moved to the tier's device
+    x = torch.randn(300, 70, generator=torch.Generator().manual_seed(0),
+                    device="cpu").to(testing.device())
     for dim in (0, None, 1):
         with runtime.record_launches() as log, runtime.override(strategy="last"):
             # float32 partial sums of up to 21000 values: a few 1e-5 off the float64 sum
