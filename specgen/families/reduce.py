@@ -214,6 +214,8 @@ reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"
 
 [args]
 x = "tensor"
+# torch's dtype= (x is cast to it first; the reference then passes dtype=dtype):
+# dtype = {{ kind = "dtype", optional = true }}
 
 [reduce]
 combine = "sum"
