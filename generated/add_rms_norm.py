@@ -213,6 +213,8 @@ def _add_rms_norm_single_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     if ROW_LOOP:
         # a capped grid: each program walks blocks of rows
@@ -418,6 +420,8 @@ def _add_rms_norm_looped_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     if ROW_LOOP:
         # a capped grid: each program walks blocks of rows
@@ -477,6 +481,8 @@ def _add_rms_norm_split0_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     n_float = N * 1.0  # N as a float, for scales such as 1 / N
     # each split covers an equal share of the row, rounded up to whole chunks
@@ -582,6 +588,8 @@ def _add_rms_norm_split_out_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     n_float = N * 1.0  # N as a float, for scales such as 1 / N
     # each split covers an equal share of the row, rounded up to whole chunks

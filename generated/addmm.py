@@ -77,6 +77,9 @@ def _addmm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    beta = tl.cast(beta, tl.float32)
+    alpha = tl.cast(alpha, tl.float32)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     if INDEX_64:
@@ -147,6 +150,9 @@ def _addmm_tma_kernel(
     """The direct kernel for Hopper and later: A and B tiles are copied by TMA (no addresses or
     masks in the K loop: the copy zero-fills past M, N and K), and a grid of one program per
     multiprocessor walks the output tiles, so no program waits to start."""
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    beta = tl.cast(beta, tl.float32)
+    alpha = tl.cast(alpha, tl.float32)
     # a descriptor's last dim is the contiguous one: an operand stored the other way round is
     # described as stored, and its tiles are transposed for the dot (a view, not a copy)
     if A_K_MAJOR:
@@ -283,6 +289,9 @@ def _addmm_reduce_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """Split-K stage 2: sums the workspace slices in a fixed order, then the epilogue."""
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    beta = tl.cast(beta, tl.float32)
+    alpha = tl.cast(alpha, tl.float32)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     if INDEX_64:

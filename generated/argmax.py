@@ -112,6 +112,8 @@ def _argmax_kernel(
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
         kept_tiles = kept_tiles.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    count = tl.cast(count, tl.float32)
 
     num_tiles = kept_tiles * num_splits
     for tile in range(pid, num_tiles, tl.num_programs(0)):

@@ -96,6 +96,8 @@ def _cross_entropy_forward_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    label_smoothing = tl.cast(label_smoothing, tl.float32)
 
     if pid == 0:
         # the denominator "none" leaves (the finish kernel overwrites it for "mean" and "sum")
@@ -193,6 +195,8 @@ def _cross_entropy_backward_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    label_smoothing = tl.cast(label_smoothing, tl.float32)
 
     denom = tl.load(denom_ptr)
     # sum_c w_c, which the label-smoothing term multiplies the softmax by

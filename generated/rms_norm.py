@@ -197,6 +197,8 @@ def _rms_norm_single_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     if ROW_LOOP:
         # a capped grid: each program walks blocks of rows
@@ -378,6 +380,8 @@ def _rms_norm_looped_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     if ROW_LOOP:
         # a capped grid: each program walks blocks of rows
@@ -432,6 +436,8 @@ def _rms_norm_split0_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     n_float = N * 1.0  # N as a float, for scales such as 1 / N
     # each split covers an equal share of the row, rounded up to whole chunks
@@ -524,6 +530,8 @@ def _rms_norm_split_out_kernel(
     if INDEX_64:
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
+    # float32 under torch.compile too (Inductor passes Python floats as float64)
+    eps = tl.cast(eps, tl.float32)
 
     n_float = N * 1.0  # N as a float, for scales such as 1 / N
     # each split covers an equal share of the row, rounded up to whole chunks

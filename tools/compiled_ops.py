@@ -2,20 +2,27 @@
 
 Users call the generated ops in eager code or inside compiled graphs, where Inductor launches
 our Triton kernels itself. For each case this prints whether the compiled result equals the eager
-one bit for bit (else the largest difference), both do_bench times (bench/'s timing: L2 flushed,
-median), and the lines of Inductor's wrapper code that launch our kernels (grid, num_warps), so a
-launch Inductor makes differently from ours shows.
+one bit for bit (else how many elements differ and by how much), the do_bench times (bench/'s
+timing: L2 flushed, median), the kernels' device time a call (torch.profiler) and the host time
+a call, then the lines of Inductor's wrapper that launch our kernels and the specialization
+(`tt.divisibility`) it compiled them with. With ``--code DIR`` each case's generated wrapper
+code is written there.
 
-Usage: PYTHONPATH=. python3 tools/compiled_ops.py
+Usage: PYTHONPATH=. python3 tools/compiled_ops.py [--code DIR]
 """
 
 from __future__ import annotations
+
+import argparse
+import pathlib
+import re
 
 import torch
 from torch._inductor.utils import run_and_get_code
 
 import generated
 from bench.harness import bench_ms
+from tools.profile_cases import host_us, kernels
 
 DTYPE = torch.bfloat16
 
@@ -27,7 +34,9 @@ def cases():
     w_short, b_short = (torch.randn(1024, device="cuda", dtype=DTYPE) for _ in range(2))
     w_long = torch.randn(32768, device="cuda", dtype=DTYPE)
     w_few = torch.randn(262144, device="cuda", dtype=DTYPE)
-    a, b = (torch.randn(4096, 4096, device="cuda", dtype=DTYPE) for _ in range(2))
+    a, b, c = (torch.randn(4096, 4096, device="cuda", dtype=DTYPE) for _ in range(3))
+    logits = torch.randn(4096, 32000, device="cuda", dtype=DTYPE)
+    target = torch.randint(0, 32000, (4096,), device="cuda")
     return {
         "layer_norm 32768x1024": (lambda x: generated.layer_norm(x, [1024], w_short, b_short),
                                   wide),
@@ -36,11 +45,19 @@ def cases():
         "rms_norm 8x262144 (split)": (lambda x: generated.rms_norm(x, [262144], w_few), few),
         "sum(x, -1) 32768x1024": (lambda x: generated.sum(x, -1), wide),
         "sum(x, 0) 32768x1024": (lambda x: generated.sum(x, 0), wide),
+        "mean(x, -1) 32768x1024": (lambda x: generated.mean(x, -1), wide),
         "mm 4096^3": (lambda x: generated.mm(x, b), a),
+        "addmm 4096^3, beta 0.5, alpha 0.3": (lambda x: generated.addmm(c, x, b, beta=0.5,
+                                                                         alpha=0.3), a),
+        "cross_entropy 4096x32000, smoothing 0.1": (
+            lambda x: generated.cross_entropy(x, target, label_smoothing=0.1), logits),
     }
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--code", type=pathlib.Path, help="write each case's wrapper code here")
+    args = parser.parse_args()
     for name, (fn, x) in cases().items():
         torch._dynamo.reset()
         eager = fn(x)
@@ -52,13 +69,23 @@ def main() -> None:
             diff = (compiled.double() - eager.double()).abs()
             parity = (f"differ: {int((diff > 0).sum())} of {diff.numel()} elements, max "
                       f"{diff.max().item():.3g}")
-        eager_ms, compiled_ms = bench_ms(lambda: fn(x)), bench_ms(lambda: compiled_fn(x))
-        print(f"{name:32s} eager {eager_ms * 1e3:7.1f} us  compiled {compiled_ms * 1e3:7.1f} us"
-              f"  {parity}", flush=True)
+        print(f"== {name}: {parity}", flush=True)
+        for label, call in (("eager", fn), ("compiled", compiled_fn)):
+            device = ", ".join(f"{kernel} {us:.1f} us x{n}" for kernel, us, n in kernels(call, (x,)))
+            print(f"   {label:8s} do_bench {bench_ms(lambda: call(x)) * 1e3:6.1f} us, host "
+                  f"{host_us(call, (x,)):5.1f} us a call; device: {device}", flush=True)
         for code in codes:
             for line in code.splitlines():
-                if ".run(" in line or "num_warps" in line:
-                    print("    " + line.strip()[:200])
+                if ".run(" in line:
+                    print("   " + line.strip()[:160])
+            # the specialization Inductor compiled our kernels with: which arguments it told
+            # Triton are multiples of 16 (pointers: 16-byte aligned)
+            for meta in re.findall(r"'configs': \[\{.*?\}\]", code):
+                print("   " + meta[:300])
+            if args.code:
+                args.code.mkdir(parents=True, exist_ok=True)
+                slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+                (args.code / f"{slug}.py").write_text(code)
 
 
 if __name__ == "__main__":

@@ -192,6 +192,22 @@ class CommonPlan:
         return tuple(a for a in self.args if a.kind in ("float", "int", "bool"))
 
     @property
+    def float_args(self) -> tuple[str, ...]:
+        """The float scalar arguments, which kernels take as float32 (templates: float32_args)."""
+        return tuple(a.name for a in self.args if a.kind == "float")
+
+    @property
+    def float32_lines(self) -> tuple[str, ...]:
+        """A kernel's first lines: its float scalar arguments as float32. Triton's launcher passes
+        a Python float as float32, torch.compile's (Inductor) as float64, which would carry the
+        math around it in float64: slower (layer_norm 32768x1024 bf16 on the H200: 43.1 us of
+        device time against 33.7) and not the eager result."""
+        if not self.float_args:
+            return ()
+        return ("# float32 under torch.compile too (Inductor passes Python floats as float64)",
+                *(f"{name} = tl.cast({name}, tl.float32)" for name in self.float_args))
+
+    @property
     def choices(self) -> tuple[ArgPlan, ...]:
         return tuple(a for a in self.args if a.kind == "choice")
 

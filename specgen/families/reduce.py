@@ -149,6 +149,11 @@ class ReducePlan(CommonPlan):
                 "outer": min(c["BLOCK_K"] for c in self.outer_configs)}
 
     @property
+    def float_args(self) -> tuple[str, ...]:
+        # no float argument of the op's reaches the kernel; the element count does, for finish
+        return ("count",)
+
+    @property
     def out_dtype(self) -> str:
         """The result's dtype: int64 for an index, else the dtype argument or x's."""
         if self.index:

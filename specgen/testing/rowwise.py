@@ -163,8 +163,10 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
 
     The interpreter runs kernels as plain Python, so it accepts what the compiler rejects (a
     loop-carried value whose shape changes, a non-constexpr where one is needed). Both index widths
-    and the deepest row and column splits are compiled, with bf16 tensors. Needs Triton's NVIDIA
-    backend (ptxas ships with it) and no TRITON_INTERPRET. Returns one line per kernel.
+    and the deepest row and column splits are compiled, with bf16 tensors and float arguments as
+    float64, as torch.compile passes them: a kernel must take them to float32 at once, and one
+    that computes in float64 raises. Needs Triton's NVIDIA backend (ptxas ships with it) and no
+    TRITON_INTERPRET. Returns one line per kernel.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -172,6 +174,7 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
 
     from specgen.runtime.rowwise import COL_RANK, ROW_RANK
 
+    floats = {arg.name for arg in module.ARGS if arg.kind == "float"}
     done = []
     for name, kernel in sorted(vars(module).items()):
         if not name.endswith("_kernel"):
@@ -191,9 +194,16 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
                     constants[(i,)] = constexprs[arg]
                 elif arg.endswith("_ptr"):
                     signature[arg] = "*fp32" if arg == "ws_ptr" else "*bf16"
+                elif arg in floats:
+                    signature[arg] = "fp64"
                 else:
                     signature[arg] = "i64" if index_64 else "i32"
-            triton.compile(ASTSource(fn, signature, constants),
-                           target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+            binary = triton.compile(ASTSource(fn, signature, constants),
+                                    target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+            # float64 may appear in the parameters and their one truncation to float32, not after
+            wide = [line.strip() for line in binary.asm["ttgir"].splitlines()
+                    if "f64" in line and "arith.truncf" not in line and "tt.func" not in line]
+            if wide:
+                raise AssertionError(f"{name}: float64 math under torch.compile: {wide[:3]}")
             done.append(f"{name} int{64 if index_64 else 32}")
     return done

@@ -133,9 +133,7 @@ def test_torch_compile_sees_through_the_ops():
 
     def block(x):
         # every op once (Inductor re-emits each kernel with the helpers it calls by name), each
-        # on the graph's input or on an exact Inductor result (x * 2): chained through bfloat16
-        # results, a one-ulp difference of an upstream output grows in a later cancellation
-        # (hidden = h + x near 0; seen on the H200 as 0.0156 off at 0.125)
+        # on the graph's input or on an exact Inductor result (x * 2)
         doubled = x * 2
         hidden, normed = generated.add_rms_norm(doubled, residual, w)
         return {
@@ -153,10 +151,10 @@ def test_torch_compile_sees_through_the_ops():
 
     compiled = torch.compile(block, fullgraph=True)(x)
     for name, expected in block(x).items():
-        # the compiled graph may run other configs (other float32 summation orders): an ulp or
-        # two of the result's dtype
-        torch.testing.assert_close(compiled[name], expected, rtol=1.6e-2, atol=1e-2,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        # the same single-tile kernels (rows of 3000 and 512: no autotuning), and float scalars
+        # as float32 in both (Inductor passes eps as float64; the kernels cast it): bit for bit
+        assert torch.equal(compiled[name], expected), (
+            f"{name}: {int((compiled[name] != expected).sum())} elements differ")
     # the split strategy (several kernels and a workspace) under compile as well
     long = torch.randn(4, 65536, device="cuda", dtype=torch.bfloat16)
     compiled_long = torch.compile(lambda t: generated.layer_norm(t, [65536]), fullgraph=True)
