@@ -5,15 +5,17 @@ our Triton kernels itself. For each case this prints whether the compiled result
 one bit for bit (else how many elements differ and by how much), the do_bench times (bench/'s
 timing: L2 flushed, median), the kernels' device time a call (torch.profiler) and the host time
 a call, then the lines of Inductor's wrapper that launch our kernels and the specialization
-(`tt.divisibility`) it compiled them with. With ``--code DIR`` each case's generated wrapper
-code is written there.
+(`tt.divisibility`) it compiled them with, and the configs its autotuning chose for ours. With
+``--code DIR`` each case's generated wrapper code is written there.
 
-Usage: PYTHONPATH=. python3 tools/compiled_ops.py [--code DIR]
+Usage: PYTHONPATH=. python3 tools/compiled_ops.py [--code DIR] [--only SUBSTRING ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import pathlib
 import re
 
@@ -22,7 +24,7 @@ from torch._inductor.utils import run_and_get_code
 
 import generated
 from bench.harness import bench_ms
-from tools.profile_cases import host_us, kernels
+from tools.profile_cases import host_us, kernels, launch_module
 
 DTYPE = torch.bfloat16
 
@@ -57,9 +59,16 @@ def cases():
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--code", type=pathlib.Path, help="write each case's wrapper code here")
+    parser.add_argument("--only", action="append", help="cases whose name contains this")
     args = parser.parse_args()
+    # the configs Inductor's autotuning chose for our autotuned kernels: <hash>.best_config files
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_*")
+    seen = set(glob.glob(f"{cache}/**/*.best_config", recursive=True))
     for name, (fn, x) in cases().items():
+        if args.only and not any(part in name for part in args.only):
+            continue
         torch._dynamo.reset()
+        tuned_before = set(launch_module._tuned)
         eager = fn(x)
         compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False)
         compiled, codes = run_and_get_code(compiled_fn, x)
@@ -86,6 +95,12 @@ def main() -> None:
                 args.code.mkdir(parents=True, exist_ok=True)
                 slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
                 (args.code / f"{slug}.py").write_text(code)
+        for key, config in launch_module._tuned.items():
+            if key not in tuned_before:
+                print(f"   eager tuner chose for {key[0].fn.__name__}: {config}")
+        for path in sorted(set(glob.glob(f"{cache}/**/*.best_config", recursive=True)) - seen):
+            seen.add(path)
+            print(f"   Inductor chose: {pathlib.Path(path).read_text()[:200]}")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,27 @@ def test_int32_is_kept_below_the_limit():
     assert [launch.index_bits for launch in launches] == [32]
 
 
+def test_compiled_graphs_run_the_configs_eager_tuning_chose():
+    # autotuned kernels (the looped and split row kernels, the reduce kernel, the matmul) traced
+    # after eager calls of the same launches run those calls' configs, so the compiled results
+    # are the eager ones bit for bit (Inductor's own tuning picks others: other summation orders)
+    torch._dynamo.reset()
+    many = torch.randn(256, 20000, device="cuda", dtype=torch.bfloat16)   # looped
+    few = torch.randn(8, 65536, device="cuda", dtype=torch.bfloat16)      # split
+    w_many = torch.randn(20000, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(384, 640, device="cuda", dtype=torch.bfloat16)
+
+    def graph(many, few, a, b):
+        return (generated.rms_norm(many, [20000], w_many), generated.layer_norm(few, [65536]),
+                generated.sum(many, -1), generated.mm(a, b))
+
+    eager = graph(many, few, a, b)
+    compiled = torch.compile(graph, fullgraph=True)(many, few, a, b)
+    for index, (want, got) in enumerate(zip(eager, compiled)):
+        assert torch.equal(got, want), f"output {index}: {int((got != want).sum())} differ"
+
+
 def test_torch_compile_sees_through_the_ops():
     x = torch.randn(512, 3000, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn(512, 3000, device="cuda", dtype=torch.bfloat16)
