@@ -193,7 +193,7 @@ class CommonPlan:
 
     @property
     def float_args(self) -> tuple[str, ...]:
-        """The float scalar arguments, which kernels take as float32 (templates: float32_args)."""
+        """The float scalar arguments, which kernels take as float32 first (float32_lines)."""
         return tuple(a.name for a in self.args if a.kind == "float")
 
     @property
