@@ -218,6 +218,13 @@ class CommonPlan:
         checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
         return (*checks, *self.dtype_checks)
 
+    @staticmethod
+    def dtype_arg_result(tensor: str, dtype_arg: str | None) -> str:
+        """The dtype of a result under torch's ``dtype=`` (``dtype_arg``, None: the input's)."""
+        if dtype_arg is None:
+            return f"{tensor}.dtype"
+        return f"{tensor}.dtype if {dtype_arg} is None else {dtype_arg}"
+
     @property
     def dtype_checks(self) -> tuple[str, ...]:
         """Lines that check ``dtype=`` arguments: None or one of the op's dtypes."""

@@ -156,11 +156,7 @@ class ReducePlan(CommonPlan):
     @property
     def out_dtype(self) -> str:
         """The result's dtype: int64 for an index, else the dtype argument or x's."""
-        if self.index:
-            return "torch.int64"
-        if self.dtype:
-            return f"{self.x}.dtype if {self.dtype} is None else {self.dtype}"
-        return f"{self.x}.dtype"
+        return "torch.int64" if self.index else self.dtype_arg_result(self.x, self.dtype)
 
     @property
     def max_tile(self) -> int:

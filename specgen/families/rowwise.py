@@ -679,7 +679,7 @@ class RowwisePlan(CommonPlan):
         if not self.dtype:
             return ()
         return ("# dtype=None keeps the input's",
-                f"out_dtype = {self.row_tensor}.dtype if {self.dtype} is None else {self.dtype}")
+                f"out_dtype = {self.dtype_arg_result(self.row_tensor, self.dtype)}")
 
     @property
     def out_dtype(self) -> str:
