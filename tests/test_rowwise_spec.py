@@ -153,20 +153,16 @@ def test_spec_error(what, old, new, key, words):
 
 
 def test_keepdim_shapes_the_per_row_outputs_on_the_host_only():
-    spec = parse(SOFTMAX.replace('dim = { kind = "int", default = -1 }',
-                                 'dim = { kind = "int", default = -1 }\n'
-                                 'keepdim = { kind = "bool", default = false }')
-                 .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"'))
-    plan = family.plan(spec)
+    text = (SOFTMAX.replace('dim = { kind = "int", default = -1 }',
+                            'dim = { kind = "int", default = -1 }\n'
+                            'keepdim = { kind = "bool", default = false }')
+            .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"'))
+    plan = family.plan(parse(text))
     assert plan.keepdim == "keepdim"
     # the kernels never read it, and no expression may
     assert "keepdim" not in [a.name for a in plan.kernel_scalars]
     with pytest.raises(SpecError, match="'keepdim' is used but not declared"):
-        parse(SOFTMAX.replace('dim = { kind = "int", default = -1 }',
-                              'dim = { kind = "int", default = -1 }\n'
-                              'keepdim = { kind = "bool", default = false }')
-              .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"')
-              .replace('lse = "max + log(sum)"', 'lse = "where(keepdim, max, sum)"'))
+        parse(text.replace('lse = "max + log(sum)"', 'lse = "where(keepdim, max, sum)"'))
 
 
 def test_chunk_spaces_keep_threads_busy():
