@@ -753,7 +753,8 @@ def add_rms_norm(x, residual, weight, eps=1e-06):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x, residual, weight))
     rt.check_tensor_types(NAME, {"x": x, "residual": residual, "weight": weight})
-    # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "eps", eps, float)
     if rt.runs_eagerly(x, residual, weight):
         # nothing traces or differentiates this call: skip the dispatcher

@@ -392,6 +392,8 @@ def addmm(c, a, b, beta=1.0, alpha=1.0):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((c, a, b))
     rt.check_tensor_types(NAME, {"a": a, "b": b, "c": c})
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "beta", beta, float)
     rt.check_scalar(NAME, "alpha", alpha, float)
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)

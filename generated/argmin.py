@@ -112,8 +112,6 @@ def _argmin_kernel(
         # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
         pid = pid.to(tl.int64)
         kept_tiles = kept_tiles.to(tl.int64)
-    # float32 under torch.compile too (Inductor passes Python floats as float64)
-    count = tl.cast(count, tl.float32)
 
     num_tiles = kept_tiles * num_splits
     for tile in range(pid, num_tiles, tl.num_programs(0)):
@@ -223,6 +221,9 @@ def argmin(x, dim, keepdim=False):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x,))
     rt.check_tensor_types(NAME, {"x": x})
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
+    rt.check_scalar(NAME, "keepdim", keepdim, bool)
     if dim is not None:
         reduction.normalize_dims(NAME, dim, x.dim(), single=True)
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)

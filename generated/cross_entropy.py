@@ -246,8 +246,8 @@ def _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothi
     device = rt.check_tensors(NAME, {"logits": logits}, DTYPES)
     rt.check_tensor_types(NAME, {"target": target, "weight": weight})
     rt.check_scalar(NAME, "ignore_index", ignore_index, int)
-    rt.check_choice(NAME, "reduction", reduction, REDUCTIONS)
     rt.check_scalar(NAME, "label_smoothing", label_smoothing, float)
+    rt.check_choice(NAME, "reduction", reduction, ('none', 'mean', 'sum'))
     if logits.dim() != 2:
         raise ValueError(f"{NAME}: argument 'logits' must be 2-D (rows, classes), "
                          f"got shape {tuple(logits.shape)}")
@@ -450,7 +450,11 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mea
         return _eager_forward(logits, target, weight, ignore_index, reduction, label_smoothing,
                               found=(key, replay))[0]
     rt.check_tensor_types(NAME, {"logits": logits, "target": target, "weight": weight})
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
+    rt.check_scalar(NAME, "ignore_index", ignore_index, int)
     rt.check_scalar(NAME, "label_smoothing", label_smoothing, float)
+    rt.check_choice(NAME, "reduction", reduction, ('none', 'mean', 'sum'))
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing))
     # untraced calls run the implementation directly (through _EagerAutograd when the logits
     # need a gradient); traced ones (torch.compile, modes, subclasses) go through the registered

@@ -190,6 +190,9 @@ def gelu(x, approximate='none', *, out=None):
     rt.check_tensor_types(NAME, {"x": x})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
+    rt.check_choice(NAME, "approximate", approximate, ('none', 'tanh'))
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     eager = rt.runs_eagerly(x, *outs)

@@ -766,7 +766,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x, weight, bias))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
-    # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "eps", eps, float)
     normalized_shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     if rt.runs_eagerly(x, weight, bias):

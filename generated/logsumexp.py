@@ -763,7 +763,8 @@ def logsumexp(x, dim, keepdim=False):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x,))
     rt.check_tensor_types(NAME, {"x": x})
-    # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "keepdim", keepdim, bool)
     dim = rowwise.as_shape(NAME, "dim", dim)
     if rt.runs_eagerly(x):

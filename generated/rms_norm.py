@@ -655,7 +655,7 @@ def _check_inputs(x, normalized_shape, weight, eps):
     if eps is None:
         # None means the machine epsilon of the input's dtype, as torch does
         eps = torch.finfo(x.dtype).eps
-    rt.check_scalar(NAME, "eps", eps, float)
+    rt.check_scalar(NAME, "eps", eps, float, optional=True)
     shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     reduced = rowwise.reduced_by_shape(NAME, "normalized_shape", x, shape)
     rowwise.check_like(NAME, "x", x, {})
@@ -684,9 +684,9 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x, weight))
     rt.check_tensor_types(NAME, {"x": x, "weight": weight})
-    # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
-    if eps is not None:
-        rt.check_scalar(NAME, "eps", eps, float)
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
+    rt.check_scalar(NAME, "eps", eps, float, optional=True)
     normalized_shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     if rt.runs_eagerly(x, weight):
         # nothing traces or differentiates this call: skip the dispatcher

@@ -869,7 +869,8 @@ def softmax(x, dim=-1, dtype=None):
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x,))
     rt.check_tensor_types(NAME, {"x": x})
-    # scalars are checked here too: the dispatcher's own error for a wrong type names no argument
+    # scalars are checked here too, so that a traced call raises the eager error (the
+    # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "dim", dim, int)
     rt.check_dtype_arg(NAME, "dtype", dtype, DTYPES)
     if rt.runs_eagerly(x):

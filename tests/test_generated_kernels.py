@@ -17,10 +17,7 @@ import generated
 
 
 def _float_args(info) -> set[str]:
-    names = {arg.name for arg in info.args if arg.kind == "float"}
-    if info.family == "reduce":
-        names.add("count")     # the element count, passed as a float for finish expressions
-    return names
+    return {arg.name for arg in info.args if arg.kind == "float"}
 
 
 def _entry_kernels(module) -> list[ast.FunctionDef]:

@@ -214,9 +214,19 @@ class CommonPlan:
     @property
     def scalar_checks(self) -> tuple[str, ...]:
         """Launcher lines that check scalar, choice and dtype arguments (types, allowed values)."""
-        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.type})' for a in self.scalars]
+        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.type}'
+                  + (", optional=True)" if a.default_code == "None" else ")") for a in self.scalars]
         checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
         return (*checks, *self.dtype_checks)
+
+    @property
+    def public_checks(self) -> tuple[str, ...]:
+        """The public function's scalar_checks, made before it picks the eager or the traced path."""
+        if not self.scalar_checks:
+            return ()
+        return ("# scalars are checked here too, so that a traced call raises the eager error (the",
+                "# dispatcher raises its own RuntimeError, and takes an int for a bool)",
+                *self.scalar_checks)
 
     @staticmethod
     def dtype_arg_result(tensor: str, dtype_arg: str | None) -> str:

@@ -120,6 +120,7 @@ class ReducePlan(CommonPlan):
     dtype: str | None = None        # the dtype argument: x is cast to it before the reduction
     map_code: str = ""              # "" when elements are combined as loaded
     finish_code: str = "result"
+    finish_reads_count: bool = False  # the finish expression reads N, the element count
     dim_required: bool = False
     inner_configs: tuple[dict, ...] = ()
     outer_configs: tuple[dict, ...] = ()
@@ -149,9 +150,13 @@ class ReducePlan(CommonPlan):
                 "outer": min(c["BLOCK_K"] for c in self.outer_configs)}
 
     @property
-    def float_args(self) -> tuple[str, ...]:
-        # no float argument of the op's reaches the kernel; the element count does, for finish
-        return ("count",)
+    def first_lines(self) -> tuple[str, ...]:
+        """The kernel's lines after the program id: float arguments as float32, and the element
+        count as a float where the finish expression reads it (the launcher passes it as an int,
+        as every launcher passes ints alike)."""
+        if not self.finish_reads_count:
+            return self.float32_lines
+        return (*self.float32_lines, "n_float = count * 1.0  # the element count as a float")
 
     @property
     def out_dtype(self) -> str:
@@ -171,8 +176,9 @@ def plan(spec: OpSpec) -> ReducePlan:
     map_code = emit(body.map_expr, {x: "x"}) if body.map_expr is not None else ""
     if map_code == "x":
         map_code = ""
-    finish_code = (emit(body.finish_expr, {"acc": "result", "N": "count"})
+    finish_code = (emit(body.finish_expr, {"acc": "result", "N": "n_float"})
                    if body.finish_expr is not None else "result")
+    reads_count = body.finish_expr is not None and "N" in body.finish_expr.names
     warps = body.num_warps
 
     def configs(tiles):
@@ -200,7 +206,8 @@ def plan(spec: OpSpec) -> ReducePlan:
             called |= helpers(expr)
     return ReducePlan(**fields, helpers=tuple(sorted(called)), combine=body.combine,
                       identity=identity, index=index, x=x, dtype=body.dtype, map_code=map_code,
-                      finish_code=finish_code, dim_required=body.dim == "required",
+                      finish_code=finish_code, finish_reads_count=reads_count,
+                      dim_required=body.dim == "required",
                       inner_configs=configs(body.inner_tiles),
                       outer_configs=configs(body.outer_tiles), launch=body.launch)
 

@@ -59,7 +59,11 @@ def check_choice(op: str, name: str, value: object, choices: Sequence[str]) -> N
         raise ValueError(f"{op}: argument '{name}' must be one of {allowed}, got {value!r}")
 
 
-def check_scalar(op: str, name: str, value: object, kind: type) -> None:
+def check_scalar(op: str, name: str, value: object, kind: type, optional: bool = False) -> None:
+    """A scalar argument of type ``kind`` (an int passes for a float, a bool for nothing else);
+    ``optional``: None passes too."""
+    if optional and value is None:
+        return
     accepted = (int, float) if kind is float else (kind,)
     if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
         raise TypeError(f"{op}: argument '{name}' must be {kind.__name__}, "

@@ -235,7 +235,7 @@ class Level:
     """One launch of the reduce kernel: its scalar arguments, constexprs and grid."""
 
     tiles: str                # which config list tiles it: "inner" or "outer"
-    args: tuple[int | float, ...]   # num_kept ... count, then the kept and reduced space arguments
+    args: tuple[int, ...]   # num_kept ... count, then the kept and reduced space arguments
     kept_dims: int
     red_dims: int
     stage: int
@@ -289,7 +289,9 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape
     num_kept, num_red = prob.kept.numel, prob.reduced.numel
     if num_kept == 0:
         return None
-    count = float(num_red)
+    # the element count of the whole reduction, for finish expressions (mean's acc / N): a
+    # split launch's later levels reduce fewer partials than that
+    count = num_red
     strategy = choose(op, prob, device, launch, combine, dict(split_block_k), one_launch)
     cap = max_programs(device, launch)
     spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
