@@ -9,6 +9,7 @@ a call, then the lines of Inductor's wrapper that launch our kernels and the spe
 ``--code DIR`` each case's generated wrapper code is written there.
 
 Usage: PYTHONPATH=. python3 tools/compiled_ops.py [--code DIR] [--only SUBSTRING ...]
+[--rounds N]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--code", type=pathlib.Path, help="write each case's wrapper code here")
     parser.add_argument("--only", action="append", help="cases whose name contains this")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     args = parser.parse_args()
     # the configs Inductor's autotuning chose for our autotuned kernels: <hash>.best_config files
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_*")
@@ -79,10 +81,14 @@ def main() -> None:
             parity = (f"differ: {int((diff > 0).sum())} of {diff.numel()} elements, max "
                       f"{diff.max().item():.3g}")
         print(f"== {name}: {parity}", flush=True)
-        for label, call in (("eager", fn), ("compiled", compiled_fn)):
-            device = ", ".join(f"{kernel} {us:.1f} us x{n}" for kernel, us, n in kernels(call, (x,)))
-            print(f"   {label:8s} do_bench {bench_ms(lambda: call(x)) * 1e3:6.1f} us, host "
-                  f"{host_us(call, (x,)):5.1f} us a call; device: {device}", flush=True)
+        # interleaved rounds: a compute-bound kernel heats the GPU and its clocks drop, so the
+        # impl timed second in a single round would pay for the first one's heat
+        for _ in range(args.rounds):
+            for label, call in (("eager", fn), ("compiled", compiled_fn)):
+                device = ", ".join(f"{kernel} {us:.1f} us x{n}"
+                                   for kernel, us, n in kernels(call, (x,)))
+                print(f"   {label:8s} do_bench {bench_ms(lambda: call(x)) * 1e3:6.1f} us, host "
+                      f"{host_us(call, (x,)):5.1f} us a call; device: {device}", flush=True)
         for code in codes:
             for line in code.splitlines():
                 if ".run(" in line:
