@@ -48,7 +48,6 @@ CONFIGS = (
 )
 # masked lanes past the end of a row still form offsets
 MAX_TILE = 4096
-REDUCTIONS = ("none", "mean", "sum")
 TARGET_DTYPES = (torch.int64,)  # as torch: class indices are int64
 # rows per step of the kernel that reduces the per-row losses
 FINISH_BLOCK = 1024
