@@ -195,3 +195,28 @@ def test_interpreter_runs_any_forced_config_and_otherwise_the_first_untuned(monk
     assert len(chunked) == 1 + len(rows.CHUNKED_CONFIGS)
     assert chunked[0].kwargs == {k: v for k, v in rows.INTERPRETER_CONFIG.items()
                                  if k != "num_warps"}
+
+
+def test_stand_ins_copy_each_layout_and_keep_one_tensor_one():
+    # a traced launch is tuned on stand-ins (launch.tune_on_stand_ins): real tensors laid out as
+    # the tracer's fake ones, so that the kernel reads and writes what the real launch would
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+    launch_module = importlib.import_module("specgen.runtime.launch")
+    sources = (torch.randn(5, 7)[1:, 2:].t(),        # transposed, with a storage offset
+               torch.randn(7)[None].expand(3, 7),      # a broadcast (stride-0) dim
+               torch.zeros(4, dtype=torch.int64),      # indices: zeros, so reads stay in range
+               torch.empty(0, 3)[:, 1:])               # no elements, still an offset
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) for t in sources]
+    made = {}
+    reals = [launch_module.stand_in(t, made) for t in fakes]
+    assert launch_module.stand_in(fakes[0], made) is reals[0], "one tensor passed twice"
+    for fake, real in zip(fakes, reals):
+        assert not is_fake(real)
+        assert (real.shape, real.stride(), real.storage_offset(), real.dtype, real.device) == \
+            (fake.shape, fake.stride(), fake.storage_offset(), fake.dtype, fake.device)
+    assert reals[0].isfinite().all() and reals[0].std() > 0.5, "random floats, never zeros"
+    assert (reals[2] == 0).all()
+    # nothing to tune on where the launch cannot be repeated on a GPU
+    kernel = importlib.import_module("generated.sum").inner_kernel
+    assert not launch_module.tune_on_stand_ins(kernel, (1,), reals, {}, ("key",))

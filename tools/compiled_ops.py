@@ -9,7 +9,7 @@ a call, then the lines of Inductor's wrapper that launch our kernels and the spe
 ``--code DIR`` each case's generated wrapper code is written there.
 
 Usage: PYTHONPATH=. python3 tools/compiled_ops.py [--code DIR] [--only SUBSTRING ...]
-[--rounds N]
+[--rounds N] [--compile-first]
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--code", type=pathlib.Path, help="write each case's wrapper code here")
     parser.add_argument("--only", action="append", help="cases whose name contains this")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--compile-first", action="store_true",
+                        help="call the compiled graph before any eager call")
     args = parser.parse_args()
     # the configs Inductor's autotuning chose for our autotuned kernels: <hash>.best_config files
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_*")
@@ -71,9 +73,14 @@ def main() -> None:
             continue
         torch._dynamo.reset()
         tuned_before = set(launch_module._tuned)
-        eager = fn(x)
         compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False)
-        compiled, codes = run_and_get_code(compiled_fn, x)
+        if args.compile_first:
+            # a program that only ever runs compiled: its launches are tuned at trace time
+            compiled, codes = run_and_get_code(compiled_fn, x)
+            eager = fn(x)
+        else:
+            eager = fn(x)
+            compiled, codes = run_and_get_code(compiled_fn, x)
         if torch.equal(compiled, eager):
             parity = "bitwise equal"
         else:
@@ -103,7 +110,7 @@ def main() -> None:
                 (args.code / f"{slug}.py").write_text(code)
         for key, config in launch_module._tuned.items():
             if key not in tuned_before:
-                print(f"   eager tuner chose for {key[0].fn.__name__}: {config}")
+                print(f"   our tuner chose for {key[0].fn.__name__}: {config}")
         for path in sorted(set(glob.glob(f"{cache}/**/*.best_config", recursive=True)) - seen):
             seen.add(path)
             print(f"   Inductor chose: {pathlib.Path(path).read_text()[:200]}")

@@ -13,6 +13,7 @@ import triton
 from torch.library import wrap_triton
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
+from torch.utils._python_dispatch import _disable_current_modes
 from triton.runtime import _allocation
 
 from specgen.runtime import replay
@@ -245,14 +246,15 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
         # no environment variable)
         config = forced_config(kernel, args, kwargs, 0)
-    elif not direct and (key in _tuned or kernel.reset_to_zero):
-        # traced (torch.compile), a kernel runs the config eager tuning chose for this launch when
-        # there is one, so that a compiled graph computes what eager calls do, bit for bit. Else
-        # Inductor tunes it, by its own benchmarking: H200, rms_norm 1024x32768 bf16 took 4096-wide
-        # chunks on 16 warps there (41.6 us of device time) where ours took 8192 on 32 (34.8 us;
-        # tools/compiled_ops.py). Inductor benchmarks without a kernel's reset_to_zero hook, so
-        # atomic targets would keep every trial's sums: such a kernel runs the first config that
-        # fits when eager has not tuned it
+    elif not direct and (key in _tuned or kernel.reset_to_zero
+                         or tune_on_stand_ins(kernel, grid, args, kwargs, key)):
+        # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
+        # that a compiled graph computes what eager calls do, bit for bit; a launch eager has not
+        # tuned is tuned here, on stand-ins. Left to Inductor, which tunes by its own
+        # benchmarking, H200, rms_norm 1024x32768 bf16 took 4096-wide chunks on 16 warps (41.6 us
+        # of device time) where ours took 8192 on 32 (34.8 us; tools/compiled_ops.py). Inductor
+        # benchmarks without a kernel's reset_to_zero hook, so atomic targets would keep every
+        # trial's sums: such a kernel runs the first config that fits when eager has not tuned it
         config = _tuned.get(key) or forced_config(kernel, args, kwargs, 0)
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
@@ -270,6 +272,50 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     kwargs = {**kwargs, **meta}
     compiled = fn[grid](*args, **kwargs)
     replay.note_launch(fn, grid, args, kwargs, compiled)
+
+
+def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kwargs: Mapping,
+                      key: tuple) -> bool:
+    """Tunes a traced launch as an eager one would be, on real tensors that stand in for the
+    tracer's (same device, dtype, sizes, strides and storage offset; random floats, zero
+    integers, so that an index read from them stays in range), and keeps the config under
+    ``key``. False, tuning nothing, where the launch cannot be repeated for real: symbolic sizes
+    (dynamic shapes), a tensor off the GPU, a stream being captured into a CUDA graph. The stand-ins
+    take as much memory as the launch's own tensors, for the time of the tuning."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    scalars = [a for a in (*args, *kwargs.values()) if not isinstance(a, torch.Tensor)]
+    if (not tensors or not torch.cuda.is_available()
+            or any(t.device.type != "cuda" for t in tensors)
+            or not all(type(v) in (int, float, bool, str, type(None)) for v in scalars)
+            or not all(type(n) is int for t in tensors for n in (*t.shape, *t.stride(),
+                                                                t.storage_offset()))
+            or torch.cuda.is_current_stream_capturing()):
+        return False
+    # outside the tracer's modes (fake tensors, proxies, functionalization): real allocations
+    with _disable_current_modes():
+        made: dict[int, torch.Tensor] = {}
+        real = [stand_in(a, made) if isinstance(a, torch.Tensor) else a for a in args]
+        kernel[grid](*real, **kwargs)
+    if len(_tuned) >= _TUNED_LIMIT:
+        _tuned.clear()
+    _tuned[key] = kernel.best_config
+    return True
+
+
+def stand_in(tensor: torch.Tensor, made: dict[int, torch.Tensor]) -> torch.Tensor:
+    """A real tensor laid out as ``tensor``; one per tensor (``made``, by id), so that a tensor
+    passed as two arguments stays one."""
+    if id(tensor) not in made:
+        size, stride, offset = tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
+        last = sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+        extent = offset + last + 1
+        storage = torch.empty(extent, dtype=tensor.dtype, device=tensor.device)
+        if tensor.dtype.is_floating_point:
+            storage.normal_()
+        else:
+            storage.zero_()
+        made[id(tensor)] = storage.as_strided(size, stride, offset)
+    return made[id(tensor)]
 
 
 def forced_config(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,

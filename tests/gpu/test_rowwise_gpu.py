@@ -146,6 +146,32 @@ def test_compiled_graphs_run_the_configs_eager_tuning_chose():
         assert torch.equal(got, want), f"output {index}: {int((got != want).sum())} differ"
 
 
+def test_compile_only_launches_are_tuned_on_stand_ins():
+    # the same kernels compiled before any eager call: each autotuned launch is tuned at trace time
+    # on real stand-in tensors, by our tuner (not Inductor's), and eager calls after it find that
+    # config, so they compute the compiled results bit for bit
+    from specgen.runtime.launch import _tuned as tuned
+    torch._dynamo.reset()
+    many = torch.randn(192, 24000, device="cuda", dtype=torch.bfloat16)   # looped
+    few = torch.randn(6, 98304, device="cuda", dtype=torch.bfloat16)      # split
+    w_many = torch.randn(24000, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(448, 320, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(320, 576, device="cuda", dtype=torch.bfloat16)
+
+    def graph(many, few, a, b):
+        return (generated.rms_norm(many, [24000], w_many), generated.layer_norm(few, [98304]),
+                generated.sum(many, -1), generated.mm(a, b))
+
+    before = set(tuned)
+    compiled = torch.compile(graph, fullgraph=True)(many, few, a, b)
+    kernels = {key[0].fn.__name__ for key in set(tuned) - before}
+    assert {"_rms_norm_looped_kernel", "_layer_norm_split0_kernel", "_sum_kernel"} <= kernels, kernels
+    assert any(name.startswith("_mm") for name in kernels), kernels
+    eager = graph(many, few, a, b)
+    for index, (want, got) in enumerate(zip(eager, compiled)):
+        assert torch.equal(got, want), f"output {index}: {int((got != want).sum())} differ"
+
+
 def test_torch_compile_sees_through_the_ops():
     x = torch.randn(512, 3000, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn(512, 3000, device="cuda", dtype=torch.bfloat16)
