@@ -125,25 +125,35 @@ def test_int32_is_kept_below_the_limit():
     assert [launch.index_bits for launch in launches] == [32]
 
 
-def test_compiled_graphs_run_the_configs_eager_tuning_chose():
-    # autotuned kernels (the looped and split row kernels, the reduce kernel, the matmul) traced
-    # after eager calls of the same launches run those calls' configs, so the compiled results
-    # are the eager ones bit for bit (Inductor's own tuning picks others: other summation orders)
-    torch._dynamo.reset()
-    many = torch.randn(256, 20000, device="cuda", dtype=torch.bfloat16)   # looped
-    few = torch.randn(8, 65536, device="cuda", dtype=torch.bfloat16)      # split
-    w_many = torch.randn(20000, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(384, 640, device="cuda", dtype=torch.bfloat16)
+def _tuned_graph(rows, n, few_n, m, k, n_out):
+    """A graph of autotuned launches: a looped and a split row kernel, the reduce kernel and the
+    matmul; its inputs (sizes picked per test, so that no other test has tuned these launches)."""
+    many = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)    # looped
+    few = torch.randn(8, few_n, device="cuda", dtype=torch.bfloat16)    # split
+    w_many = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n_out, device="cuda", dtype=torch.bfloat16)
 
     def graph(many, few, a, b):
-        return (generated.rms_norm(many, [20000], w_many), generated.layer_norm(few, [65536]),
+        return (generated.rms_norm(many, [n], w_many), generated.layer_norm(few, [few_n]),
                 generated.sum(many, -1), generated.mm(a, b))
 
-    eager = graph(many, few, a, b)
-    compiled = torch.compile(graph, fullgraph=True)(many, few, a, b)
-    for index, (want, got) in enumerate(zip(eager, compiled)):
+    return graph, (many, few, a, b)
+
+
+def _assert_equal(outputs, expected):
+    for index, (got, want) in enumerate(zip(outputs, expected)):
         assert torch.equal(got, want), f"output {index}: {int((got != want).sum())} differ"
+
+
+def test_compiled_graphs_run_the_configs_eager_tuning_chose():
+    # autotuned kernels traced after eager calls of the same launches run those calls' configs,
+    # so the compiled results are the eager ones bit for bit (Inductor's own tuning picks others:
+    # other summation orders)
+    torch._dynamo.reset()
+    graph, inputs = _tuned_graph(256, 20000, 65536, 512, 384, 640)
+    eager = graph(*inputs)
+    _assert_equal(torch.compile(graph, fullgraph=True)(*inputs), eager)
 
 
 def test_compile_only_launches_are_tuned_on_stand_ins():
@@ -152,24 +162,13 @@ def test_compile_only_launches_are_tuned_on_stand_ins():
     # config, so they compute the compiled results bit for bit
     from specgen.runtime.launch import _tuned as tuned
     torch._dynamo.reset()
-    many = torch.randn(192, 24000, device="cuda", dtype=torch.bfloat16)   # looped
-    few = torch.randn(6, 98304, device="cuda", dtype=torch.bfloat16)      # split
-    w_many = torch.randn(24000, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(448, 320, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(320, 576, device="cuda", dtype=torch.bfloat16)
-
-    def graph(many, few, a, b):
-        return (generated.rms_norm(many, [24000], w_many), generated.layer_norm(few, [98304]),
-                generated.sum(many, -1), generated.mm(a, b))
-
+    graph, inputs = _tuned_graph(192, 24000, 98304, 448, 320, 576)
     before = set(tuned)
-    compiled = torch.compile(graph, fullgraph=True)(many, few, a, b)
+    compiled = torch.compile(graph, fullgraph=True)(*inputs)
     kernels = {key[0].fn.__name__ for key in set(tuned) - before}
     assert {"_rms_norm_looped_kernel", "_layer_norm_split0_kernel", "_sum_kernel"} <= kernels, kernels
     assert any(name.startswith("_mm") for name in kernels), kernels
-    eager = graph(many, few, a, b)
-    for index, (want, got) in enumerate(zip(eager, compiled)):
-        assert torch.equal(got, want), f"output {index}: {int((got != want).sum())} differ"
+    _assert_equal(compiled, graph(*inputs))
 
 
 def test_torch_compile_sees_through_the_ops():
