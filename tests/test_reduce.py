@@ -99,8 +99,8 @@ def test_collapse_merges_reduced_and_kept_dims():
 
 @pytest.mark.parametrize("shape, dims, expected", [
     ((32768, 1024), (1,), "inner"),         # many rows: one level, rows along the fast dim
-    ((32768, 1024), (0,), "split"),         # 1024 columns of 32768: too few tiles, split
-    ((1 << 28,), (0,), "split"),            # a full reduction: two levels
+    ((32768, 1024), (0,), "last"),          # 1024 columns of 32768: too few tiles, split
+    ((1 << 28,), (0,), "last"),             # a full reduction: split, in one launch
     ((8, 1 << 20), (0,), "outer"),          # wide enough for one level
     ((3, 5), (1,), "inner"),                # tiny: one level
 ])
@@ -110,16 +110,14 @@ def test_auto_strategy(shape, dims, expected, monkeypatch):
         reduction.Space((), ((), ())), reduction.Space(shape, ((1,),)))
     strategy = reduction.choose("sum", prob, torch.device("cpu"), "flat", "sum", BLOCKS)
     assert strategy.name == expected
-    if expected == "split":
+    if expected == "last":
         assert strategy.splits * strategy.split_size >= prob.reduced.numel
         assert strategy.splits >= 2
         # aligned splits: the kernel's loads vectorize
         assert strategy.split_size % reduction.SPLIT_ALIGN == 0
-        # an untraced call splits in one launch; argmax's partials carry indices: two launches
-        one = reduction.choose("sum", prob, torch.device("cpu"), "flat", "sum", BLOCKS, True)
-        assert one.name == "last" and one.splits == strategy.splits
-        assert reduction.choose("argmax", prob, torch.device("cpu"), "flat", "argmax", BLOCKS,
-                                True).name == "split"
+        # argmax's partials carry indices: its split runs in two launches
+        two = reduction.choose("argmax", prob, torch.device("cpu"), "flat", "argmax", BLOCKS)
+        assert two.name == "split" and two.splits == strategy.splits
 
 
 def test_last_launches_once_and_resets_its_tickets():
@@ -133,6 +131,28 @@ def test_last_launches_once_and_resets_its_tickets():
                                        rtol=1e-5, atol=1e-4)
         assert [l.kernel for l in log] == ["last"]
         assert not reduction.tile_counters(x.device, 1).any()
+
+
+def test_traced_last_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):
+    # a graph cannot hold the counters untraced calls keep between calls: traced on fake tensors
+    # (as torch.compile traces), the one-launch split allocates zeroed ones and never asks for ours
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+    module = importlib.import_module("generated.sum")
+
+    def kept_counters(*args):
+        raise AssertionError("a traced call used the counters kept between calls")
+
+    launches = []
+    monkeypatch.setattr(reduction, "tile_counters", kept_counters)
+    # what the launch is given is the point here (the interpreter cannot run on fake tensors)
+    monkeypatch.setattr(module, "_run", lambda kernel, level, pointers, *rest:
+                        launches.append(pointers))
+    with FakeTensorMode() as mode, runtime.override(strategy="last"):
+        x = mode.from_tensor(torch.randn(300, 70, device=testing.device()))
+        generated.sum(x, 0)
+    (pointers,) = launches
+    counters = pointers[3]
+    assert is_fake(counters) and counters.dtype == torch.int32
 
 
 def test_fitting_tiles_prunes_wide_tiles():
@@ -273,7 +293,7 @@ def test_without_a_gpu_splits_are_planned_for_an_h100():
     out = torch.empty((), dtype=torch.bfloat16, device="meta")
     plan = reduction.plan_launch("sum", "auto", "flat", "sum", False, module.SPLIT_BLOCK_K,
                                  module.MAX_TILE, x, out, (0,), False)
-    assert plan.strategy.name in ("last", "split") and plan.strategy.splits == 16
+    assert plan.strategy.name == "last" and plan.strategy.splits == 16
 
 
 def test_split_fills_the_gpu_with_the_narrowest_tile():
@@ -287,7 +307,6 @@ def test_split_fills_the_gpu_with_the_narrowest_tile():
     with runtime.override(max_programs=528):
         plan = reduction.plan_launch("sum", "auto", "flat", "sum", False, module.SPLIT_BLOCK_K,
                                      module.MAX_TILE, x, out, (0,), False)
-    # (last or split: the test device is set by a function mode, which counts as tracing)
     strategy = plan.strategy
     assert (strategy.tiles, strategy.splits, strategy.split_size) == ("outer", 33, 1008)
 

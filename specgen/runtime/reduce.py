@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides, untraced
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
 from specgen.runtime.layout import Shape, merge_dims, span
 from specgen.runtime.replay import persistent
 
@@ -152,7 +152,7 @@ class Strategy:
 
 
 def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: str,
-           split_block_k: dict[str, int], one_launch: bool = False) -> Strategy:
+           split_block_k: dict[str, int]) -> Strategy:
     """The strategy for a reduction: forced by ``override(strategy=...)`` or picked from sizes.
 
     One-level strategies give each output tile one program that loops over the whole reduced range
@@ -161,9 +161,9 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     long columns), ``split`` cuts the reduced range among programs that write float32 partials a
     second kernel combines (deterministic), and ``atomic`` adds them into a float32 buffer instead
     (sum-like reductions only). ``last`` is the split in one launch: the last program to finish a
-    slice of an output tile (an atomic ticket per tile) combines its partials. It needs counters
-    that persist between launches (``tile_counters``), so only untraced calls may use it
-    (``one_launch``); elsewhere, and for the index reductions, a split runs in two launches.
+    slice of an output tile (an atomic ticket per tile) combines its partials. The index
+    reductions' partials carry indices, which it does not combine: their splits run in two
+    launches.
     """
     forced = overrides().strategy
     if forced is not None and forced not in STRATEGIES:
@@ -187,7 +187,7 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
             return Strategy(tiles, tiles, 1, max(num_red, 1))
         # deterministic like split, without its second launch: as fast as atomics plus a cast
         forced = "last"
-    if forced == "last" and (not one_launch or combine in INDEX_COMBINES):
+    if forced == "last" and combine in INDEX_COMBINES:
         forced = "split"
     # a forced split splits even a small input (the test suite reaches the second level that way)
     splits = max(1, min(max(splits, 2), math.ceil(num_red / MIN_SPLIT_CHUNK)))
@@ -275,7 +275,7 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
     """
     key = (op, indexing, launch, combine, logical, tuple(sorted(split_block_k.items())), max_tile,
            tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
-           overrides(), x.device, untraced([x, out]))
+           overrides(), x.device)
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
@@ -283,8 +283,7 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
 
 
 def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape, strides,
-          out_shape, out_strides, dims, keepdim, _overrides, device,
-          one_launch) -> ReduceLaunch | None:
+          out_shape, out_strides, dims, keepdim, _overrides, device) -> ReduceLaunch | None:
     prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
     num_kept, num_red = prob.kept.numel, prob.reduced.numel
     if num_kept == 0:
@@ -292,7 +291,7 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape
     # the element count of the whole reduction, for finish expressions (mean's acc / N): a
     # split launch's later levels reduce fewer partials than that
     count = num_red
-    strategy = choose(op, prob, device, launch, combine, dict(split_block_k), one_launch)
+    strategy = choose(op, prob, device, launch, combine, dict(split_block_k))
     cap = max_programs(device, launch)
     spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
 

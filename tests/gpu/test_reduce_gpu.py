@@ -141,7 +141,7 @@ def test_under_torch_compile():
 
 
 @pytest.mark.parametrize("name", ["sum", "mean", "prod", "amax", "amin", "argmax", "argmin"])
-@pytest.mark.parametrize("strategy", [None, "split"])
+@pytest.mark.parametrize("strategy", [None, "split", "last"])
 def test_reductions_compile_fullgraph(name, strategy):
     # Inductor re-emits each kernel with the reduce_lib helpers it calls by name: a helper
     # reached through a module attribute would fail here (NameError), not in eager
