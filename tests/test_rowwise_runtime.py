@@ -298,3 +298,14 @@ def test_one_pass_variance_is_exact_with_a_large_mean():
         with runtime.override(strategy=strategy):
             torch.testing.assert_close(generated.layer_norm(x, [100]).double(), expected,
                                        atol=5e-3, rtol=0)
+
+
+def test_symbolic_sizes_get_computed_masks():
+    # under torch.compile with dynamic shapes a size is a symbol: its factors are unknown (and
+    # Inductor cannot print a bitwise and of one), so the masks stay computed
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    env = ShapeEnv()
+    n = env.create_symintnode(env.create_symbol(48, ConstantSource("n")), hint=48)
+    assert rowwise.alignment(48, 16) == 16
+    assert rowwise.alignment(n, 16) == 1

@@ -237,6 +237,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         replay.note_launch(kernel, grid, args, kwargs, compiled)
         return
     key = (kernel, tune_key, tuple(sorted(kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): nothing to look up
+        key = None
     if _overrides.config is not None:
         config = forced_config(kernel, args, kwargs, _overrides.config)
     elif direct and key in _tuned:
@@ -246,8 +250,8 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
         # no environment variable)
         config = forced_config(kernel, args, kwargs, 0)
-    elif not direct and (key in _tuned or kernel.reset_to_zero
-                         or tune_on_stand_ins(kernel, grid, args, kwargs, key)):
+    elif not direct and (key in _tuned or kernel.reset_to_zero or key is not None
+                         and tune_on_stand_ins(kernel, grid, args, kwargs, key)):
         # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
         # that a compiled graph computes what eager calls do, bit for bit; a launch eager has not
         # tuned is tuned here, on stand-ins. Left to Inductor, which tunes by its own

@@ -46,7 +46,11 @@ MAX_BLOCK_M = TILE_TARGET
 
 def alignment(size: int, cap: int) -> int:
     """The largest power of two dividing ``size``, at most ``cap`` (0 for an empty size): a tile
-    of a power-of-two extent at most this divides ``size``, so its masks are constant."""
+    of a power-of-two extent at most this divides ``size``, so its masks are constant. 1 for a
+    symbolic size (torch.compile with dynamic shapes): masks stay computed, and the graph takes
+    no guard on the size's factors (Inductor cannot print a bitwise and of a symbol either)."""
+    if not isinstance(size, int):
+        return 1
     return min(size & -size, cap) if size > 0 else 0
 
 

@@ -1,0 +1,58 @@
+"""GPU tier: the ops inside graphs compiled with dynamic shapes (symbolic sizes), which
+torch.compile also picks by itself when a compiled function meets a second shape."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+
+pytestmark = pytest.mark.gpu
+
+
+def _randn(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def _target(logits):
+    return torch.arange(logits.shape[0], device="cuda") % logits.shape[1]
+
+
+# (op, its input's two shapes, a float64 reference); every family, and the row-wise and reduce
+# strategies whose planning reads sizes (masks, loops, splits)
+CASES = {
+    "add": (lambda x: generated.add(x, x), [(37, 300), (53, 410)],
+            lambda x: x + x),
+    "softmax": (lambda x: generated.softmax(x, -1), [(37, 300), (53, 410)],
+                lambda x: torch.softmax(x, -1)),
+    "layer_norm, looped": (lambda x: generated.layer_norm(x, [x.shape[-1]]),
+                           [(64, 20000), (96, 24000)],
+                           lambda x: F.layer_norm(x, [x.shape[-1]])),
+    "rms_norm, split": (lambda x: generated.rms_norm(x, [x.shape[-1]]),
+                        [(4, 200000), (6, 240000)],
+                        lambda x: F.rms_norm(x, [x.shape[-1]])),
+    "sum over rows": (lambda x: generated.sum(x, 0), [(3000, 64), (5000, 96)],
+                      lambda x: x.sum(0)),
+    "argmax": (lambda x: generated.argmax(x, 1), [(37, 300), (53, 410)],
+               lambda x: x.argmax(1)),
+    "mm": (lambda a: generated.mm(a, a.t()), [(128, 64), (192, 96)],
+           lambda a: a @ a.t()),
+    "cross_entropy": (lambda x: generated.cross_entropy(x, _target(x)),
+                      [(37, 300), (53, 410)],
+                      lambda x: F.cross_entropy(x, _target(x))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dynamic_shapes_compile(case):
+    fn, shapes, reference = CASES[case]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+    for shape in shapes:
+        x = _randn(*shape)
+        got = compiled(x)
+        want = reference(x.double())
+        if want.dtype == torch.int64:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
