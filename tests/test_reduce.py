@@ -46,7 +46,6 @@ def parse(text):
      'e = { kind = "dtype", optional = true }', "args", "at most one dtype argument"),
     ('x = "tensor"', 'x = "tensor"\nkeepdim = { kind = "dtype", optional = true }',
      "args.keepdim", "'keepdim' is the name of an argument the family adds"),
-
     ('map = "x * x"', 'map = "x"\n[tuning]\nINNER = [[3, 64]]', "tuning.INNER",
      "expected [kept, reduced] pairs of powers of two"),
     ('reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"', 'reference = "torch.sum(x, dims)"',

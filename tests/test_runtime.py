@@ -215,7 +215,7 @@ def test_stand_ins_copy_each_layout_and_keep_one_tensor_one():
         assert not is_fake(real)
         assert (real.shape, real.stride(), real.storage_offset(), real.dtype, real.device) == \
             (fake.shape, fake.stride(), fake.storage_offset(), fake.dtype, fake.device)
-    assert reals[0].isfinite().all() and reals[0].std() > 0.5, "random floats, never zeros"
+    assert reals[0].isfinite().all() and (reals[0] != 0).all(), "random floats, never zeros"
     assert (reals[2] == 0).all()
     # nothing to tune on where the launch cannot be repeated on a GPU
     kernel = importlib.import_module("generated.sum").inner_kernel

@@ -238,19 +238,19 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         return
     key = (kernel, tune_key, tuple(sorted(kwargs.items())))
     try:
-        hash(key)
+        tuned = _tuned.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): nothing to look up
-        key = None
+        key = tuned = None
     if _overrides.config is not None:
         config = forced_config(kernel, args, kwargs, _overrides.config)
-    elif direct and key in _tuned:
-        config = _tuned[key]
+    elif direct and tuned is not None:
+        config = tuned
     elif interpreting():
         # timing configs there measures numpy, not a GPU: the first that fits runs, untimed
         # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
         # no environment variable)
         config = forced_config(kernel, args, kwargs, 0)
-    elif not direct and (key in _tuned or kernel.reset_to_zero or key is not None
+    elif not direct and (tuned is not None or kernel.reset_to_zero or key is not None
                          and tune_on_stand_ins(kernel, grid, args, kwargs, key)):
         # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
         # that a compiled graph computes what eager calls do, bit for bit; a launch eager has not
@@ -259,7 +259,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # of device time) where ours took 8192 on 32 (34.8 us; tools/compiled_ops.py). Inductor
         # benchmarks without a kernel's reset_to_zero hook, so atomic targets would keep every
         # trial's sums: such a kernel runs the first config that fits when eager has not tuned it
-        config = _tuned.get(key) or forced_config(kernel, args, kwargs, 0)
+        config = tuned or _tuned.get(key) or forced_config(kernel, args, kwargs, 0)
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
         if direct:

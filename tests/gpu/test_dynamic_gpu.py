@@ -55,4 +55,6 @@ def test_dynamic_shapes_compile(case):
         if want.dtype == torch.int64:
             assert torch.equal(got, want)
         else:
-            torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+            # one bf16 rounding of the output (2**-8 relative) plus float32 sums, as the row-wise
+            # GPU tests allow: an absolute 1e-3, so that softmax's small values are checked too
+            torch.testing.assert_close(got.double(), want, rtol=1.6e-2, atol=1e-3)
