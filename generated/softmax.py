@@ -828,7 +828,7 @@ def _launch(x, out, reduced):
                   **plan.masks, ROW_LOOP=plan.row_loop)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
-        constexprs["SPLITS_BLOCK"] = triton.next_power_of_2(plan.splits)
+        constexprs["SPLITS_BLOCK"] = rt.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _softmax_split_out_kernel):
             rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs)

@@ -6,7 +6,7 @@ from specgen.runtime.launch import (Launch, choose_int64, configs, grid_size, in
                                     max_programs, note_launch, override, overrides, record_launches,
                                     runs_eagerly, untraced, use_int64)
 from specgen.runtime.layout import (Collapsed, broadcast_strides, collapse, dense_strides,
-                                    memory_order, storage_span)
+                                    memory_order, next_power_of_2, storage_span)
 from specgen.runtime.registry import ArgInfo, OpInfo
 from specgen.runtime import replay
 from specgen.runtime.replay import Replays, empty, full, zeros
@@ -15,7 +15,7 @@ __all__ = [
     "ArgInfo", "Collapsed", "Launch", "OpInfo", "Replays", "empty", "replay", "full", "zeros", "broadcast_shape", "broadcast_strides",
     "check_choice", "check_dtype_arg", "check_out", "check_scalar", "check_tensor_types", "check_tensors", "collapse",
     "configs", "dense_strides", "grid_size", "interpreting", "launch", "max_programs", "memory_order",
-    "note_launch", "override", "overrides", "record_launches", "runs_eagerly", "storage_span",
+    "next_power_of_2", "note_launch", "override", "overrides", "record_launches", "runs_eagerly", "storage_span",
     "untraced",
     "use_int64", "choose_int64",
 ]

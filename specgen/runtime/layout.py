@@ -14,6 +14,22 @@ import torch
 Shape = tuple[int, ...]
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at least ``n`` (1 for ``n`` <= 1), always a plain int.
+
+    A block size is a constexpr, so it cannot stay symbolic under torch.compile with dynamic shapes
+    (``triton.next_power_of_2`` of a symbol is a bitwise expression Inductor cannot print). On a
+    symbolic size each comparison below adds a guard: the graph is specialised on the size's
+    power-of-two bucket, and recompiles only when a size leaves it.
+    """
+    if isinstance(n, int):
+        return 1 << max(n - 1, 0).bit_length()
+    power = 1
+    while power < n:
+        power *= 2
+    return power
+
+
 def broadcast_shapes(*shapes: Shape) -> Shape | None:
     """torch's broadcast of ``shapes`` (None where they do not broadcast), in plain Python:
     ``torch.broadcast_shapes`` costs ~20 us a call."""

@@ -22,7 +22,7 @@ import triton.testing
 from specgen.runtime.checks import check_tensors
 from specgen.runtime.launch import (Overrides, interpreting, max_programs, multiprocessors,
                                     overrides, untraced, use_int64)
-from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse
+from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
 from specgen.runtime.replay import empty, note_tuning, zeros
 
 BATCH = ("...", "B")
@@ -422,9 +422,9 @@ def prune_configs(configs, named_args, **kwargs):
     fitted, seen = [], set()
     for config in configs:
         meta = dict(config.kwargs)
-        meta["BLOCK_M"] = min(meta["BLOCK_M"], max(MIN_DOT_BLOCK, triton.next_power_of_2(m)))
-        meta["BLOCK_N"] = min(meta["BLOCK_N"], max(MIN_DOT_BLOCK, triton.next_power_of_2(n)))
-        meta["BLOCK_K"] = min(meta["BLOCK_K"], max(MIN_DOT_BLOCK, triton.next_power_of_2(k)))
+        meta["BLOCK_M"] = min(meta["BLOCK_M"], max(MIN_DOT_BLOCK, next_power_of_2(m)))
+        meta["BLOCK_N"] = min(meta["BLOCK_N"], max(MIN_DOT_BLOCK, next_power_of_2(n)))
+        meta["BLOCK_K"] = min(meta["BLOCK_K"], max(MIN_DOT_BLOCK, next_power_of_2(k)))
         point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
         if point in seen:
             continue
@@ -438,7 +438,7 @@ def prune_configs(configs, named_args, **kwargs):
         registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
         return smem <= limit and registers <= 128
 
-    rows = min(WGMMA_ROWS, triton.next_power_of_2(m))
+    rows = min(WGMMA_ROWS, next_power_of_2(m))
     fitting = [c for c in fitted if fits(c)]
     return [c for c in fitting if c.kwargs["BLOCK_M"] >= rows] or fitting or fitted[:1]
 

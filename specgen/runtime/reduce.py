@@ -17,7 +17,7 @@ import torch
 import triton
 
 from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
-from specgen.runtime.layout import Shape, merge_dims, span
+from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
 from specgen.runtime.replay import persistent
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
@@ -352,8 +352,8 @@ def fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:
     rows of 1024 would mask most of a 16384-long chunk. Configs up to the kept count and the
     split's length (each rounded up to a power of two) stay; where none does, the smallest tiles.
     """
-    widest_k = triton.next_power_of_2(max(named_args["num_kept"], 1))
-    widest_r = triton.next_power_of_2(max(min(named_args["split_size"], named_args["num_red"]), 1))
+    widest_k = next_power_of_2(max(named_args["num_kept"], 1))
+    widest_r = next_power_of_2(max(min(named_args["split_size"], named_args["num_red"]), 1))
     fitting = [c for c in configs
                if c.kwargs["BLOCK_K"] <= widest_k and c.kwargs["BLOCK_R"] <= widest_r]
     if fitting:

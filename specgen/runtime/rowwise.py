@@ -15,7 +15,7 @@ import torch
 import triton
 
 from specgen.runtime.launch import multiprocessors, max_programs, overrides, untraced, use_int64
-from specgen.runtime.layout import collapse
+from specgen.runtime.layout import collapse, next_power_of_2
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
 COL_RANK = 3    # collapsed reduced dims a kernel splits a column index into
@@ -56,15 +56,19 @@ def alignment(size: int, cap: int) -> int:
 
 def single_fits(n: int) -> bool:
     """Whether one program may hold a row of ``n`` elements (a forced single tile)."""
-    return triton.next_power_of_2(max(n, 1)) <= SINGLE_LIMIT
+    return next_power_of_2(max(n, 1)) <= SINGLE_LIMIT
 
 
 def as_shape(op: str, name: str, value: object) -> list[int]:
-    """torch accepts an int or a sequence of ints for ``normalized_shape``."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    """torch accepts an int or a sequence of ints for ``normalized_shape``; under torch.compile
+    with dynamic shapes its ints may be symbolic (``[x.shape[-1]]``)."""
+    def is_int(v: object) -> bool:
+        return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+
+    if is_int(value):
         return [value]
     if isinstance(value, torch.Size) or isinstance(value, (list, tuple)) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
+            is_int(v) for v in value):
         return list(value)
     raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
                     f"got {type(value).__name__}")
@@ -227,7 +231,7 @@ def choose_strategy(rows: int, n: int, online: bool, sms: int) -> str:
     """
     if n >= SPLIT_MIN and rows < sms:
         return "split"
-    if triton.next_power_of_2(max(n, 1)) <= SINGLE_MAX:
+    if next_power_of_2(max(n, 1)) <= SINGLE_MAX:
         return "single"
     return "online" if online else "looped"
 
@@ -262,8 +266,8 @@ def single_config(rows: int, n: int) -> dict[str, int]:
     program moves about ``TILE_TARGET`` elements; warps grow with the tile so that a thread holds
     about 16 elements, between 1 and 32 warps.
     """
-    block_n = triton.next_power_of_2(max(n, 1))
-    block_m = max(1, min(TILE_TARGET // block_n, triton.next_power_of_2(max(rows, 1))))
+    block_n = next_power_of_2(max(n, 1))
+    block_m = max(1, min(TILE_TARGET // block_n, next_power_of_2(max(rows, 1))))
     num_warps = max(1, min(32, block_m * block_n // (32 * ELEMENTS_PER_THREAD)))
     return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
 

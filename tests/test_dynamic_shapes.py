@@ -1,0 +1,108 @@
+"""Ops traced with symbolic sizes, as torch.compile traces them with dynamic shapes (which it also
+picks by itself when a compiled function meets a second shape).
+
+Planning must not hash a symbol. A launch's integer constexprs (block sizes, warps, alignments)
+must be plain numbers: Inductor prints a launch's constexprs and configs into Python source, and
+torch 2.11's printer cannot write the bitwise expression a power of two of a symbol is. Its flags
+may stay expressions of the sizes, which Inductor must print as Python that computes them. The interpreter cannot run on
+fake tensors, so the launches are recorded instead of run; the GPU tier compiles and runs the same
+cases (tests/gpu/test_dynamic_gpu.py).
+"""
+
+import inspect
+import math
+
+import pytest
+import torch
+import triton
+from torch._inductor.codegen.wrapper import pexpr
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import generated
+import importlib
+from specgen.testing import device
+
+
+def _target(logits):
+    return torch.arange(logits.shape[0], device=logits.device) % logits.shape[1]
+
+
+# (op, its input's shape): every family, and the row-wise and reduce strategies whose planning
+# reads sizes (masks, loops, splits, the matmul's config pruning)
+CASES = {
+    "add": (lambda x: generated.add(x, x), (37, 300)),
+    "softmax": (lambda x: generated.softmax(x, -1), (37, 300)),
+    "layer_norm, looped": (lambda x: generated.layer_norm(x, [x.shape[-1]]), (64, 20000)),
+    "rms_norm, split": (lambda x: generated.rms_norm(x, [x.shape[-1]]), (4, 200000)),
+    "sum over rows": (lambda x: generated.sum(x, 0), (3000, 64)),
+    "argmax": (lambda x: generated.argmax(x, 1), (37, 300)),
+    "mm": (lambda a: generated.mm(a, a.t()), (128, 64)),
+    "cross_entropy": (lambda x: generated.cross_entropy(x, _target(x)), (37, 300)),
+}
+
+
+class _Recorder:
+    """Stands in for ``wrap_triton``: keeps each launch's kernel and arguments, runs nothing."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __call__(self, kernel):
+        return _Launcher(self.launches, kernel)
+
+
+class _Launcher:
+    def __init__(self, launches, kernel):
+        self.launches, self.kernel = launches, kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
+
+
+def _constexprs(kernel, args, kwargs):
+    """The constexpr arguments of one launch, with each config an autotuned kernel could run."""
+    tuned = isinstance(kernel, triton.runtime.Autotuner)
+    jit = kernel.fn if tuned else kernel
+    named = {**dict(zip(jit.arg_names, args)), **kwargs}
+    # the Python function's annotations, as Triton reads them (the interpreter's stand-in for a
+    # JITFunction keeps no parsed parameters)
+    params = inspect.signature(jit.fn).parameters.values()
+    given = {p.name: named[p.name] for p in params
+             if "constexpr" in str(p.annotation) and p.name in named}
+    if not tuned:
+        return [given]
+    configs = kernel.configs
+    if kernel.early_config_prune is not None:
+        configs = kernel.early_config_prune(configs, dict(zip(kernel.arg_names, args)), **kwargs)
+    return [{**given, **c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+            for c in configs]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_symbolic_sizes_plan_plain_constexprs(case, monkeypatch):
+    fn, shape = CASES[case]
+    recorder = _Recorder()
+    monkeypatch.setattr(importlib.import_module("specgen.runtime.launch"), "wrap_triton", recorder)
+    graph = make_fx(fn, tracing_mode="symbolic")(torch.randn(*shape, device=device()))
+    (x,) = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+    assert all(isinstance(size, torch.SymInt) for size in x.shape), "the trace kept sizes plain"
+    assert recorder.launches, "the traced op launched nothing"
+    for kernel, args, kwargs in recorder.launches:
+        for constexprs in _constexprs(kernel, args, kwargs):
+            for name, value in constexprs.items():
+                # tile sizes, warps and alignments are planned for the size's bucket (guards);
+                # a flag (int64 indexing, even K) may stay an expression of the sizes
+                assert not isinstance(value, (torch.SymInt, torch.SymFloat)), f"{kernel}: {name}"
+                if isinstance(value, torch.SymBool):
+                    assert _printed_value(value) == value.node.hint, f"{kernel}: {name}"
+
+
+def _printed_value(value):
+    """What Inductor's wrapper code computes for a symbolic launch argument: the expression as its
+    Python printer writes it, run with each size's value (a size expression Inductor cannot write
+    in Python, a bitwise one among them, fails here as it would in the compiled graph)."""
+    env = value.node.shape_env
+    # newer torch calls the hints backed_var_to_val (var_to_val still answers, with a warning)
+    hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
+    sizes = {str(symbol): hint for symbol, hint in hints.items()}
+    return eval(pexpr(value.node.expr), {"math": math, **sizes})
