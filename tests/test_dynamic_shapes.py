@@ -38,7 +38,14 @@ CASES = {
     "argmax": (lambda x: generated.argmax(x, 1), (37, 300)),
     "mm": (lambda a: generated.mm(a, a.t()), (128, 64)),
     "cross_entropy": (lambda x: generated.cross_entropy(x, _target(x)), (37, 300)),
+    "cross_entropy, backward": (lambda x: _logits_grad(x), (37, 300)),
 }
+
+
+def _logits_grad(x):
+    """The gradient of cross_entropy: its backward launches traced too."""
+    logits = x.detach().requires_grad_()
+    return torch.autograd.grad(generated.cross_entropy(logits, _target(logits)), logits)[0]
 
 
 class _Recorder:
@@ -59,10 +66,15 @@ class _Launcher:
         return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
 
 
+def _jit(kernel):
+    """The jitted function of a kernel, autotuned or not."""
+    return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+
+
 def _constexprs(kernel, args, kwargs):
     """The constexpr arguments of one launch, with each config an autotuned kernel could run."""
     tuned = isinstance(kernel, triton.runtime.Autotuner)
-    jit = kernel.fn if tuned else kernel
+    jit = _jit(kernel)
     named = {**dict(zip(jit.arg_names, args)), **kwargs}
     # the Python function's annotations, as Triton reads them (the interpreter's stand-in for a
     # JITFunction keeps no parsed parameters)
@@ -87,14 +99,17 @@ def test_symbolic_sizes_plan_plain_constexprs(case, monkeypatch):
     (x,) = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
     assert all(isinstance(size, torch.SymInt) for size in x.shape), "the trace kept sizes plain"
     assert recorder.launches, "the traced op launched nothing"
-    for kernel, args, kwargs in recorder.launches:
+    names = [_jit(kernel).fn.__name__ for kernel, _, _ in recorder.launches]
+    if case.endswith("backward"):
+        assert any("backward" in name for name in names)
+    for kernel_name, (kernel, args, kwargs) in zip(names, recorder.launches):
         for constexprs in _constexprs(kernel, args, kwargs):
             for name, value in constexprs.items():
                 # tile sizes, warps and alignments are planned for the size's bucket (guards);
                 # a flag (int64 indexing, even K) may stay an expression of the sizes
-                assert not isinstance(value, (torch.SymInt, torch.SymFloat)), f"{kernel}: {name}"
+                assert not isinstance(value, (torch.SymInt, torch.SymFloat)), (kernel_name, name)
                 if isinstance(value, torch.SymBool):
-                    assert _printed_value(value) == value.node.hint, f"{kernel}: {name}"
+                    assert _printed_value(value) == value.node.hint, (kernel_name, name)
 
 
 def _printed_value(value):
