@@ -4,22 +4,29 @@ picks by itself when a compiled function meets a second shape).
 Planning must not hash a symbol. A launch's integer constexprs (block sizes, warps, alignments)
 must be plain numbers: Inductor prints a launch's constexprs and configs into Python source, and
 torch 2.11's printer cannot write the bitwise expression a power of two of a symbol is. Its flags
-may stay expressions of the sizes, which Inductor must print as Python that computes them. The interpreter cannot run on
-fake tensors, so the launches are recorded instead of run; the GPU tier compiles and runs the same
-cases (tests/gpu/test_dynamic_gpu.py).
+may stay expressions of the sizes, which Inductor must print as Python that computes them.
+
+The interpreter cannot run on fake tensors, so the launches are recorded instead of run. Hand
+cases pick the strategies whose planning reads sizes (the GPU tier compiles and runs them:
+tests/gpu/test_dynamic_gpu.py); a property test traces every registered op on the property
+suite's cases.
 """
 
+import importlib
 import inspect
 import math
+from unittest import mock
 
 import pytest
 import torch
 import triton
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
 from torch._inductor.codegen.wrapper import pexpr
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import generated
-import importlib
+from specgen import runtime, testing
 from specgen.testing import device
 
 
@@ -91,18 +98,48 @@ def _constexprs(kernel, args, kwargs):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_symbolic_sizes_plan_plain_constexprs(case, monkeypatch):
+def test_symbolic_sizes_plan_plain_constexprs(case):
     fn, shape = CASES[case]
-    recorder = _Recorder()
-    monkeypatch.setattr(importlib.import_module("specgen.runtime.launch"), "wrap_triton", recorder)
-    graph = make_fx(fn, tracing_mode="symbolic")(torch.randn(*shape, device=device()))
+    graph, launches = _trace_symbolic(fn, torch.randn(*shape, device=device()))
     (x,) = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
     assert all(isinstance(size, torch.SymInt) for size in x.shape), "the trace kept sizes plain"
-    assert recorder.launches, "the traced op launched nothing"
-    names = [_jit(kernel).fn.__name__ for kernel, _, _ in recorder.launches]
+    assert launches, "the traced op launched nothing"
     if case.endswith("backward"):
-        assert any("backward" in name for name in names)
-    for kernel_name, (kernel, args, kwargs) in zip(names, recorder.launches):
+        assert any("backward" in _jit(kernel).fn.__name__ for kernel, _, _ in launches)
+    _check_constexprs(launches)
+
+
+@pytest.mark.parametrize("name", sorted(generated.REGISTRY))
+@settings(max_examples=8)
+@given(data=st.data())
+def test_every_op_traces_with_symbolic_sizes(name, data):
+    # the property suite's cases (layouts, dtypes, scalars, forced strategies and configs), with
+    # every tensor argument traced symbolically (sizes 0 and 1 stay plain, as torch.compile's do)
+    info = generated.REGISTRY[name]
+    case = data.draw(testing.CASES[info.family](info))
+    note(case.describe)
+    tensors = {k: v for k, v in case.args.items() if isinstance(v, torch.Tensor)}
+
+    def call(*values):
+        return info.function(**{**case.args, **dict(zip(tensors, values))})
+
+    with runtime.override(**case.overrides):
+        _, launches = _trace_symbolic(call, *tensors.values())
+    _check_constexprs(launches)
+
+
+def _trace_symbolic(fn, *inputs):
+    """``fn`` traced with symbolic sizes, and the launches it made, recorded instead of run."""
+    recorder = _Recorder()
+    with mock.patch.object(importlib.import_module("specgen.runtime.launch"), "wrap_triton",
+                           recorder):
+        graph = make_fx(fn, tracing_mode="symbolic")(*inputs)
+    return graph, recorder.launches
+
+
+def _check_constexprs(launches):
+    for kernel, args, kwargs in launches:
+        kernel_name = _jit(kernel).fn.__name__
         for constexprs in _constexprs(kernel, args, kwargs):
             for name, value in constexprs.items():
                 # tile sizes, warps and alignments are planned for the size's bucket (guards);
