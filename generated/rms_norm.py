@@ -652,10 +652,10 @@ def _check_inputs(x, normalized_shape, weight, eps):
     tensors = {"x": x, "weight": weight}
     tensors = {k: t for k, t in tensors.items() if t is not None}
     rt.check_tensors(NAME, tensors, DTYPES)
+    rt.check_scalar(NAME, "eps", eps, float, optional=True)
     if eps is None:
         # None means the machine epsilon of the input's dtype, as torch does
         eps = torch.finfo(x.dtype).eps
-    rt.check_scalar(NAME, "eps", eps, float, optional=True)
     shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     reduced = rowwise.reduced_by_shape(NAME, "normalized_shape", x, shape)
     rowwise.check_like(NAME, "x", x, {})
