@@ -2,6 +2,12 @@
 # One device call: the GPU test tier, then the benchmarks. Logs go to $OUT (the device tool's folder)
 # or ./gpu-logs. Usage: tools/gpu_run.sh [pytest args...]; BENCH="--only pointwise" to pick families,
 # SKIP_TESTS=1 or SKIP_BENCH=1 to do one half.
+# A device call stops at 10 minutes, so the tier goes in groups (H200, 2026-11-23): tests/test_ops.py
+# 8.3 min; tests/gpu/test_reduce_gpu.py + test_matmul_gpu.py + tests/test_traced_errors.py +
+# tests/test_generated_kernels.py 6 min; tests/gpu/test_rowwise_gpu.py + test_replay_gpu.py +
+# test_pointwise_gpu.py + test_dynamic_gpu.py about 6; the CPU-tier files that run on CUDA
+# (tests/test_reduce.py, test_rowwise_runtime.py, test_replay.py, test_dynamic_shapes.py) a call of
+# their own (with the row-wise group they outran one). The benchmarks take about 2 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
