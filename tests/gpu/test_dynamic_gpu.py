@@ -41,6 +41,9 @@ CASES = {
     "cross_entropy": (lambda x: generated.cross_entropy(x, _target(x)),
                       [(37, 300), (53, 410)],
                       lambda x: F.cross_entropy(x, _target(x))),
+    # a fused epilogue, the weight a slice of the input (N = 64 rows of it)
+    "linear_gelu": (lambda x: generated.linear_gelu(x, x[:64]), [(128, 64), (192, 96)],
+                    lambda x: F.gelu(F.linear(x, x[:64]))),
 }
 
 
@@ -59,3 +62,17 @@ def test_dynamic_shapes_compile(case):
             # one bf16 rounding of the output (2**-8 relative) plus float32 sums, as the row-wise
             # GPU tests allow: an absolute 1e-3, so that softmax's small values are checked too
             torch.testing.assert_close(got.double(), want, rtol=1.6e-2, atol=1e-3)
+
+
+def test_dynamic_shapes_compile_backward():
+    # cross_entropy's backward (the one op with one) through a graph compiled with dynamic shapes
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: generated.cross_entropy(x, _target(x)), dynamic=True,
+                             fullgraph=True)
+    for shape in [(37, 300), (53, 410)]:
+        x = _randn(*shape).requires_grad_()
+        compiled(x).backward()
+        x64 = x.detach().double().requires_grad_()
+        F.cross_entropy(x64, _target(x64)).backward()
+        # the mean's gradients are about 1 / (rows * classes): an absolute bound far below them
+        torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1.6e-2, atol=1e-7)
