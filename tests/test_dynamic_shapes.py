@@ -109,6 +109,22 @@ def test_symbolic_sizes_plan_plain_constexprs(case):
     _check_constexprs(launches)
 
 
+def test_a_graph_is_planned_for_its_sizes_power_of_two_bucket():
+    # the guards a traced softmax takes hold for any shape whose sizes round up to the same
+    # powers of two (its graph is reused) and fail for one that leaves them (a recompile)
+    graph, _ = _trace_symbolic(lambda x: generated.softmax(x, -1),
+                               torch.randn(37, 300, device=device()))
+    (x,) = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+    rows, n = (size.node.expr for size in x.shape)
+    guards = x.shape[0].node.shape_env.guards
+
+    def reused_for(num_rows, length):
+        return all(bool(g.expr.subs({rows: num_rows, n: length})) for g in guards)
+
+    assert reused_for(53, 410) and reused_for(33, 257)
+    assert not reused_for(20, 1000) and not reused_for(37, 256) and not reused_for(65, 300)
+
+
 @pytest.mark.parametrize("name", sorted(generated.REGISTRY))
 @settings(max_examples=8)
 @given(data=st.data())
