@@ -205,10 +205,7 @@ def _launch(x, dims, keepdim, out):
     if plan.counters:
         # one launch: partials, and the last program of each output tile combines them into out
         part = rt.empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
-        # ticket counters, which the kernel leaves zero: kept between untraced calls; a traced
-        # call (a graph) allocates zeroed ones each run, as a graph cannot hold ours
-        counters = (reduction.tile_counters(x.device, plan.counters) if rt.untraced([x])
-                    else rt.zeros((plan.counters,), torch.int32, x.device))
+        counters = reduction.launch_counters(x, plan.counters)
         rt.note_launch(NAME, strategy.name, plan.index_64, splits=strategy.splits)
         _run(KERNELS[strategy.tiles], plan.first, (x, out, part, counters), plan, dtypes)
         return

@@ -29,6 +29,9 @@ import generated
 from specgen import runtime, testing
 from specgen.testing import device
 
+# the module (``specgen.runtime.launch`` is also the name of its function)
+launch = importlib.import_module("specgen.runtime.launch")
+
 
 def _target(logits):
     return torch.arange(logits.shape[0], device=logits.device) % logits.shape[1]
@@ -90,11 +93,8 @@ def _constexprs(kernel, args, kwargs):
              if "constexpr" in str(p.annotation) and p.name in named}
     if not tuned:
         return [given]
-    configs = kernel.configs
-    if kernel.early_config_prune is not None:
-        configs = kernel.early_config_prune(configs, dict(zip(kernel.arg_names, args)), **kwargs)
     return [{**given, **c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-            for c in configs]
+            for c in launch.pruned_configs(kernel, args, kwargs)]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -149,8 +149,7 @@ def test_every_op_traces_with_symbolic_sizes(name, data):
 def _trace_symbolic(fn, *inputs):
     """``fn`` traced with symbolic sizes, and the launches it made, recorded instead of run."""
     recorder = _Recorder()
-    with mock.patch.object(importlib.import_module("specgen.runtime.launch"), "wrap_triton",
-                           recorder):
+    with mock.patch.object(launch, "wrap_triton", recorder):
         graph = make_fx(fn, tracing_mode="symbolic")(*inputs)
     return graph, recorder.launches
 

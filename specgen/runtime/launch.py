@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from triton.runtime import _allocation
 
 from specgen.runtime import replay
-from specgen.runtime.layout import storage_span
+from specgen.runtime.layout import span, storage_span
 
 INT32_MAX = 2**31 - 1
 # programs per multiprocessor in a persistent launch: enough to hide latency, few enough to loop
@@ -264,9 +264,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
         if direct:
             replay.note_tuning()
-            if len(_tuned) >= _TUNED_LIMIT:
-                _tuned.clear()
-            _tuned[key] = kernel.best_config
+            _keep_tuned(key, kernel.best_config)
         return
     meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     fn = kernel.fn
@@ -300,10 +298,14 @@ def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kw
         made: dict[int, torch.Tensor] = {}
         real = [stand_in(a, made) if isinstance(a, torch.Tensor) else a for a in args]
         kernel[grid](*real, **kwargs)
+    _keep_tuned(key, kernel.best_config)
+    return True
+
+
+def _keep_tuned(key: tuple, config: triton.Config) -> None:
     if len(_tuned) >= _TUNED_LIMIT:
         _tuned.clear()
-    _tuned[key] = kernel.best_config
-    return True
+    _tuned[key] = config
 
 
 def stand_in(tensor: torch.Tensor, made: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -311,9 +313,8 @@ def stand_in(tensor: torch.Tensor, made: dict[int, torch.Tensor]) -> torch.Tenso
     passed as two arguments stays one."""
     if id(tensor) not in made:
         size, stride, offset = tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
-        last = sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-        extent = offset + last + 1
-        storage = torch.empty(extent, dtype=tensor.dtype, device=tensor.device)
+        storage = torch.empty(offset + span(size, stride), dtype=tensor.dtype,
+                              device=tensor.device)
         if tensor.dtype.is_floating_point:
             storage.normal_()
         else:
@@ -337,7 +338,14 @@ def forced_config(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapp
         meta = {**kernel.configs[0].kwargs, **{k: v for k, v in forced.items() if k in params}}
         return triton.Config(meta, num_warps=forced.get("num_warps", 4),
                              num_stages=forced.get("num_stages", 1))
-    configs = kernel.configs
-    if kernel.early_config_prune is not None:
-        configs = kernel.early_config_prune(configs, dict(zip(kernel.arg_names, args)), **kwargs)
+    configs = pruned_configs(kernel, args, kwargs)
     return configs[forced % len(configs)]
+
+
+def pruned_configs(kernel: triton.runtime.Autotuner, args: Sequence,
+                   kwargs: Mapping) -> list[triton.Config]:
+    """The configs ``kernel`` would tune over for these arguments: those its ``early_config_prune``
+    keeps (tiles fitted to the problem and the device), else all."""
+    if kernel.early_config_prune is None:
+        return kernel.configs
+    return kernel.early_config_prune(kernel.configs, dict(zip(kernel.arg_names, args)), **kwargs)

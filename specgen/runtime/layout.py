@@ -1,4 +1,4 @@
-"""Strides, memory order and dimension collapsing for element-wise launches.
+"""Sizes, strides, memory order and dimension collapsing for launches.
 
 Everything here reads sizes and strides only (never data), so it runs unchanged on the fake tensors
 that ``torch.compile`` traces a ``triton_op`` with.

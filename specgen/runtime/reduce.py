@@ -16,9 +16,9 @@ from typing import Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides, untraced
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
-from specgen.runtime.replay import persistent
+from specgen.runtime.replay import persistent, zeros
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
 MAX_DIMS = 4
@@ -343,6 +343,15 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
         counters = torch.zeros(size, dtype=torch.int32, device=device)
         _counters[device, stream] = counters
     return persistent(counters, lambda: tile_counters(device, count))
+
+
+def launch_counters(x: torch.Tensor, count: int) -> torch.Tensor:
+    """The ticket counters of a one-launch split of ``x``, which the kernel leaves zero: kept
+    between untraced calls (``tile_counters``); a traced call (a graph) allocates zeroed ones each
+    run, as a graph cannot hold ours."""
+    if untraced([x]):
+        return tile_counters(x.device, count)
+    return zeros((count,), torch.int32, x.device)
 
 
 def fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:
