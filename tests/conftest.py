@@ -1,6 +1,10 @@
-"""Hypothesis profiles for the two tiers; pick one with SPECGEN_PROFILE (default: by tier)."""
+"""Hypothesis profiles for the two tiers (pick one with SPECGEN_PROFILE; default: by tier), the
+GPU marker's skip on the CPU tier, and one big_memory test at a time under pytest-xdist."""
 
+import fcntl
+import gc
 import os
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -36,3 +40,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def one_big_test_at_a_time(request):
+    """Under pytest-xdist (`tools/gpu_run.sh`), tests marked big_memory hold a lock shared by the
+    run's workers, so that no two of them fill the GPU's memory at once; each gives its cached
+    blocks back before the next starts. (A lock rather than xdist's `loadgroup`, which pytest 9.2
+    with pytest-xdist 3.8 ignores.)"""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or request.node.get_closest_marker("big_memory") is None:
+        yield
+        return
+    import torch
+
+    path = os.path.join(tempfile.gettempdir(), f"specgen-big-memory-{run}.lock")
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -2,12 +2,13 @@
 # One device call: the GPU test tier, then the benchmarks. Logs go to $OUT (the device tool's folder)
 # or ./gpu-logs. Usage: tools/gpu_run.sh [pytest args...]; BENCH="--only pointwise" to pick families,
 # SKIP_TESTS=1 or SKIP_BENCH=1 to do one half.
-# A device call stops at 10 minutes, so the tier goes in groups (H200, 2026-11-23): tests/test_ops.py
-# 8.3 min; tests/gpu/test_reduce_gpu.py + test_matmul_gpu.py + tests/test_traced_errors.py +
-# tests/test_generated_kernels.py 6 min; tests/gpu/test_rowwise_gpu.py + test_replay_gpu.py +
-# test_pointwise_gpu.py + test_dynamic_gpu.py about 6; the CPU-tier files that run on CUDA
-# (tests/test_reduce.py, test_rowwise_runtime.py, test_replay.py, test_dynamic_shapes.py) a call of
-# their own (with the row-wise group they outran one). The benchmarks take about 2 minutes.
+# The tier's time is mostly Triton and Inductor compiling on the host, one test after another: one
+# process ran it in 4 calls of 6-9 minutes each (H200, 2026-11-23: tests/test_ops.py 8.3 min; the
+# reduce + matmul GPU files with test_traced_errors and test_generated_kernels 6; the rowwise,
+# replay, pointwise and dynamic GPU files about 6; the CPU-tier files that run on CUDA 9).
+# pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
+# cores; WORKERS=0 runs them in one), so that the whole tier can fit one call (not yet measured).
+# The benchmarks take about 2 minutes and run after the tests, alone on the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
@@ -16,9 +17,18 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
 "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$LOGS/versions.txt"
 status=0
+WORKERS=${WORKERS:-8}
+test_env=(SPECGEN_PROFILE="${SPECGEN_PROFILE:-gpu}")
+parallel=()
+if [ "$WORKERS" != 0 ]; then
+    # tests marked big_memory take turns (a lock in tests/conftest.py)
+    parallel=(-n "$WORKERS")
+    # each worker compiles its graphs in-process rather than starting a pool of 16 compile workers
+    test_env+=(TORCHINDUCTOR_COMPILE_THREADS=1)
+fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-    SPECGEN_PROFILE=${SPECGEN_PROFILE:-gpu} python3 -m pytest -q -p no:cacheprovider \
-        --durations=15 "$@" 2>&1 | tee "$LOGS/tests.log"
+    env "${test_env[@]}" python3 -m pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" \
+        "$@" 2>&1 | tee "$LOGS/tests.log"
     status=${PIPESTATUS[0]}
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then

@@ -187,6 +187,7 @@ def test_batched_tma_walks_batch_elements():
         assert [launch.kernel for launch in log] == ["tma"], (a.shape, a.stride())
 
 
+@pytest.mark.big_memory
 def test_batched_tma_int64_past_two_billion_elements():
     # A spans 520 * 2048 * 2048 > 2**31 elements: the epilogue's batch offsets need int64
     a, b = randn(520, 2048, 2048), randn(520, 2048, 64)
@@ -217,6 +218,7 @@ def test_column_blocks_over_grid_limit():
         check(generated.bmm(a, b), d(a) @ d(b), 16)
 
 
+@pytest.mark.big_memory
 @pytest.mark.parametrize("strategy", ["direct", "tma"])
 def test_int64_indexing_over_two_billion_elements(strategy):
     k, n = 4096, 64

@@ -29,6 +29,7 @@ def test_small_input_runs_int32_specialization():
     torch.testing.assert_close(out, x + y)
 
 
+@pytest.mark.big_memory
 def test_dense_beyond_int32_runs_int64_and_is_exact():
     x = torch.randn(BEYOND_INT32, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(BEYOND_INT32, device="cuda", dtype=torch.bfloat16)
@@ -39,6 +40,7 @@ def test_dense_beyond_int32_runs_int64_and_is_exact():
     assert torch.equal(out, x + y), "mismatch somewhere past (or before) element 2**31"
 
 
+@pytest.mark.big_memory
 def test_tiled_beyond_int32_runs_int64_and_is_exact():
     rows, cols = 65600, 32768  # 2,149,580,800 elements
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)

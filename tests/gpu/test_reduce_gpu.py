@@ -25,6 +25,7 @@ def _free_memory():
     torch.cuda.empty_cache()
 
 
+@pytest.mark.big_memory
 def test_cross_entropy_past_int32_matches_torch_and_runs_int64():
     torch.manual_seed(0)
     logits = torch.randn(BIG_ROWS, BIG_VOCAB, device="cuda", dtype=torch.bfloat16)  # 8 GiB
@@ -61,6 +62,7 @@ def test_cross_entropy_past_int32_matches_torch_and_runs_int64():
                                        atol=1e-8)
 
 
+@pytest.mark.big_memory
 def test_sum_past_int32_is_exact_on_integers():
     # integer values: float32 partial sums stay exact, so float64 torch.sum is the exact answer
     n = 2**31 + 4099

@@ -101,6 +101,7 @@ def test_many_rows_past_grid_limits():
     close(generated.logsumexp(x, 1), torch.logsumexp(x.float(), 1))
 
 
+@pytest.mark.big_memory
 def test_int64_indexing_past_2_31_elements():
     rows, n = (1 << 16) + 1, 1 << 15           # 2**31 + 2**15 elements, 4 GiB in bf16
     x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
