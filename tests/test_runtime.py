@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import generated
 from specgen import runtime, testing
+from specgen.runtime.launch import shares_storage
 from specgen.runtime.layout import collapse, has_internal_overlap, memory_order, storage_span
 from specgen.runtime.pointwise import empty_output, result_dtype
 
@@ -77,13 +78,13 @@ def test_launch_log_records_the_specialization():
         with runtime.override(indexing="int64"):
             generated.relu(x)
         generated.relu(x.view(3, 11).t())  # the output takes the input's order: still dense
-        generated.relu(x.view(3, 11).t(), out=torch.empty(11, 3))
+        generated.relu(x.view(3, 11).t(), out=torch.empty(11, 3, device=x.device))
     assert [(l.kernel, l.index_bits) for l in log] == [
         ("dense", 32), ("dense", 64), ("dense", 32), ("tiled", 32)]
 
 
-def _x(*shape, dtype=torch.float32):
-    return testing.make_tensor(shape, dtype, testing.Layout.contiguous(len(shape)))
+def _x(*shape, dtype=torch.float32, device=None):
+    return testing.make_tensor(shape, dtype, testing.Layout.contiguous(len(shape)), device=device)
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -91,7 +92,7 @@ def _x(*shape, dtype=torch.float32):
     (lambda: generated.add(_x(3), _x(3, dtype=torch.float64)), TypeError,
      "add: argument 'y' has dtype torch.float64; supported: float16, bfloat16, float32"),
     (lambda: generated.add(_x(3), _x(4)), ValueError, "add: shapes do not broadcast: 'x' (3,), 'y' (4,)"),
-    (lambda: generated.add(_x(3), torch.empty(3, device="meta")), ValueError,
+    (lambda: generated.add(_x(3, device="cpu"), torch.empty(3, device="meta")), ValueError,
      "add: arguments 'x' (cpu) and 'y' (meta) are on different devices"),
     (lambda: generated.gelu(_x(3), approximate="fast"), ValueError,
      "gelu: argument 'approximate' must be one of 'none', 'tanh', got 'fast'"),
@@ -115,6 +116,15 @@ def test_out_may_alias_an_input_exactly_but_not_partly():
     buffer = _x(40)
     with pytest.raises(ValueError, match="add: 'out' overlaps input 'x' in memory"):
         generated.add(buffer[:32], _x(32), out=buffer[8:])
+
+
+def test_arguments_that_share_storage_are_found():
+    # such a launch autotunes on stand-ins: out=x would otherwise take every trial's update
+    x, y = _x(4, 8), _x(4, 8)
+    assert shares_storage([x, y, x, 7])
+    assert shares_storage([x[1:], y, x.t()])
+    assert not shares_storage([x, y, 7, None])
+    assert not shares_storage([x, _x(0), _x(0)])  # empty tensors hold no memory
 
 
 def test_rank_beyond_eight_uncollapsible_dims_is_a_clear_error():

@@ -250,6 +250,12 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
         # no environment variable)
         config = forced_config(kernel, args, kwargs, 0)
+    elif direct and shares_storage(args):
+        # an output that is also an input (add(x, y, out=x)): each of the autotuner's trials
+        # would update it once more, so they run on stand-ins, then the chosen config runs here
+        replay.note_tuning()
+        tuned = tune_on_stand_ins(kernel, grid, args, kwargs, key)
+        config = _tuned[key] if tuned else forced_config(kernel, args, kwargs, 0)
     elif not direct and (tuned is not None or kernel.reset_to_zero or key is not None
                          and tune_on_stand_ins(kernel, grid, args, kwargs, key)):
         # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
@@ -278,10 +284,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
 
 def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kwargs: Mapping,
                       key: tuple) -> bool:
-    """Tunes a traced launch as an eager one would be, on real tensors that stand in for the
-    tracer's (same device, dtype, sizes, strides and storage offset; random floats, zero
-    integers, so that an index read from them stays in range), and keeps the config under
-    ``key``. False, tuning nothing, where the launch cannot be repeated for real: symbolic sizes
+    """Tunes a launch as an eager one would be, on real tensors that stand in for its own (same
+    device, dtype, sizes, strides and storage offset; random floats, zero integers, so that an
+    index read from them stays in range), and keeps the config under ``key``: a traced launch's
+    tensors are the tracer's, and an eager launch's outputs may be its inputs too. False, tuning nothing, where the launch cannot be repeated for real: symbolic sizes
     (dynamic shapes), a tensor off the GPU, a stream being captured into a CUDA graph. The stand-ins
     take as much memory as the launch's own tensors, for the time of the tuning."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -300,6 +306,13 @@ def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kw
         kernel[grid](*real, **kwargs)
     _keep_tuned(key, kernel.best_config)
     return True
+
+
+def shares_storage(args: Sequence) -> bool:
+    """Whether two tensor arguments are views of one storage (or one tensor is passed twice)."""
+    storages = [a.untyped_storage().data_ptr() for a in args
+                if isinstance(a, torch.Tensor) and a.numel() > 0]
+    return len(set(storages)) < len(storages)
 
 
 def _keep_tuned(key: tuple, config: triton.Config) -> None:
