@@ -253,9 +253,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     elif direct and shares_storage(args):
         # an output that is also an input (add(x, y, out=x)): each of the autotuner's trials
         # would update it once more, so they run on stand-ins, then the chosen config runs here
-        replay.note_tuning()
-        tuned = tune_on_stand_ins(kernel, grid, args, kwargs, key)
-        config = _tuned[key] if tuned else forced_config(kernel, args, kwargs, 0)
+        if tune_on_stand_ins(kernel, grid, args, kwargs, key):
+            replay.note_tuning()
+            config = _tuned[key]
+        else:  # no stand-ins (a CUDA graph being captured): the first config that fits, untimed
+            config = forced_config(kernel, args, kwargs, 0)
     elif not direct and (tuned is not None or kernel.reset_to_zero or key is not None
                          and tune_on_stand_ins(kernel, grid, args, kwargs, key)):
         # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
@@ -287,9 +289,10 @@ def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kw
     """Tunes a launch as an eager one would be, on real tensors that stand in for its own (same
     device, dtype, sizes, strides and storage offset; random floats, zero integers, so that an
     index read from them stays in range), and keeps the config under ``key``: a traced launch's
-    tensors are the tracer's, and an eager launch's outputs may be its inputs too. False, tuning nothing, where the launch cannot be repeated for real: symbolic sizes
-    (dynamic shapes), a tensor off the GPU, a stream being captured into a CUDA graph. The stand-ins
-    take as much memory as the launch's own tensors, for the time of the tuning."""
+    tensors are the tracer's, and an eager launch's outputs may be its inputs too. False, tuning
+    nothing, where the launch cannot be repeated for real: symbolic sizes (dynamic shapes), a
+    tensor off the GPU, a stream being captured into a CUDA graph. The stand-ins take as much
+    memory as the launch's own tensors, for the time of the tuning."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     scalars = [a for a in (*args, *kwargs.values()) if not isinstance(a, torch.Tensor)]
     if (not tensors or not torch.cuda.is_available()
