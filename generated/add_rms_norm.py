@@ -732,7 +732,7 @@ def _check_inputs(x, residual, weight, eps):
 
 def _add_rms_norm_impl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor]:
     reduced = _check_inputs(x, residual, weight, eps)
-    # reads no reduction: laid out as torch lays out an element-wise result
+    # laid out as torch lays out an element-wise result of these tensors
     hidden = pointwise.empty_output(x.shape, x.dtype, x.device, [x, residual])
     out = rt.empty(x.shape, x.dtype, x.device)
     _launch(x, residual, weight, eps, hidden, out, reduced)

@@ -1,12 +1,17 @@
 """`specgen build`, `--check`, `list`, `show`, `new`: determinism, staleness, all-or-nothing writes."""
 
+import importlib
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
 
+from specgen import testing
 from specgen.cli import main
+from specgen.families import FAMILIES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -129,3 +134,26 @@ def test_new_scaffold_builds(project):
     code, output = run("build", "specs")
     assert code == 0 and "added  generated/my_op.py" in output
     compile((project / "generated" / "my_op.py").read_text(), "my_op.py", "exec")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
+        tmp_path, monkeypatch, family):
+    """A newcomer's path: `specgen new`, `specgen build --out` a package named as they like,
+    import it, and check the op as tests/test_ops.py checks the shipped ones."""
+    monkeypatch.chdir(tmp_path)
+    name, package = f"scaffold_{family}", f"{family}_ops"
+    assert run("new", name, "--family", family)[0] == 0
+    code, output = run("build", "specs", "--out", package)
+    assert code == 0, output
+    monkeypatch.syspath_prepend(str(tmp_path))
+    info = importlib.import_module(package).REGISTRY[name]
+
+    @settings(max_examples=10)
+    @given(data=st.data())
+    def check(data):
+        case = data.draw(testing.CASES[family](info))
+        note(case.describe)
+        testing.check_case(info, case)
+
+    check()

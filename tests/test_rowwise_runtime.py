@@ -235,17 +235,23 @@ span = "mean - low"
 """
 
 
-def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
-    """Element-wise and per-row outputs together, every step kind, in every strategy."""
+def authored(text, tmp_path, monkeypatch):
+    """The module a spec `text` generates, imported as an author's own would be."""
+    import importlib
+
     from specgen.model import Source
     from specgen.parse import parse_spec
     from specgen.render import render_op
 
-    spec = parse_spec(FUSED, Source("specs/test_norm_with_stats.toml", "0" * 64, FUSED))
-    (tmp_path / "test_norm_with_stats.py").write_text(render_op(spec))
+    spec = parse_spec(text, Source("specs/authored.toml", "0" * 64, text))
+    (tmp_path / f"{spec.name}.py").write_text(render_op(spec))
     monkeypatch.syspath_prepend(str(tmp_path))
-    import test_norm_with_stats as module
+    return importlib.import_module(spec.name)
 
+
+def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
+    """Element-wise and per-row outputs together, every step kind, in every strategy."""
+    module = authored(FUSED, tmp_path, monkeypatch)
     x = randn(6, 3, 7).permute(1, 2, 0)                 # (3, 7, 6): reduce the middle dim
     bias = randn(7)
     x64, b64 = x.double(), bias.double().view(1, 7, 1)
@@ -261,6 +267,44 @@ def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
         assert [tuple(a.shape) for a in actual] == [(3, 6), (3, 7, 6), (3, 6), (3, 6)]
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
+
+
+NORMALIZE = """
+[op]
+name = "test_normalize_rows"
+family = "rowwise"
+reference = "F.normalize(x, dim=dim)"
+
+[args]
+x = "tensor"
+dim = "int"
+
+[rows]
+tensor = "x"
+dim = "dim"
+layout = "elementwise"
+
+[reduce]
+ss = { op = "sum", of = "x * x" }
+
+[compute]
+out = "x / maximum(sqrt(ss), 1e-12)"
+"""
+
+
+def test_an_element_wise_layout_follows_the_input_as_the_composite_does(tmp_path, monkeypatch):
+    """[rows] layout = "elementwise": F.normalize (x / norm) lays its result out like x, where
+    torch's softmax and norm kernels (the default layout) return contiguous results."""
+    module = authored(NORMALIZE, tmp_path, monkeypatch)
+    x = randn(5, 3, 4).permute(2, 0, 1)
+    expected = F.normalize(x, dim=1)
+    assert expected.stride() == x.stride() != expected.contiguous().stride()
+    for strategy in module.STRATEGIES:
+        with runtime.override(strategy=strategy):
+            out = module.test_normalize_rows(x, 1)
+        torch.testing.assert_close(out, expected)
+        assert out.stride() == expected.stride(), strategy
+    assert generated.softmax(x, 1).is_contiguous()
 
 
 def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():

@@ -135,6 +135,8 @@ CASES = [
      "dtype casts the row tensor 'x' before the op, as torch's dtype=; this op also reads weight"),
     ("keepdim not a bool", 'along = ["weight"]', 'along = ["weight"]\nkeepdim = "eps"',
      "rows.keepdim", "'eps' is not an argument of kind \"bool\""),
+    ("bad layout", 'along = ["weight"]', 'along = ["weight"]\nlayout = "strided"', "rows.layout",
+     "expected one of contiguous, elementwise, got 'strided'"),
     ("keepdim without per-row outputs", 'eps = { kind = "float", default = 1e-5 }\n\n[rows]\n',
      'eps = { kind = "float", default = 1e-5 }\nkeep = { kind = "bool", default = false }\n\n'
      '[rows]\nkeepdim = "keep"\n', "rows.keepdim",
@@ -253,6 +255,17 @@ def test_scaffold_parses_and_plans():
     text = family.scaffold("my_rms")
     plan = family.plan(parse(text))
     assert plan.name == "my_rms" and plan.strategies == ("single", "looped", "split")
+
+
+def test_layout_picks_which_outputs_are_laid_out_as_element_wise_results():
+    """Outputs that read no reduction follow torch's element-wise rule over the tensors they read;
+    the others are contiguous unless [rows] layout = "elementwise" (then by every full tensor)."""
+    text = GOOD.replace('[compute]\n', '[compute]\nshifted = "x * eps"\nscaled = "shifted * 2"\n')
+    likes = {o.name: o.like for o in family.plan(parse(text)).outputs}
+    assert likes == {"shifted": ("x",), "scaled": ("x",), "out": ()}
+    text = text.replace('along = ["weight"]', 'along = ["weight"]\nlayout = "elementwise"')
+    likes = {o.name: o.like for o in family.plan(parse(text)).outputs}
+    assert likes == {"shifted": ("x",), "scaled": ("x",), "out": ("x",)}
 
 
 ROWWISE = sorted(name for name, info in generated.REGISTRY.items() if info.family == "rowwise")

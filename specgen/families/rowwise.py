@@ -26,6 +26,9 @@ OPS = ("sum", "max", "min")
 # a spec may declare a dtype argument (parse.py asks the family), named by [rows] dtype
 DTYPE_ARGS = True
 STRATEGIES = ("auto", "single", "looped", "online", "split")
+# [rows] layout: how element outputs that read a reduction are allocated (torch's softmax and
+# norm kernels return contiguous results; an element-wise composite lays its result out like x)
+LAYOUTS = ("contiguous", "elementwise")
 # identities the masked lanes of each reduction take, written out in the kernels: torch.compile
 # re-emits a constexpr global by its repr, and tl.constexpr(-inf) would not parse back
 IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
@@ -64,9 +67,9 @@ class RowwiseBody:
     steps: tuple[Step, ...]
     outputs: tuple[Output, ...]
     row_outputs: tuple[str, ...]         # outputs with one value per row (they read no tensor)
-    pointwise_outputs: tuple[tuple[str, tuple[str, ...]], ...]  # outputs that read no reduction,
-                                         # with the tensors they read: laid out as torch's
-                                         # element-wise ops would lay them out
+    elementwise_layouts: tuple[tuple[str, tuple[str, ...]], ...]  # element outputs laid out as
+                                         # torch's element-wise ops would lay them out, with the
+                                         # tensors that decide it; the others are contiguous
     chunks: tuple[int, ...]
     num_warps: tuple[int, ...]
     strategy: str
@@ -101,6 +104,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     finfo_eps = _names(rows, "finfo_eps", optional_floats, "an optional float argument")
     keepdim = _parse_keepdim(rows, args)
     dtype = _parse_dtype(rows, args, tensors, tensor)
+    layout = rows.pop_choice("layout", LAYOUTS, "contiguous")
     rows.finish()
     for arg in spec_args:
         where = top.where.child("args").child(arg.name)
@@ -125,8 +129,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
         raise rows.where.child("keepdim").error(
             "keepdim shapes the outputs with one value per row, and every output of this op is "
             "element-wise (each reads a tensor)")
-    pointwise_outputs = _pointwise_outputs(outputs, row_outputs,
-                                           [n for n in tensors if n not in along])
+    elementwise_layouts = _elementwise_layouts(outputs, row_outputs, steps,
+                                               [n for n in tensors if n not in along], layout)
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096, 8192, 16384))
@@ -144,7 +148,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             "expression the max reduces; this op's [reduce] has no such pair")
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, dtype,
-                       steps, outputs, row_outputs, pointwise_outputs, chunks, num_warps, strategy)
+                       steps, outputs, row_outputs, elementwise_layouts, chunks, num_warps,
+                       strategy)
 
 
 def chunk_pairs(chunks: tuple[int, ...], num_warps: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -289,22 +294,32 @@ def _parse_outputs(table: Table, symbols: dict, elementwise: set) -> tuple[tuple
     return tuple(outputs), tuple(row_outputs)
 
 
-def _pointwise_outputs(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
-                       full: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """Element outputs that depend on no reduction (``h = x + residual``), with the full-shape
-    tensors they read, directly or through earlier such outputs.
+def _elementwise_layouts(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
+                         steps: tuple[Step, ...], full: list[str],
+                         layout: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Element outputs laid out as torch lays out an element-wise result, with the full-shape
+    tensors that decide it: those that read no reduction (``h = x + residual``), by the tensors
+    they read, directly or through earlier such outputs; under ``[rows] layout = "elementwise"``
+    the others too, by every full-shape tensor of the op.
 
     torch lays the result of an element-wise op out like its inputs, and the result of softmax or
-    a norm out contiguously; the outputs follow the torch op they stand for.
+    a norm out contiguously; the outputs follow the torch op they stand for. An op whose torch
+    counterpart is a composite of element-wise ops (``F.normalize``: ``x / norm``) says so with
+    ``layout``.
     """
+    reduced = {s.name for s in steps} | set(row_outputs)  # names a reduction computes
     reads: dict[str, set[str]] = {}
     for output in outputs:
         if output.name in row_outputs:
             continue
         names = output.expr.names
-        upstream = names - set(full)
-        if all(n in reads for n in upstream):
-            reads[output.name] = (names & set(full)).union(*(reads[n] for n in upstream))
+        tensors = (names & set(full)).union(*(reads.get(n, set()) for n in names))
+        if names & reduced:
+            reduced.add(output.name)
+            if layout != "elementwise":
+                continue
+            tensors = set(full)
+        reads[output.name] = tensors
     # in argument order: the first operand decides torch's memory order
     return tuple((name, tuple(n for n in full if n in tensors)) for name, tensors in reads.items())
 
@@ -737,7 +752,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
 
     looped = _passes(steps, body.steps, None, variance)
     online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
-    like = dict(body.pointwise_outputs)
+    like = dict(body.elementwise_layouts)
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
                                o.name in body.row_outputs, like.get(o.name, ()))
                     for o in body.outputs)
@@ -856,6 +871,8 @@ eps = {{ kind = "float", default = 1e-6 }}
 [rows]
 tensor = "x"
 dim = -1
+layout = "elementwise"  # as the reference (element-wise ops) lays out its result; torch's
+                        # softmax and norm kernels return contiguous ones (the default)
 
 [reduce]
 ms = {{ op = "sum", of = "x * x", scale = "1 / N" }}

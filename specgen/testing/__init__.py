@@ -1,7 +1,8 @@
 """Hypothesis strategies and checks for property-testing generated ops against their references.
 
 ``CASES`` maps each family to a strategy of ``Case``s for one op; ``tests/test_ops.py`` draws from
-it for every op in ``generated.REGISTRY``. A new family adds its module here and one entry.
+it for every op in ``generated.REGISTRY`` and checks each case with ``check_case``. A new family
+adds its module here and one entry.
 """
 
 from typing import Callable
@@ -9,6 +10,7 @@ from typing import Callable
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo
+from specgen.testing.check import check_case
 from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, assert_matches,
                                   broadcast_operand, device, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
@@ -28,6 +30,6 @@ CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
 
 __all__ = [
     "CASES", "Case", "Layout", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",
-    "device", "knobs", "layouts", "make_tensor", "max_numel", "reference64", "scalar_value",
-    "shapes", "sizes",
+    "check_case", "device", "knobs", "layouts", "make_tensor", "max_numel", "reference64",
+    "scalar_value", "shapes", "sizes",
 ]
