@@ -1,5 +1,6 @@
 """Hypothesis profiles for the two tiers (pick one with SPECGEN_PROFILE; default: by tier), the
-GPU marker's skip on the CPU tier, and one big_memory test at a time under pytest-xdist."""
+GPU marker's skip on the CPU tier, one big_memory test at a time under pytest-xdist, and the
+`authored` fixture (the module of a spec written in a test)."""
 
 import fcntl
 import gc
@@ -63,3 +64,23 @@ def one_big_test_at_a_time(request):
             gc.collect()
             torch.cuda.empty_cache()
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def authored(tmp_path, monkeypatch):
+    """Builds the module of a spec's TOML text, as an author's own package would hold it, and
+    imports it (a test's op names must differ from the shipped ones: they share specgen::)."""
+    import importlib
+
+    from specgen.model import Source
+    from specgen.parse import parse_spec
+    from specgen.render import render_op
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def build(text):
+        spec = parse_spec(text, Source("specs/authored.toml", "0" * 64, text))
+        (tmp_path / f"{spec.name}.py").write_text(render_op(spec))
+        return importlib.import_module(spec.name)
+
+    return build

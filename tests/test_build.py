@@ -136,14 +136,30 @@ def test_new_scaffold_builds(project):
     compile((project / "generated" / "my_op.py").read_text(), "my_op.py", "exec")
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# the reduce scaffold with its tensor and dtype arguments named otherwise (the property check
+# must take the names from the spec)
+RENAMED_REDUCE = ("reduce_renamed", {'"torch.sum(x * x, dim=dim, keepdim=keepdim)"':
+                                     '"torch.sum(t * t, dim=dim, keepdim=keepdim, dtype=acc)"',
+                                     'x = "tensor"': 't = "tensor"\nacc = { kind = "dtype", optional = true }',
+                                     'map = "x * x"': 'map = "t * t"'})
+
+
+@pytest.mark.parametrize("family, edits", [(f, {}) for f in sorted(FAMILIES)] + [
+    ("reduce", RENAMED_REDUCE[1])], ids=sorted(FAMILIES) + [RENAMED_REDUCE[0]])
 def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
-        tmp_path, monkeypatch, family):
+        tmp_path, monkeypatch, family, edits):
     """A newcomer's path: `specgen new`, `specgen build --out` a package named as they like,
     import it, and check the op as tests/test_ops.py checks the shipped ones."""
     monkeypatch.chdir(tmp_path)
-    name, package = f"scaffold_{family}", f"{family}_ops"
+    name = f"scaffold_{family}" + ("_renamed" if edits else "")
+    package = f"{name}_ops"
     assert run("new", name, "--family", family)[0] == 0
+    spec = tmp_path / "specs" / f"{name}.toml"
+    text = spec.read_text()
+    for old, new in edits.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    spec.write_text(text)
     code, output = run("build", "specs", "--out", package)
     assert code == 0, output
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -235,23 +235,9 @@ span = "mean - low"
 """
 
 
-def authored(text, tmp_path, monkeypatch):
-    """The module a spec `text` generates, imported as an author's own would be."""
-    import importlib
-
-    from specgen.model import Source
-    from specgen.parse import parse_spec
-    from specgen.render import render_op
-
-    spec = parse_spec(text, Source("specs/authored.toml", "0" * 64, text))
-    (tmp_path / f"{spec.name}.py").write_text(render_op(spec))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return importlib.import_module(spec.name)
-
-
-def test_an_authored_op_with_per_row_outputs(tmp_path, monkeypatch):
+def test_an_authored_op_with_per_row_outputs(authored):
     """Element-wise and per-row outputs together, every step kind, in every strategy."""
-    module = authored(FUSED, tmp_path, monkeypatch)
+    module = authored(FUSED)
     x = randn(6, 3, 7).permute(1, 2, 0)                 # (3, 7, 6): reduce the middle dim
     bias = randn(7)
     x64, b64 = x.double(), bias.double().view(1, 7, 1)
@@ -292,10 +278,10 @@ out = "x / maximum(sqrt(ss), 1e-12)"
 """
 
 
-def test_an_element_wise_layout_follows_the_input_as_the_composite_does(tmp_path, monkeypatch):
+def test_an_element_wise_layout_follows_the_input_as_the_composite_does(authored):
     """[rows] layout = "elementwise": F.normalize (x / norm) lays its result out like x, where
     torch's softmax and norm kernels (the default layout) return contiguous results."""
-    module = authored(NORMALIZE, tmp_path, monkeypatch)
+    module = authored(NORMALIZE)
     x = randn(5, 3, 4).permute(2, 0, 1)
     expected = F.normalize(x, dim=1)
     assert expected.stride() == x.stride() != expected.contiguous().stride()
@@ -305,6 +291,25 @@ def test_an_element_wise_layout_follows_the_input_as_the_composite_does(tmp_path
         torch.testing.assert_close(out, expected)
         assert out.stride() == expected.stride(), strategy
     assert generated.softmax(x, 1).is_contiguous()
+
+
+def test_rms_norm_keeps_channels_last_as_torch_does():
+    """torch's rms_norm returns its input's suggested memory format (CPU and CUDA alike);
+    layer_norm and softmax return contiguous results."""
+    for x in [randn(2, 4, 5, 3).permute(0, 3, 1, 2),                     # channels_last
+              randn(2, 4, 10, 3).permute(0, 3, 1, 2)[..., ::2],          # like it, not dense
+              randn(2, 4, 5, 6, 3).permute(0, 4, 1, 2, 3),               # channels_last_3d
+              randn(5, 3, 4).permute(2, 0, 1)]:                          # contiguous result
+        weight, residual = randn(x.shape[-1]), randn(x.shape).permute(*range(x.dim()))
+        out = generated.rms_norm(x, (x.shape[-1],), weight)
+        expected = F.rms_norm(x, (x.shape[-1],), weight)
+        torch.testing.assert_close(out, expected)
+        assert out.stride() == expected.stride()
+        hidden, out = generated.add_rms_norm(x, residual, weight)
+        expected = F.rms_norm(x + residual, (x.shape[-1],), weight, 1e-6)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        assert out.stride() == expected.stride()
+        assert generated.layer_norm(x, (x.shape[-1],)).is_contiguous()
 
 
 def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():

@@ -136,7 +136,7 @@ CASES = [
     ("keepdim not a bool", 'along = ["weight"]', 'along = ["weight"]\nkeepdim = "eps"',
      "rows.keepdim", "'eps' is not an argument of kind \"bool\""),
     ("bad layout", 'along = ["weight"]', 'along = ["weight"]\nlayout = "strided"', "rows.layout",
-     "expected one of contiguous, elementwise, got 'strided'"),
+     "expected one of contiguous, memory_format, elementwise, got 'strided'"),
     ("keepdim without per-row outputs", 'eps = { kind = "float", default = 1e-5 }\n\n[rows]\n',
      'eps = { kind = "float", default = 1e-5 }\nkeep = { kind = "bool", default = false }\n\n'
      '[rows]\nkeepdim = "keep"\n', "rows.keepdim",
@@ -257,15 +257,17 @@ def test_scaffold_parses_and_plans():
     assert plan.name == "my_rms" and plan.strategies == ("single", "looped", "split")
 
 
-def test_layout_picks_which_outputs_are_laid_out_as_element_wise_results():
+def test_layout_picks_how_each_element_output_is_allocated():
     """Outputs that read no reduction follow torch's element-wise rule over the tensors they read;
-    the others are contiguous unless [rows] layout = "elementwise" (then by every full tensor)."""
+    the others take [rows] layout (default contiguous) over every full-shape tensor."""
     text = GOOD.replace('[compute]\n', '[compute]\nshifted = "x * eps"\nscaled = "shifted * 2"\n')
-    likes = {o.name: o.like for o in family.plan(parse(text)).outputs}
-    assert likes == {"shifted": ("x",), "scaled": ("x",), "out": ()}
-    text = text.replace('along = ["weight"]', 'along = ["weight"]\nlayout = "elementwise"')
-    likes = {o.name: o.like for o in family.plan(parse(text)).outputs}
-    assert likes == {"shifted": ("x",), "scaled": ("x",), "out": ("x",)}
+    for layout, out in [(None, ("contiguous", ())), ("memory_format", ("memory_format", ("x",))),
+                        ("elementwise", ("elementwise", ("x",)))]:
+        spec = text if layout is None else text.replace(
+            'along = ["weight"]', f'along = ["weight"]\nlayout = "{layout}"')
+        layouts = {o.name: (o.layout, o.like) for o in family.plan(parse(spec)).outputs}
+        assert layouts == {"shifted": ("elementwise", ("x",)), "scaled": ("elementwise", ("x",)),
+                           "out": out}, layout
 
 
 ROWWISE = sorted(name for name, info in generated.REGISTRY.items() if info.family == "rowwise")

@@ -118,6 +118,38 @@ def test_out_may_alias_an_input_exactly_but_not_partly():
         generated.add(buffer[:32], _x(32), out=buffer[8:])
 
 
+TWO_OUTPUTS = """
+[op]
+name = "test_sum_and_gate"
+family = "pointwise"
+reference = "(a + b, torch.relu(a + b) * b)"
+
+[args]
+a = "tensor"
+b = "tensor"
+
+[compute]
+s = "a + b"
+gated = "relu(s) * b"
+"""
+
+
+def test_outputs_of_one_call_may_not_share_memory(authored):
+    module = authored(TWO_OUTPUTS)
+    a, b = _x(4, 8), _x(4, 8)
+    s, gated = _x(4, 8), _x(4, 8)
+    result = module.test_sum_and_gate(a, b, out=(s, gated))
+    assert result[0] is s and result[1] is gated
+    torch.testing.assert_close(gated, torch.relu(a + b) * b)
+    buffer = _x(8, 8)
+    for outs in [(s, s), (buffer[:4], buffer[2:6])]:
+        with pytest.raises(ValueError, match="test_sum_and_gate: outputs 's' and 'gated' overlap "
+                                             "in memory"):
+            module.test_sum_and_gate(a, b, out=outs)
+    module.test_sum_and_gate(a, b, out=(buffer[:4], buffer[4:]))
+    torch.testing.assert_close(buffer[:4], a + b)
+
+
 def test_arguments_that_share_storage_are_found():
     # such a launch autotunes on stand-ins: out=x would otherwise take every trial's update
     x, y = _x(4, 8), _x(4, 8)

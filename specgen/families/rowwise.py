@@ -26,9 +26,11 @@ OPS = ("sum", "max", "min")
 # a spec may declare a dtype argument (parse.py asks the family), named by [rows] dtype
 DTYPE_ARGS = True
 STRATEGIES = ("auto", "single", "looped", "online", "split")
-# [rows] layout: how element outputs that read a reduction are allocated (torch's softmax and
-# norm kernels return contiguous results; an element-wise composite lays its result out like x)
-LAYOUTS = ("contiguous", "elementwise")
+# [rows] layout: how element outputs that read a reduction are allocated, as the torch op they
+# stand for allocates its result: contiguous (softmax, log_softmax, layer_norm), in the input's
+# suggested memory format (rms_norm keeps channels_last), or as an element-wise composite would
+# (F.normalize: like x)
+LAYOUTS = ("contiguous", "memory_format", "elementwise")
 # identities the masked lanes of each reduction take, written out in the kernels: torch.compile
 # re-emits a constexpr global by its repr, and tl.constexpr(-inf) would not parse back
 IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
@@ -67,9 +69,9 @@ class RowwiseBody:
     steps: tuple[Step, ...]
     outputs: tuple[Output, ...]
     row_outputs: tuple[str, ...]         # outputs with one value per row (they read no tensor)
-    elementwise_layouts: tuple[tuple[str, tuple[str, ...]], ...]  # element outputs laid out as
-                                         # torch's element-wise ops would lay them out, with the
-                                         # tensors that decide it; the others are contiguous
+    output_layouts: tuple[tuple[str, str, tuple[str, ...]], ...]  # element outputs not laid
+                                         # out contiguously: (name, layout, the tensors that
+                                         # decide it)
     chunks: tuple[int, ...]
     num_warps: tuple[int, ...]
     strategy: str
@@ -129,8 +131,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
         raise rows.where.child("keepdim").error(
             "keepdim shapes the outputs with one value per row, and every output of this op is "
             "element-wise (each reads a tensor)")
-    elementwise_layouts = _elementwise_layouts(outputs, row_outputs, steps,
-                                               [n for n in tensors if n not in along], layout)
+    output_layouts = _output_layouts(outputs, row_outputs, steps,
+                                     [n for n in tensors if n not in along], layout)
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096, 8192, 16384))
@@ -148,7 +150,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
             "expression the max reduces; this op's [reduce] has no such pair")
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, dtype,
-                       steps, outputs, row_outputs, elementwise_layouts, chunks, num_warps,
+                       steps, outputs, row_outputs, output_layouts, chunks, num_warps,
                        strategy)
 
 
@@ -294,34 +296,36 @@ def _parse_outputs(table: Table, symbols: dict, elementwise: set) -> tuple[tuple
     return tuple(outputs), tuple(row_outputs)
 
 
-def _elementwise_layouts(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
-                         steps: tuple[Step, ...], full: list[str],
-                         layout: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """Element outputs laid out as torch lays out an element-wise result, with the full-shape
-    tensors that decide it: those that read no reduction (``h = x + residual``), by the tensors
-    they read, directly or through earlier such outputs; under ``[rows] layout = "elementwise"``
-    the others too, by every full-shape tensor of the op.
+def _output_layouts(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
+                    steps: tuple[Step, ...], full: list[str],
+                    layout: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The element outputs not laid out contiguously, each with its layout and the full-shape
+    tensors that decide it. Those that read no reduction (``h = x + residual``) are laid out as
+    torch lays out an element-wise result of the tensors they read, directly or through earlier
+    such outputs; the others take ``[rows] layout`` over every full-shape tensor of the op.
 
-    torch lays the result of an element-wise op out like its inputs, and the result of softmax or
-    a norm out contiguously; the outputs follow the torch op they stand for. An op whose torch
-    counterpart is a composite of element-wise ops (``F.normalize``: ``x / norm``) says so with
-    ``layout``.
+    The outputs follow the torch op they stand for: an element-wise op lays its result out like
+    its inputs, softmax and layer_norm return contiguous results, rms_norm keeps the input's
+    channels_last format, and a composite of element-wise ops (``F.normalize``: ``x / norm``)
+    lays its result out like x.
     """
     reduced = {s.name for s in steps} | set(row_outputs)  # names a reduction computes
     reads: dict[str, set[str]] = {}
+    layouts: dict[str, tuple[str, set[str]]] = {}
     for output in outputs:
         if output.name in row_outputs:
             continue
         names = output.expr.names
-        tensors = (names & set(full)).union(*(reads.get(n, set()) for n in names))
         if names & reduced:
             reduced.add(output.name)
-            if layout != "elementwise":
-                continue
-            tensors = set(full)
-        reads[output.name] = tensors
+            if layout != "contiguous":
+                layouts[output.name] = (layout, set(full))
+            continue
+        reads[output.name] = (names & set(full)).union(*(reads.get(n, set()) for n in names))
+        layouts[output.name] = ("elementwise", reads[output.name])
     # in argument order: the first operand decides torch's memory order
-    return tuple((name, tuple(n for n in full if n in tensors)) for name, tensors in reads.items())
+    return tuple((name, kind, tuple(n for n in full if n in tensors))
+                 for name, (kind, tensors) in layouts.items())
 
 
 def variance_pair(steps: tuple[Step, ...]) -> int | None:
@@ -467,7 +471,8 @@ class OutputPlan:
     name: str
     code: str
     per_row: bool
-    like: tuple[str, ...] = ()     # laid out as an element-wise op on these tensors; () contiguous
+    layout: str = "contiguous"     # or memory_format, elementwise: over the tensors in `like`
+    like: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -752,9 +757,9 @@ def plan(spec: OpSpec) -> RowwisePlan:
 
     looped = _passes(steps, body.steps, None, variance)
     online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
-    like = dict(body.elementwise_layouts)
+    layouts = {name: (layout, like) for name, layout, like in body.output_layouts}
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
-                               o.name in body.row_outputs, like.get(o.name, ()))
+                               o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())))
                     for o in body.outputs)
     # the output pass computes every element output, so it loads what any of them reads
     output_tensors = tuple(sorted({t for o in body.outputs if o.name not in body.row_outputs

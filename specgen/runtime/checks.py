@@ -125,3 +125,20 @@ def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
         if not exact:
             raise ValueError(f"{op}: '{name}' overlaps input '{input_name}' in memory; an output may "
                              f"only be the very same tensor as an input, not part of one")
+
+
+def check_outs_disjoint(op: str, outs: Mapping[str, torch.Tensor]) -> None:
+    """The ``out=`` tensors of a multi-output op must not share memory: each element of each is
+    written by one lane, and two outputs at one address would keep whichever lane wrote last.
+    Compared by byte ranges, as inputs are in ``check_out``: views that interleave without
+    sharing an element (``t[:, ::2]`` and ``t[:, 1::2]``) are refused too."""
+    real = [(name, out) for name, out in outs.items() if _is_real(out) and out.numel() > 0]
+    for i, (name, out) in enumerate(real):
+        out_start, out_end = _byte_range(out)
+        for other_name, other in real[:i]:
+            if other.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+                continue
+            start, end = _byte_range(other)
+            if start < out_end and out_start < end:
+                raise ValueError(f"{op}: outputs '{other_name}' and '{name}' overlap in memory; "
+                                 f"each output needs memory of its own")

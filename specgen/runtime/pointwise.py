@@ -27,12 +27,16 @@ def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
 def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """An output laid out as torch lays out the result of an element-wise op on ``inputs``."""
+    return empty(shape, dtype, device, output_strides(shape, inputs))
+
+
+def output_strides(shape: tuple[int, ...], inputs: Sequence[torch.Tensor]) -> Shape:
+    """The strides torch gives the result of an element-wise op on ``inputs``."""
     metas = tuple((tuple(t.shape), tuple(t.stride())) for t in inputs)
     try:
-        strides = _output_strides(shape, metas)
+        return _output_strides(shape, metas)
     except TypeError:  # symbolic sizes do not hash
-        strides = _output_strides.__wrapped__(shape, metas)
-    return empty(shape, dtype, device, strides)
+        return _output_strides.__wrapped__(shape, metas)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -95,4 +99,4 @@ def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device
 
 _cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
 
-__all__ = ["LaunchPlan", "Shape", "empty_output", "plan_launch", "result_dtype"]
+__all__ = ["LaunchPlan", "Shape", "empty_output", "output_strides", "plan_launch", "result_dtype"]

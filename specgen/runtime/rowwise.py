@@ -13,9 +13,12 @@ from typing import Mapping, Sequence
 
 import torch
 import triton
+from torch._prims_common import suggest_memory_format
 
+from specgen.runtime import pointwise
 from specgen.runtime.launch import multiprocessors, max_programs, overrides, untraced, use_int64
-from specgen.runtime.layout import collapse, next_power_of_2
+from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
+from specgen.runtime.replay import empty
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
 COL_RANK = 3    # collapsed reduced dims a kernel splits a column index into
@@ -131,6 +134,25 @@ def row_shape(x: torch.Tensor, reduced: tuple[int, ...], keepdim: bool = False) 
     if keepdim:
         return tuple(1 if d in reduced else size for d, size in enumerate(x.shape))
     return tuple(size for d, size in enumerate(x.shape) if d not in reduced)
+
+
+# the dims of a channels_last (4-D) and channels_last_3d (5-D) tensor, fastest first
+_CHANNELS_LAST_ORDER = {torch.channels_last: (1, 3, 2, 0), torch.channels_last_3d: (1, 4, 3, 2, 0)}
+
+
+def empty_in_memory_format(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                           inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """An output in the memory format torch suggests for ``inputs``, as torch's rms_norm allocates
+    its result (on CPU and CUDA): channels_last for a 4-D input laid out so (dense or not),
+    channels_last_3d for 5-D, else contiguous. Several inputs: the format of their element-wise
+    result, which is what rms_norm(x + residual) sees."""
+    like = inputs[0]
+    if len(inputs) > 1:
+        like = torch.empty_strided(shape, pointwise.output_strides(shape, inputs), device="meta")
+    # Tensor.suggest_memory_format is C++ only; this is its Python mirror (torch's decompositions
+    # use it), which also takes symbolic strides
+    order = _CHANNELS_LAST_ORDER.get(suggest_memory_format(like))
+    return empty(shape, dtype, device, None if order is None else dense_strides(shape, order))
 
 
 @dataclass(frozen=True)

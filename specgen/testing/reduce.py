@@ -68,15 +68,18 @@ def reduce_cases(draw, info: OpInfo) -> Case:
             flat[draw(st.integers(0, flat.numel() - 1))] = draw(st.sampled_from(
                 [float("nan"), 3.0, -3.0]))
             flat[draw(st.integers(0, flat.numel() - 1))] = 3.0
-    args = {"x": x, "dim": dim, "keepdim": keepdim}
-    describe = f"x: {shape} {dtype} {layout} {tuple(x.stride())}; dim={dim!r} keepdim={keepdim}"
+    # the spec names the tensor and the dtype argument; the family adds dim and keepdim
+    args = {x_info.name: x, "dim": dim, "keepdim": keepdim}
+    describe = (f"{x_info.name}: {shape} {dtype} {layout} {tuple(x.stride())}; dim={dim!r} "
+                f"keepdim={keepdim}")
     reference_args = None
-    if any(a.kind == "dtype" for a in info.args):
+    dtype_name = next((a.name for a in info.args if a.kind == "dtype"), None)
+    if dtype_name is not None:
         # torch's dtype= (sum, mean, prod), drawn after any in-place change to x
-        args["dtype"] = dtype_arg(draw, info.dtypes, dtype)
-        describe += f" dtype={args['dtype']}"
-        if args["dtype"] is not None:
-            reference_args = cast_first(args, "x", "dtype")
+        args[dtype_name] = dtype_arg(draw, info.dtypes, dtype)
+        describe += f" {dtype_name}={args[dtype_name]}"
+        if args[dtype_name] is not None:
+            reference_args = cast_first(args, x_info.name, dtype_name)
     return Case(args, (), overrides, describe=describe, tolerances=_REDUCE_TOLERANCES,
                 reference_args=reference_args)
 

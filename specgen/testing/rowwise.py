@@ -145,10 +145,11 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     if strategy != "auto":
         forced["strategy"] = strategy
     # layout: the eager reference's result is torch's rule for each output on CPU and CUDA alike.
-    # Outputs that read a reduction are contiguous (torch's softmax, log_softmax, layer_norm and
-    # rms_norm kernels make their input contiguous; logsumexp is a reduction); add_rms_norm's
+    # Outputs that read a reduction follow the spec's [rows] layout: contiguous for softmax,
+    # log_softmax and layer_norm (their kernels make the input contiguous), the input's suggested
+    # memory format for rms_norm (channels_last kept); logsumexp is a reduction. add_rms_norm's
     # reference composes an add (whose layout rule its `x + residual` output follows) and
-    # F.rms_norm (contiguous), one torch op per output, so "eager" checks both.
+    # F.rms_norm of that sum, one torch op per output, so "eager" checks both.
     return Case(args, (), forced, describe="; ".join(notes), tolerances=TOLERANCES,
                 reference_args=reference_args)
 
