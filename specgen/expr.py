@@ -51,7 +51,8 @@ _CMPOPS = {ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq}
 
 @dataclass(frozen=True)
 class Symbol:
-    """A name an expression may use. ``kind`` is tensor, scalar, choice or value (a computed one)."""
+    """A name an expression may use. ``kind`` is tensor, scalar, bool (a bool scalar: a
+    condition), choice or value (a computed one)."""
 
     name: str
     kind: str
@@ -73,21 +74,38 @@ class Expr:
         return hash(self.source)
 
 
-def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol]) -> Expr:
+def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol],
+               out_of_scope: Mapping[str, str] | None = None) -> Expr:
+    """A validated expression over ``symbols``; ``out_of_scope`` maps names that exist in the spec
+    but not here to the reason, which the error for using one gives."""
     try:
         tree = ast.parse(source.strip(), mode="eval").body
     except SyntaxError as err:
         raise where.error(f"not a valid expression: {source!r} ({err.msg})") from None
     names: set[str] = set()
-    _Validator(where, symbols, names).check(tree)
+    _Validator(where, symbols, names, out_of_scope or {}).check(tree)
+    if _is_condition(tree, symbols):
+        raise where.error(f"'{source.strip()}' is a condition (a bool), and every expression "
+                          f"gives a float value: write where({source.strip()}, 1.0, 0.0)")
     return Expr(source.strip(), tree, frozenset(names))
 
 
+def _is_condition(node: ast.expr, symbols: Mapping[str, Symbol]) -> bool:
+    """Comparisons, bool arguments and and/or/not of them: the bools that where() and the logic
+    operators take."""
+    if isinstance(node, ast.Name):
+        return node.id in symbols and symbols[node.id].kind == "bool"
+    return (isinstance(node, (ast.Compare, ast.BoolOp))
+            or isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not))
+
+
 class _Validator:
-    def __init__(self, where: Where, symbols: Mapping[str, Symbol], names: set[str]):
+    def __init__(self, where: Where, symbols: Mapping[str, Symbol], names: set[str],
+                 out_of_scope: Mapping[str, str]):
         self.where = where
         self.symbols = symbols
         self.names = names
+        self.out_of_scope = out_of_scope
 
     def fail(self, message: str):
         raise self.where.error(message)
@@ -109,6 +127,8 @@ class _Validator:
         if symbol is None:
             if node.id in FUNCTIONS:
                 self.fail(f"'{node.id}' is a function; call it as {node.id}(...)")
+            if node.id in self.out_of_scope:
+                self.fail(f"name '{node.id}' cannot be used here: {self.out_of_scope[node.id]}")
             declared = ", ".join(sorted(self.symbols)) or "none"
             self.fail(f"name '{node.id}' is used but not declared (declared: {declared})")
         if symbol.kind == "choice":
@@ -120,6 +140,15 @@ class _Validator:
         if not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
             self.fail(f"operator in '{ast.unparse(node)}' is not allowed")
         self.check(node.operand)
+        if isinstance(node.op, ast.Not):
+            self.need_condition(node.operand, "'not' takes")
+
+    def need_condition(self, node: ast.expr, who: str) -> None:
+        # a float is not a bool: Triton's logic operators are bitwise and refuse floats, and
+        # torch.where refuses a float condition
+        if not _is_condition(node, self.symbols):
+            self.fail(f"'{ast.unparse(node)}': {who} a condition (a comparison such as x > 0, or "
+                      f"and/or/not of comparisons), not a value")
 
     def _check_BinOp(self, node: ast.BinOp) -> None:
         if type(node.op) not in _BINOPS:
@@ -138,6 +167,7 @@ class _Validator:
     def _check_BoolOp(self, node: ast.BoolOp) -> None:
         for value in node.values:
             self.check(value)
+            self.need_condition(value, "'and' and 'or' take")
 
     def _check_Compare(self, node: ast.Compare) -> None:
         if len(node.ops) != 1 or type(node.ops[0]) not in _CMPOPS:
@@ -179,6 +209,8 @@ class _Validator:
                       f"got {len(node.args)}")
         for arg in node.args:
             self.check(arg)
+        if name == "where":
+            self.need_condition(node.args[0], "where's first argument must be")
 
 
 def _int_constant(node: ast.expr) -> int | None:

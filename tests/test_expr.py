@@ -2,14 +2,16 @@
 
 from pathlib import Path
 
-from specgen.errors import Where
+import pytest
+
+from specgen.errors import SpecError, Where
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families import pointwise
 from specgen.parse import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SYMBOLS = {"x": Symbol("x", "tensor"), "y": Symbol("y", "tensor"), "eps": Symbol("eps", "scalar"),
-           "mode": Symbol("mode", "choice", ("fast", "exact"))}
+           "flag": Symbol("flag", "bool"), "mode": Symbol("mode", "choice", ("fast", "exact"))}
 
 
 def emitted(source: str) -> str:
@@ -26,6 +28,23 @@ def test_powers_unroll_and_invert():
 
 def test_logic_becomes_bitwise_with_precedence_kept():
     assert emitted("where(x > 0 and not y < eps, x, y)") == "tl.where((x > 0) & ~(y < eps), x, y)"
+    assert emitted("where(flag or x > 0, x, y)") == "tl.where(flag | (x > 0), x, y)"
+
+
+@pytest.mark.parametrize("source, words", [
+    ("where(x and y, x, y)", "'x': 'and' and 'or' take a condition"),
+    ("where(x > 0 or y, x, y)", "'y': 'and' and 'or' take a condition"),
+    ("where(not x, x, y)", "'x': 'not' takes a condition"),
+    ("where(x, x, y)", "'x': where's first argument must be a condition"),
+    ("x > y", "'x > y' is a condition (a bool), and every expression gives a float value: "
+              "write where(x > y, 1.0, 0.0)"),
+])
+def test_conditions_and_values_do_not_mix(source, words):
+    """Triton's logic operators are bitwise (a float operand fails at launch) and torch.where
+    refuses a float condition: both are spec errors, as is a bool where a value is expected."""
+    with pytest.raises(SpecError) as err:
+        emitted(source)
+    assert words in err.value.message, err.value.message
 
 
 def test_choice_conditional_uses_the_constexpr():

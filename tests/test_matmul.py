@@ -99,7 +99,8 @@ CASES = [
     ("reserved name", "default = 1.0 }", "default = 1.0 }\nacc = { kind = \"float\", default = 1.0 }",
      "args.acc", "used by the matmul kernels"),
     ("epilogue reads A", 'out = "(acc + bias) * scale + residual"', 'out = "x + acc"',
-     "epilogue.out", "name 'x' is used but not declared"),
+     "epilogue.out", "name 'x' cannot be used here: the operands enter the epilogue only through "
+     "acc, the tile of their product"),
     ("bad out dtype", "[epilogue]", '[epilogue]\ndtype = "int8"', "epilogue.dtype",
      "unknown dtype 'int8'"),
     ("no outputs", 'out = "(acc + bias) * scale + residual"', "", "epilogue",

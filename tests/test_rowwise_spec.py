@@ -100,9 +100,10 @@ CASES = [
     ("reduction of no tensor", 'of = "x", scale', 'of = "eps", scale', "reduce.mean.of",
      "reduces no tensor"),
     ("scale reads a tensor", 'scale = "1 / N" }\nvar', 'scale = "1 / x" }\nvar',
-     "reduce.mean.scale", "name 'x' is used but not declared"),
+     "reduce.mean.scale", "name 'x' cannot be used here: a scale multiplies the row's reduced "
+     "value and reads no tensor"),
     ("later step used early", 'of = "x", scale', 'of = "x - var", scale', "reduce.mean.of",
-     "name 'var' is used but not declared"),
+     "name 'var' cannot be used here: a later step; a step reads only the steps before it"),
     ("step shadows an argument", "mean = {", "eps = {", "reduce.eps",
      "has the name of an argument"),
     ("reduction entry not a table", 'mean = { op = "sum", of = "x", scale = "1 / N" }',

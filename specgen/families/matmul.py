@@ -192,7 +192,9 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
         if name in KERNEL_NAMES:
             raise where.error(f"output name '{name}' is used by the matmul kernels; choose another")
         check_type(source, str, where)
-        outputs.append(Output(name, parse_expr(source, where, symbols)))
+        outputs.append(Output(name, parse_expr(source, where, symbols, {
+            m: "the operands enter the epilogue only through acc, the tile of their product"
+            for m in matrices})))
         symbols[name] = Symbol(name, "value")
     if not outputs:
         raise table.where.error("expected at least one output, as in out = \"acc\"")

@@ -59,8 +59,8 @@ def symbols_of(spec_args: tuple) -> dict[str, Symbol]:
     symbols = {}
     for arg in spec_args:
         choices = getattr(arg, "values", ())
-        symbols[arg.name] = Symbol(arg.name, arg.kind if arg.kind in ("tensor", "choice") else
-                                   "scalar", choices)
+        symbols[arg.name] = Symbol(arg.name, arg.kind if arg.kind in ("tensor", "choice", "bool")
+                                   else "scalar", choices)
     return symbols
 
 

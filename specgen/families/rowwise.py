@@ -241,7 +241,7 @@ def _symbols(spec_args: tuple, host_args: tuple) -> dict[str, Symbol]:
         elif arg.kind == "choice":
             symbols[arg.name] = Symbol(arg.name, "choice", arg.values)
         elif arg.kind != "shape" and arg.name not in host_args:
-            symbols[arg.name] = Symbol(arg.name, "scalar")
+            symbols[arg.name] = Symbol(arg.name, "bool" if arg.kind == "bool" else "scalar")
     return symbols
 
 
@@ -259,7 +259,8 @@ def _parse_steps(table: Table, symbols: dict, elementwise: set) -> tuple[Step, .
         check_type(raw, dict, where)
         entry = Table(raw, where)
         op = entry.pop_choice("op", OPS)
-        of = parse_expr(entry.pop("of", str), where.child("of"), symbols)
+        later = {k: "a later step; a step reads only the steps before it" for k in table.keys()}
+        of = parse_expr(entry.pop("of", str), where.child("of"), symbols, later)
         if not of.names & elementwise:
             raise where.child("of").error("reduces no tensor: the expression must read a tensor "
                                           "argument")
@@ -267,7 +268,9 @@ def _parse_steps(table: Table, symbols: dict, elementwise: set) -> tuple[Step, .
         scale = None
         if scale_source is not None:
             per_row = {k: s for k, s in symbols.items() if k not in elementwise}
-            scale = parse_expr(scale_source, where.child("scale"), per_row)
+            scale = parse_expr(scale_source, where.child("scale"), per_row, {
+                **later, **{t: "a scale multiplies the row's reduced value and reads no tensor"
+                            for t in elementwise}})
         entry.finish()
         steps.append(Step(name, op, of, scale))
         symbols[name] = Symbol(name, "value")
