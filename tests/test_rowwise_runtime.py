@@ -296,13 +296,14 @@ def test_an_element_wise_layout_follows_the_input_as_the_composite_does(authored
 def test_rms_norm_keeps_channels_last_as_torch_does():
     """torch's rms_norm returns its input's suggested memory format (CPU and CUDA alike);
     layer_norm and softmax return contiguous results."""
-    for x in [randn(2, 4, 5, 3).permute(0, 3, 1, 2),                     # channels_last
-              randn(2, 4, 10, 3).permute(0, 3, 1, 2)[..., ::2],          # like it, not dense
-              randn(2, 4, 5, 6, 3).permute(0, 4, 1, 2, 3),               # channels_last_3d
-              randn(5, 3, 4).permute(2, 0, 1)]:                          # contiguous result
-        weight, residual = randn(x.shape[-1]), randn(x.shape).permute(*range(x.dim()))
+    for x, kept in [(randn(2, 4, 5, 3).permute(0, 3, 1, 2), True),               # channels_last
+                    (randn(2, 4, 10, 3).permute(0, 3, 1, 2)[..., ::2], True),    # like it, not dense
+                    (randn(2, 4, 5, 6, 3).permute(0, 4, 1, 2, 3), True),         # channels_last_3d
+                    (randn(5, 3, 4).permute(2, 0, 1), False)]:                   # contiguous result
+        weight, residual = randn(x.shape[-1]), randn(x.shape)
         out = generated.rms_norm(x, (x.shape[-1],), weight)
         expected = F.rms_norm(x, (x.shape[-1],), weight)
+        assert expected.is_contiguous() != kept, "torch's rule this test stands on"
         torch.testing.assert_close(out, expected)
         assert out.stride() == expected.stride()
         hidden, out = generated.add_rms_norm(x, residual, weight)

@@ -92,6 +92,16 @@ def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
     return start, start + storage_span(tensor) * tensor.element_size()
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two real, non-empty tensors of one storage share a byte range (conservative:
+    views that interleave without sharing an element count as overlapping)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a_start, a_end = _byte_range(a)
+    b_start, b_end = _byte_range(b)
+    return a_start < b_end and b_start < a_end
+
+
 def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
               device: torch.device, dtypes: Sequence[torch.dtype],
               inputs: Mapping[str, torch.Tensor]) -> None:
@@ -111,14 +121,10 @@ def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
                          f"an output must not overlap itself")
     if not _is_real(out) or out.numel() == 0:
         return
-    out_start, out_end = _byte_range(out)
     for input_name, tensor in inputs.items():
         if tensor is None or tensor.numel() == 0 or not _is_real(tensor):
             continue
-        if tensor.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
-            continue
-        start, end = _byte_range(tensor)
-        if start >= out_end or out_start >= end:
+        if not _overlap(tensor, out):
             continue
         exact = (tensor.data_ptr() == out.data_ptr() and tensor.shape == out.shape
                  and tensor.stride() == out.stride() and tensor.dtype == out.dtype)
@@ -134,11 +140,7 @@ def check_outs_disjoint(op: str, outs: Mapping[str, torch.Tensor]) -> None:
     sharing an element (``t[:, ::2]`` and ``t[:, 1::2]``) are refused too."""
     real = [(name, out) for name, out in outs.items() if _is_real(out) and out.numel() > 0]
     for i, (name, out) in enumerate(real):
-        out_start, out_end = _byte_range(out)
         for other_name, other in real[:i]:
-            if other.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
-                continue
-            start, end = _byte_range(other)
-            if start < out_end and out_start < end:
+            if _overlap(other, out):
                 raise ValueError(f"{op}: outputs '{other_name}' and '{name}' overlap in memory; "
                                  f"each output needs memory of its own")
