@@ -766,3 +766,7 @@ def add_rms_norm(x, residual, weight, eps=1e-06):
 def reference(x, residual, weight, eps=1e-06):
     """The torch computation this op must match (the tests run it in float64)."""
     return (x + residual, F.rms_norm(x + residual, (x.shape[-1],), weight, eps))
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::add_rms_norm", reference)

@@ -406,3 +406,7 @@ def addmm(c, a, b, beta=1.0, alpha=1.0):
 def reference(c, a, b, beta=1.0, alpha=1.0):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.addmm(c, a, b, beta=beta, alpha=alpha)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::addmm", reference)

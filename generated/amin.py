@@ -258,3 +258,7 @@ def amin(x, dim=None, keepdim=False):
 def reference(x, dim=None, keepdim=False):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.amin(x, dim=() if dim is None else dim, keepdim=keepdim)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::amin", reference)

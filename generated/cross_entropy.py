@@ -449,6 +449,8 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mea
         return _eager_forward(logits, target, weight, ignore_index, reduction, label_smoothing,
                               found=(key, replay))[0]
     rt.check_tensor_types(NAME, {"logits": logits, "target": target, "weight": weight})
+    rt.check_no_grad(NAME, {"weight": weight},
+                     "the loss is differentiable in logits only (as torch's nll_loss)")
     # scalars are checked here too, so that a traced call raises the eager error (the
     # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "ignore_index", ignore_index, int)

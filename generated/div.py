@@ -191,6 +191,9 @@ def div(x, y, *, out=None):
     rt.check_tensor_types(NAME, {"x": x, "y": y})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
+    if outs:
+        rt.check_no_grad(NAME, {"x": x, "y": y, **{f"out[{i}]": t for i, t in enumerate(outs)}},
+                         "a call with out= is not differentiable (as in torch)")
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     eager = rt.runs_eagerly(x, y, *outs)
@@ -206,3 +209,7 @@ def div(x, y, *, out=None):
 def reference(x, y):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.div(x, y)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::div", reference)

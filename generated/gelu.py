@@ -190,6 +190,9 @@ def gelu(x, approximate='none', *, out=None):
     rt.check_tensor_types(NAME, {"x": x})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
+    if outs:
+        rt.check_no_grad(NAME, {"x": x, **{f"out[{i}]": t for i, t in enumerate(outs)}},
+                         "a call with out= is not differentiable (as in torch)")
     # scalars are checked here too, so that a traced call raises the eager error (the
     # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_choice(NAME, "approximate", approximate, ('none', 'tanh'))
@@ -208,3 +211,7 @@ def gelu(x, approximate='none', *, out=None):
 def reference(x, approximate='none'):
     """The torch computation this op must match (the tests run it in float64)."""
     return F.gelu(x, approximate=approximate)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::gelu", reference)

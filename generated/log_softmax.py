@@ -882,3 +882,7 @@ def log_softmax(x, dim=-1, dtype=None):
 def reference(x, dim=-1, dtype=None):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.log_softmax(x, dim, dtype=dtype)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::log_softmax", reference)

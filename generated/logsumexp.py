@@ -776,3 +776,7 @@ def logsumexp(x, dim, keepdim=False):
 def reference(x, dim, keepdim=False):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.logsumexp(x, dim, keepdim)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::logsumexp", reference)

@@ -278,3 +278,7 @@ def mean(x, dim=None, keepdim=False, dtype=None):
 def reference(x, dim=None, keepdim=False, dtype=None):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.mean(x, dim=dim, keepdim=keepdim, dtype=dtype)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::mean", reference)

@@ -255,3 +255,7 @@ def prod(x, dim=None, keepdim=False, dtype=None):
 def reference(x, dim=None, keepdim=False, dtype=None):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.exp(torch.sum(torch.log(x if dtype is None else x.to(dtype)), dim=dim, keepdim=keepdim))
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::prod", reference)

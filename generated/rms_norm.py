@@ -698,3 +698,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
 def reference(x, normalized_shape, weight=None, eps=None):
     """The torch computation this op must match (the tests run it in float64)."""
     return F.rms_norm(x, normalized_shape, weight, eps)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::rms_norm", reference)

@@ -882,3 +882,7 @@ def softmax(x, dim=-1, dtype=None):
 def reference(x, dim=-1, dtype=None):
     """The torch computation this op must match (the tests run it in float64)."""
     return torch.softmax(x, dim, dtype=dtype)
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::softmax", reference)

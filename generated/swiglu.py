@@ -193,6 +193,9 @@ def swiglu(a, b, *, out=None):
     rt.check_tensor_types(NAME, {"a": a, "b": b})
     outs = () if out is None else (out,)
     rt.check_tensor_types(NAME, {f"out[{i}]": t for i, t in enumerate(outs)})
+    if outs:
+        rt.check_no_grad(NAME, {"a": a, "b": b, **{f"out[{i}]": t for i, t in enumerate(outs)}},
+                         "a call with out= is not differentiable (as in torch)")
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     eager = rt.runs_eagerly(a, b, *outs)
@@ -208,3 +211,7 @@ def swiglu(a, b, *, out=None):
 def reference(a, b):
     """The torch computation this op must match (the tests run it in float64)."""
     return F.silu(a) * b
+
+
+# the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
+rt.differentiate_by_reference("specgen::swiglu", reference)

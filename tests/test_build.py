@@ -150,9 +150,10 @@ SCAFFOLDS = [pytest.param(f, {}, id=f) for f in sorted(FAMILIES)] + [
 def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
         tmp_path, monkeypatch, family, edits):
     """A newcomer's path: `specgen new`, `specgen build --out` a package named as they like,
-    import it, and check the op as tests/test_ops.py checks the shipped ones. (Ten drawn cases
-    catch a broken package or harness every time, a layout bug only sometimes: the row-wise
-    layouts have deterministic tests in tests/test_rowwise_runtime.py.)"""
+    import it, and check the op and its gradients as tests/test_ops.py and tests/test_autograd.py
+    check the shipped ones. (Ten drawn cases catch a broken package or harness every time, a
+    layout bug only sometimes: the row-wise layouts have deterministic tests in
+    tests/test_rowwise_runtime.py.)"""
     monkeypatch.chdir(tmp_path)
     name = f"scaffold_{family}" + ("_renamed" if edits else "")
     package = f"{name}_ops"
@@ -174,5 +175,7 @@ def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
         case = data.draw(testing.CASES[family](info))
         note(case.describe)
         testing.check_case(info, case)
+        # an authored op is differentiable with no backward code of its own
+        testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
 
     check()

@@ -1,5 +1,5 @@
-"""Calls that go through the registered op: bad arguments raise the eager error, and ops without
-a backward run forward on inputs that require grad and refuse a backward.
+"""Calls that go through the registered op: bad arguments raise the eager error (gradients:
+tests/test_autograd.py).
 
 A call that anything observes (torch.compile, autograd, a function mode) goes through the
 dispatcher, which checks argument types against the op's schema before our checks run: its error
@@ -61,21 +61,3 @@ def test_traced_calls_raise_the_eager_error(case):
         assert not runtime.runs_eagerly(_randn(1))
         traced = _error(CALLS[case])
     assert traced == eager
-
-
-@pytest.mark.parametrize("name", ["softmax", "layer_norm", "sum", "gelu", "mm"])
-def test_ops_without_a_backward_run_forward_and_refuse_backward(name):
-    # README: only cross_entropy has a backward; the others still run on inputs that require grad
-    x = _randn(3, 5).requires_grad_()
-    call = {
-        "softmax": lambda x: (generated.softmax(x, -1), torch.softmax(x, -1)),
-        "layer_norm": lambda x: (generated.layer_norm(x, [5]), torch.layer_norm(x, [5])),
-        "sum": lambda x: (generated.sum(x, 1), torch.sum(x, 1)),
-        "gelu": lambda x: (generated.gelu(x), torch.nn.functional.gelu(x)),
-        "mm": lambda x: (generated.mm(x, x.detach().t()), x @ x.detach().t()),
-    }[name]
-    out, expected = call(x)
-    assert out.requires_grad
-    torch.testing.assert_close(out, expected.detach())
-    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
-        out.sum().backward()

@@ -24,6 +24,16 @@ def check_tensor_types(op: str, tensors: Mapping[str, object]) -> None:
                             f"got {type(value).__name__}")
 
 
+def check_no_grad(op: str, tensors: Mapping[str, torch.Tensor | None], why: str) -> None:
+    """RuntimeError, as torch raises, for an argument that requires grad (grad mode on) in a call
+    torch does not differentiate through it; ``why`` says which rule."""
+    if not torch.is_grad_enabled():
+        return
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.requires_grad:
+            raise RuntimeError(f"{op}: argument '{name}' requires grad, but {why}")
+
+
 def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
                   dtypes: Sequence[torch.dtype]) -> torch.device:
     """Same device for all, a device the kernels run on, a supported dtype. Returns the device.

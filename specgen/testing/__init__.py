@@ -1,7 +1,8 @@
 """Hypothesis strategies and checks for property-testing generated ops against their references.
 
 ``CASES`` maps each family to a strategy of ``Case``s for one op; ``tests/test_ops.py`` draws from
-it for every op in ``generated.REGISTRY`` and checks each case with ``check_case``. A new family
+it for every op in ``generated.REGISTRY`` and checks each case with ``check_case``
+(``tests/test_autograd.py``: its gradients with ``check_grad``). A new family
 adds its module here and one entry.
 """
 
@@ -15,6 +16,7 @@ from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, asser
                                   broadcast_operand, device, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
 from specgen.testing.cross_entropy import cross_entropy_cases
+from specgen.testing.grad import check_grad
 from specgen.testing.matmul import matmul_cases
 from specgen.testing.pointwise import pointwise_cases
 from specgen.testing.reduce import reduce_cases
@@ -30,6 +32,6 @@ CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
 
 __all__ = [
     "CASES", "Case", "Layout", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",
-    "check_case", "device", "knobs", "layouts", "make_tensor", "max_numel", "reference64",
+    "check_case", "check_grad", "device", "knobs", "layouts", "make_tensor", "max_numel", "reference64",
     "scalar_value", "shapes", "sizes",
 ]

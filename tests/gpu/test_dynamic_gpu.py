@@ -65,7 +65,8 @@ def test_dynamic_shapes_compile(case):
 
 
 def test_dynamic_shapes_compile_backward():
-    # cross_entropy's backward (the one op with one) through a graph compiled with dynamic shapes
+    # cross_entropy's backward kernel through a graph compiled with dynamic shapes (the other ops'
+    # backward: tests/gpu/test_autograd_gpu.py)
     torch._dynamo.reset()
     compiled = torch.compile(lambda x: generated.cross_entropy(x, _target(x)), dynamic=True,
                              fullgraph=True)

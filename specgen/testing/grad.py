@@ -1,0 +1,96 @@
+"""The gradient check (``tests/test_autograd.py``; an author's package the same way): an op's
+backward against the float64 reference's own autograd, for every floating input at once, with
+fresh random output gradients."""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.runtime import OpInfo, override
+from specgen.testing.core import Case, Layout, assert_matches, make_tensor
+
+
+def _outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _grads(outputs, inputs, cotangents):
+    """d(outputs . cotangents)/d(inputs); an input no output depends on gets zeros (torch gives
+    None there, our backward zeros)."""
+    return torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True,
+                               materialize_grads=True)
+
+
+def check_grad(info: OpInfo, case: Case, seed: int) -> None:
+    """Calls the op on ``case`` with its floating tensors requiring grad, back-propagates random
+    gradients of its floating outputs, and asserts each input's gradient matches."""
+    name = info.name
+    floating = [k for k, v in case.args.items()
+                if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+    def leaves(dtype=None):
+        # the drawn tensors themselves (layout kept: strides, offsets, stride-0 dims), as leaves
+        return {k: case.args[k].detach().to(dtype or case.args[k].dtype).requires_grad_()
+                for k in floating}
+
+    # an input torch refuses a gradient for (cross_entropy's weight) must be refused as well
+    for k in list(floating):
+        try:
+            info.reference(**{**case.args, k: case.args[k].detach().requires_grad_()})
+        except RuntimeError:
+            try:
+                info.function(**{**case.args, k: case.args[k].detach().requires_grad_()})
+            except RuntimeError as err:
+                assert f"'{k}'" in str(err), f"{name}: the error does not name '{k}': {err}"
+            else:
+                raise AssertionError(f"{name}: torch refuses a gradient for '{k}', {name} does not")
+            floating.remove(k)
+    if not floating:
+        return
+
+    ours = leaves()
+    with override(**case.overrides):
+        outputs = _outputs(info.function(**{**case.args, **ours}))
+    differentiable = [o for o in outputs if o.is_floating_point()]
+    if not differentiable:
+        # an index result (argmax) is not differentiable: torch gives it no grad_fn either
+        assert not any(o.requires_grad for o in outputs), f"{name}: an index result requires grad"
+        return
+    cotangents = [make_tensor(o.shape, o.dtype, Layout.contiguous(o.dim()), seed=seed + i,
+                              device=o.device)
+                  for i, o in enumerate(differentiable)]
+    got = _grads(differentiable, list(ours.values()), cotangents)
+
+    # float64: the reference's arguments (a resolved eps, a dtype= cast) on upcast leaves
+    wide = leaves(torch.float64)
+    args64 = {k: wide[k] if k in wide else
+              v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in (case.reference_args or case.args).items()}
+    outputs64 = [o for o in _outputs(info.reference(**args64)) if o.is_floating_point()]
+    want = _grads(outputs64, list(wide.values()), [c.double() for c in cotangents])
+
+    # torch's own gradient at the drawn dtypes bounds ill-conditioned elements. It has two paths,
+    # autograd and torch.func (the one our backward takes), whose float16 CPU matmuls round
+    # differently: each element may be off by as much as the worse of the two
+    own = leaves()
+    outputs_torch = [o for o in _outputs(info.reference(**{**case.args, **own}))
+                     if o.is_floating_point()]
+    by_autograd = _grads(outputs_torch, list(own.values()), cotangents)
+    by_func = _func_grads(info, case, floating, cotangents)
+
+    for k, grad, grad64, grad_a, grad_f in zip(floating, got, want, by_autograd, by_func):
+        assert grad.dtype == grad_a.dtype, f"{name} grad {k}: dtype"
+        worse = torch.where((grad_a.double() - grad64).abs() >= (grad_f.double() - grad64).abs(),
+                            grad_a, grad_f)
+        assert_matches(grad, grad64, f"{name} grad {k}", case.tolerances, worse)
+
+
+def _func_grads(info: OpInfo, case: Case, floating: list[str], cotangents):
+    """The reference's gradient by ``torch.func.vjp`` (zeros for an unused input, as autograd's)."""
+
+    def reference(*primals):
+        outputs = _outputs(info.reference(**{**case.args, **dict(zip(floating, primals))}))
+        return tuple(o for o in outputs if o.is_floating_point())
+
+    _, vjp = torch.func.vjp(reference, *(case.args[k] for k in floating))
+    return vjp(tuple(cotangents))

@@ -1,0 +1,104 @@
+"""Every registered op's backward against the float64 reference's autograd, over drawn shapes,
+layouts and dtypes (the cases of tests/test_ops.py), and the autograd rules torch keeps.
+
+Ops without a backward kernel of their own differentiate their reference (runtime/autograd.py),
+so these cases check what reaches the backward: the saved inputs, the argument order, which
+inputs get a gradient, outputs left unused.
+"""
+
+import re
+
+import pytest
+import torch
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+import generated
+from specgen import testing
+
+
+@pytest.mark.parametrize("name", sorted(generated.REGISTRY))
+@given(data=st.data())
+def test_gradients_match_reference(name, data):
+    info = generated.REGISTRY[name]
+    case = data.draw(testing.CASES[info.family](info))
+    note(case.describe)
+    note(f"overrides: {case.overrides}")
+    testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
+
+
+def _leaf(*shape, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(*shape, generator=generator, dtype=torch.float64) * 6 - 3
+    return x.to(dtype).to(testing.device()).requires_grad_()
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_double_backward_matches_torch(op):
+    # the backward is torch ops, so create_graph differentiates it again
+    x, w = _leaf(4, 7), _leaf(7, seed=1)
+    grad_y = _leaf(4, 7, seed=2).detach()
+    calls = {"softmax": (lambda f, x: f(x, -1), generated.softmax, torch.softmax),
+             "layer_norm": (lambda f, x: f(x, [7], w), generated.layer_norm,
+                            torch.nn.functional.layer_norm)}
+    call, ours, theirs = calls[op]
+    results = []
+    for f in (ours, theirs):
+        grad_x, = torch.autograd.grad(call(f, x), x, grad_y, create_graph=True)
+        results.append(torch.autograd.grad(grad_x.square().sum(), (x, w), allow_unused=True,
+                                           materialize_grads=True))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_saved_input_changed_in_place_raises():
+    x = _leaf(3, 5)
+    hidden = x * 2
+    y = generated.rms_norm(hidden, [5])
+    hidden.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("grad_of", ["x", "out"])
+def test_out_with_grad_raises_as_torch(grad_of):
+    x, y = _leaf(3, 4), _leaf(3, 4, seed=1).detach()
+    out = torch.empty(3, 4, device=x.device)
+    if grad_of == "out":
+        x, out = x.detach(), out.requires_grad_()
+    with pytest.raises(RuntimeError):
+        torch.add(x, y, out=out)
+    name = "out[0]" if grad_of == "out" else "x"
+    with pytest.raises(RuntimeError, match=re.escape(
+            f"add: argument '{name}' requires grad, but a call with out= is not differentiable")):
+        generated.add(x, y, out=out)
+    # under no_grad torch writes out=, and so do we
+    with torch.no_grad():
+        generated.add(x, y, out=out)
+        testing.assert_matches(out, (x.double() + y.double()), "add out= under no_grad")
+
+
+def test_cross_entropy_weight_with_grad_raises_as_torch():
+    logits, weight = _leaf(4, 3).detach(), _leaf(3, seed=1).abs()
+    target = torch.tensor([0, 1, 2, 1], device=logits.device)
+    with pytest.raises(RuntimeError, match="not differentiable with respect to argument 'weight'"):
+        torch.nn.functional.cross_entropy(logits, target, weight)
+    with pytest.raises(RuntimeError, match="argument 'weight' requires grad"):
+        generated.cross_entropy(logits, target, weight)
+    with torch.no_grad():
+        loss = generated.cross_entropy(logits, target, weight)
+    want = torch.nn.functional.cross_entropy(logits.double(), target, weight.detach().double())
+    testing.assert_matches(loss, want, "cross_entropy with a weight under no_grad")
+
+
+def test_an_unused_output_gets_a_zero_gradient():
+    # add_rms_norm returns (x + residual, rms_norm(x + residual)): back-propagating the norm
+    # alone must still reach x and residual through it
+    x, residual, weight = _leaf(3, 6), _leaf(3, 6, seed=1), _leaf(6, seed=2)
+    _, normed = generated.add_rms_norm(x, residual, weight)
+    got = torch.autograd.grad(normed.sum(), (x, residual, weight))
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, residual, weight))
+    want = torch.autograd.grad(torch.nn.functional.rms_norm(x64 + r64, [6], w64, 1e-6).sum(),
+                               (x64, r64, w64))
+    for g, w in zip(got, want):
+        testing.assert_matches(g, w, "add_rms_norm grad through the norm")
