@@ -20,15 +20,13 @@ SHAPES = [(4096, 4096), (32768, 1024), (1024, 32768), (8, 262144)]
 def cases(quick: bool) -> list[Case]:
     # --quick keeps each row length (it decides the strategy) and divides the row count by 16
     shapes = [(max(1, rows // 16) if quick else rows, n) for rows, n in SHAPES]
-    out = []
-    for rows, n in shapes:
-        out.append(_case("softmax(x, -1)", rows, n, 0,
-                         lambda x: _generated().softmax(x, -1), _softmax))
-        out.append(_case("layer_norm(x, (N,), w, b)", rows, n, 2,
-                         lambda x, w, b: _generated().layer_norm(x, [x.shape[-1]], w, b),
-                         _layer_norm))
-        out.append(_case("rms_norm(x, (N,), w)", rows, n, 1,
-                         lambda x, w: _generated().rms_norm(x, [x.shape[-1]], w), _rms_norm))
+    out = [_case(op, rows, n, vectors, specgen, eager)
+           for rows, n in shapes for op, _, vectors, specgen, eager in _OPS]
+    # training at the square shape: the forward and the gradients of every input. Our backward
+    # is torch's gradient of the reference (README, Shipped ops), so eager pays a recompute
+    rows, n = shapes[0]
+    out += [_grad_case(f"{name} fwd+bwd", rows, n, vectors, specgen, eager)
+            for _, name, vectors, specgen, eager in _OPS]
     return out
 
 
@@ -52,6 +50,16 @@ def _generated():
     return generated
 
 
+# (the forward's row label, the op's name, weight vectors, specgen, eager)
+_OPS = [
+    ("softmax(x, -1)", "softmax", 0, lambda x: _generated().softmax(x, -1), _softmax),
+    ("layer_norm(x, (N,), w, b)", "layer_norm", 2,
+     lambda x, w, b: _generated().layer_norm(x, [x.shape[-1]], w, b), _layer_norm),
+    ("rms_norm(x, (N,), w)", "rms_norm", 1,
+     lambda x, w: _generated().rms_norm(x, [x.shape[-1]], w), _rms_norm),
+]
+
+
 def _case(op: str, rows: int, n: int, vectors: int, specgen: Callable, eager: Callable) -> Case:
     def make_inputs():
         x = torch.randn(rows, n, device="cuda", dtype=DTYPE)
@@ -67,4 +75,33 @@ def _case(op: str, rows: int, n: int, vectors: int, specgen: Callable, eager: Ca
         eager=eager,
         # x read once and the output written once, plus each weight/bias vector read once
         bytes_moved=DTYPE.itemsize * (2 * rows * n + vectors * n),
+    )
+
+
+def _gradient_of(fn: Callable) -> Callable:
+    def run(grad_out, *inputs):
+        # the gradient of x is what the check compares; those of the weights are computed too
+        return torch.autograd.grad(fn(*inputs), inputs, grad_out)[0]
+    return run
+
+
+def _grad_case(op: str, rows: int, n: int, vectors: int, specgen: Callable,
+               eager: Callable) -> Case:
+    def make_inputs():
+        grad_out = torch.randn(rows, n, device="cuda", dtype=DTYPE)
+        x = torch.randn(rows, n, device="cuda", dtype=DTYPE, requires_grad=True)
+        return (grad_out, x, *(torch.randn(n, device="cuda", dtype=DTYPE, requires_grad=True)
+                               for _ in range(vectors)))
+
+    return Case(
+        family="rowwise",
+        op=op,
+        shape=f"{rows}x{n}",
+        dtype=DTYPE,
+        make_inputs=make_inputs,
+        specgen=_gradient_of(specgen),
+        eager=_gradient_of(eager),
+        # what a fused training kernel pair moves: the forward reads x and writes y, the backward
+        # reads x and the output gradient and writes x's (the weights' gradients are n each)
+        bytes_moved=DTYPE.itemsize * (5 * rows * n + 2 * vectors * n),
     )

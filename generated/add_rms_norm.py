@@ -760,6 +760,10 @@ def add_rms_norm(x, residual, weight, eps=1e-06):
     if rt.runs_eagerly(x, residual, weight):
         # nothing traces or differentiates this call: skip the dispatcher
         return _replays.record(key, _add_rms_norm_impl, (x, residual, weight), x, residual, weight, eps)
+    if rt.untraced([x, residual, weight]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(add_rms_norm, reference, x, residual, weight, eps)
     return torch.ops.specgen.add_rms_norm(x, residual, weight, eps)
 
 

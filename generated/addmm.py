@@ -400,6 +400,10 @@ def addmm(c, a, b, beta=1.0, alpha=1.0):
     # go through the registered op
     if rt.runs_eagerly(a, b, c):
         return _replays.record(key, _addmm, (c, a, b), c, a, b, beta, alpha)
+    if rt.untraced([a, b, c]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(addmm, reference, c, a, b, beta, alpha)
     return torch.ops.specgen.addmm(c, a, b, beta, alpha)
 
 

@@ -252,6 +252,10 @@ def amin(x, dim=None, keepdim=False):
     # go through the registered op
     if rt.runs_eagerly(x):
         return _replays.record(key, _amin, (x,), x, dim, keepdim)
+    if rt.untraced([x]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(amin, reference, x, dim, keepdim)
     return torch.ops.specgen.amin(x, dim, keepdim)
 
 

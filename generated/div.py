@@ -200,6 +200,10 @@ def div(x, y, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _div, (x, y), x, y)
+        if rt.untraced([x, y]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(div, reference, x, y)
         return torch.ops.specgen.div(x, y)
     out_op = _div_out if eager else torch.ops.specgen.div_out
     out_op(*outs, x, y)

@@ -202,6 +202,10 @@ def gelu(x, approximate='none', *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _gelu, (x,), x, approximate)
+        if rt.untraced([x]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(gelu, reference, x, approximate)
         return torch.ops.specgen.gelu(x, approximate)
     out_op = _gelu_out if eager else torch.ops.specgen.gelu_out
     out_op(*outs, x, approximate)

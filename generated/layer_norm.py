@@ -773,6 +773,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
     if rt.runs_eagerly(x, weight, bias):
         # nothing traces or differentiates this call: skip the dispatcher
         return _replays.record(key, _layer_norm_impl, (x, weight, bias), x, normalized_shape, weight, bias, eps)
+    if rt.untraced([x, weight, bias]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(layer_norm, reference, x, normalized_shape, weight, bias, eps)
     return torch.ops.specgen.layer_norm(x, normalized_shape, weight, bias, eps)
 
 

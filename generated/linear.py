@@ -472,6 +472,10 @@ def linear(x, weight, bias=None):
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias):
         return _replays.record(key, _linear, (x, weight, bias), x, weight, bias)
+    if rt.untraced([x, weight, bias]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(linear, reference, x, weight, bias)
     return torch.ops.specgen.linear(x, weight, bias)
 
 

@@ -473,6 +473,10 @@ def linear_gelu(x, weight, bias=None):
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias):
         return _replays.record(key, _linear_gelu, (x, weight, bias), x, weight, bias)
+    if rt.untraced([x, weight, bias]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(linear_gelu, reference, x, weight, bias)
     return torch.ops.specgen.linear_gelu(x, weight, bias)
 
 

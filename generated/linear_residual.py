@@ -466,6 +466,10 @@ def linear_residual(x, weight, bias, residual):
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias, residual):
         return _replays.record(key, _linear_residual, (x, weight, bias, residual), x, weight, bias, residual)
+    if rt.untraced([x, weight, bias, residual]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(linear_residual, reference, x, weight, bias, residual)
     return torch.ops.specgen.linear_residual(x, weight, bias, residual)
 
 

@@ -876,6 +876,10 @@ def log_softmax(x, dim=-1, dtype=None):
     if rt.runs_eagerly(x):
         # nothing traces or differentiates this call: skip the dispatcher
         return _replays.record(key, _log_softmax_impl, (x,), x, dim, dtype)
+    if rt.untraced([x]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(log_softmax, reference, x, dim, dtype)
     return torch.ops.specgen.log_softmax(x, dim, dtype)
 
 

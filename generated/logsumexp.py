@@ -770,6 +770,10 @@ def logsumexp(x, dim, keepdim=False):
     if rt.runs_eagerly(x):
         # nothing traces or differentiates this call: skip the dispatcher
         return _replays.record(key, _logsumexp_impl, (x,), x, dim, keepdim)
+    if rt.untraced([x]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(logsumexp, reference, x, dim, keepdim)
     return torch.ops.specgen.logsumexp(x, dim, keepdim)
 
 

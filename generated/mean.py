@@ -272,6 +272,10 @@ def mean(x, dim=None, keepdim=False, dtype=None):
     # go through the registered op
     if rt.runs_eagerly(x):
         return _replays.record(key, _mean, (x,), x, dim, keepdim, dtype)
+    if rt.untraced([x]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(mean, reference, x, dim, keepdim, dtype)
     return torch.ops.specgen.mean(x, dim, keepdim, dtype)
 
 

@@ -200,6 +200,10 @@ def mul(x, y, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _mul, (x, y), x, y)
+        if rt.untraced([x, y]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(mul, reference, x, y)
         return torch.ops.specgen.mul(x, y)
     out_op = _mul_out if eager else torch.ops.specgen.mul_out
     out_op(*outs, x, y)

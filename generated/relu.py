@@ -194,6 +194,10 @@ def relu(x, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _relu, (x,), x)
+        if rt.untraced([x]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(relu, reference, x)
         return torch.ops.specgen.relu(x)
     out_op = _relu_out if eager else torch.ops.specgen.relu_out
     out_op(*outs, x)

@@ -692,6 +692,10 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if rt.runs_eagerly(x, weight):
         # nothing traces or differentiates this call: skip the dispatcher
         return _replays.record(key, _rms_norm_impl, (x, weight), x, normalized_shape, weight, eps)
+    if rt.untraced([x, weight]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(rms_norm, reference, x, normalized_shape, weight, eps)
     return torch.ops.specgen.rms_norm(x, normalized_shape, weight, eps)
 
 

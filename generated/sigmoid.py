@@ -193,6 +193,10 @@ def sigmoid(x, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _sigmoid, (x,), x)
+        if rt.untraced([x]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(sigmoid, reference, x)
         return torch.ops.specgen.sigmoid(x)
     out_op = _sigmoid_out if eager else torch.ops.specgen.sigmoid_out
     out_op(*outs, x)

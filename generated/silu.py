@@ -195,6 +195,10 @@ def silu(x, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _silu, (x,), x)
+        if rt.untraced([x]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(silu, reference, x)
         return torch.ops.specgen.silu(x)
     out_op = _silu_out if eager else torch.ops.specgen.silu_out
     out_op(*outs, x)

@@ -876,6 +876,10 @@ def softmax(x, dim=-1, dtype=None):
     if rt.runs_eagerly(x):
         # nothing traces or differentiates this call: skip the dispatcher
         return _replays.record(key, _softmax_impl, (x,), x, dim, dtype)
+    if rt.untraced([x]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(softmax, reference, x, dim, dtype)
     return torch.ops.specgen.softmax(x, dim, dtype)
 
 

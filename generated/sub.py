@@ -200,6 +200,10 @@ def sub(x, y, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _sub, (x, y), x, y)
+        if rt.untraced([x, y]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(sub, reference, x, y)
         return torch.ops.specgen.sub(x, y)
     out_op = _sub_out if eager else torch.ops.specgen.sub_out
     out_op(*outs, x, y)

@@ -271,6 +271,10 @@ def sum(x, dim=None, keepdim=False, dtype=None):
     # go through the registered op
     if rt.runs_eagerly(x):
         return _replays.record(key, _sum, (x,), x, dim, keepdim, dtype)
+    if rt.untraced([x]):
+        # autograd in eager code: the plain call inside an autograd.Function, differentiated
+        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+        return rt.differentiable_call(sum, reference, x, dim, keepdim, dtype)
     return torch.ops.specgen.sum(x, dim, keepdim, dtype)
 
 

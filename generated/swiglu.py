@@ -202,6 +202,10 @@ def swiglu(a, b, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _swiglu, (a, b), a, b)
+        if rt.untraced([a, b]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(swiglu, reference, a, b)
         return torch.ops.specgen.swiglu(a, b)
     out_op = _swiglu_out if eager else torch.ops.specgen.swiglu_out
     out_op(*outs, a, b)

@@ -194,6 +194,10 @@ def tanh(x, *, out=None):
     if out is None:
         if eager:
             return _replays.record(key, _tanh, (x,), x)
+        if rt.untraced([x]):
+            # autograd in eager code: the plain call inside an autograd.Function, differentiated
+            # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
+            return rt.differentiable_call(tanh, reference, x)
         return torch.ops.specgen.tanh(x)
     out_op = _tanh_out if eager else torch.ops.specgen.tanh_out
     out_op(*outs, x)

@@ -24,7 +24,9 @@ def test_gradients_match_reference(name, data):
     case = data.draw(testing.CASES[info.family](info))
     note(case.describe)
     note(f"overrides: {case.overrides}")
-    testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
+    path = data.draw(st.sampled_from(testing.grad.PATHS))
+    note(f"path: {path}")
+    testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)), path=path)
 
 
 def _leaf(*shape, dtype=torch.float32, seed=0):

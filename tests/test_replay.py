@@ -74,15 +74,22 @@ def test_a_tensor_passed_twice_has_its_own_signature():
         torch.testing.assert_close(generated.add(c, c), c + c)
 
 
-def test_differentiated_calls_are_not_replayed():
+def test_differentiated_calls_replay_their_forward():
+    # an eager call that needs a gradient runs its plain call inside an autograd.Function
+    # (runtime/autograd.py), where grad mode is off: that call is replayed like any other
     x = _randn(3, 9)
     with replay.record_at_once():
         generated.softmax(x, 0)
         leaf = x.clone().requires_grad_()
         before = _replayed("softmax")
         out = generated.softmax(leaf, 0)
-    assert _replayed("softmax") == before
+    assert _replayed("softmax") == before + 1
     assert out.grad_fn is not None
+    grad_out = _randn(3, 9)
+    grad, = torch.autograd.grad(out, leaf, grad_out)
+    wide = x.double().requires_grad_()
+    want, = torch.autograd.grad(torch.softmax(wide, 0), wide, grad_out.double())
+    testing.assert_matches(grad, want, "softmax grad after a replayed forward")
 
 
 def test_cross_entropy_checks_targets_on_a_replay():

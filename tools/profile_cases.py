@@ -5,13 +5,18 @@ For every case of the chosen bench families (specgen and eager; torch.compile is
 (no sync), and the device time of each kernel the call starts (torch.profiler).
 
 Usage (GPU machine): PYTHONPATH=. python3 tools/profile_cases.py [--only FAMILY ...]
+[--match TEXT] [--cprofile N]; --match keeps the cases whose op contains TEXT, --cprofile prints
+the N functions of most cumulative host time in 20 calls of specgen's side (cProfile inflates
+Python frames: compare within one run).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import importlib
+import pstats
 import time
 
 import torch
@@ -54,9 +59,13 @@ def kernels(fn, inputs, calls: int = 5) -> list[tuple[str, float, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append", choices=FAMILIES)
+    parser.add_argument("--match", default="")
+    parser.add_argument("--cprofile", type=int, default=0)
     args = parser.parse_args()
     for family in args.only or FAMILIES:
         for case in FAMILIES[family](False):
+            if args.match not in case.op:
+                continue
             inputs = case.make_inputs()
             for impl, fn in (("specgen", case.specgen), ("eager", case.eager)):
                 try:
@@ -67,6 +76,10 @@ def main() -> None:
                     print(line, flush=True)
                     for name, us, launches in kernels(fn, inputs):
                         print(f"      {us:8.1f} us  x{launches}  {name}", flush=True)
+                    if impl == "specgen" and args.cprofile:
+                        profiler = cProfile.Profile()
+                        profiler.runcall(lambda: [fn(*inputs) for _ in range(20)])
+                        pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.cprofile)
                     if impl == "specgen":
                         for (kernel, _, kwargs), config in launch_module._tuned.items():
                             print(f"      tuned {kernel.fn.__name__} {dict(kwargs)}: {config}")

@@ -1,11 +1,17 @@
 """Backward of the generated ops: torch's autograd of the op's reference, at the saved inputs.
 
-Every op whose family has no backward kernel of its own registers ``differentiate_by_reference``:
-the forward runs our kernels, the backward recomputes the spec's ``reference`` (torch ops) at the
-saved inputs and takes its vector-Jacobian product with ``torch.func.vjp``. So every op, an
-author's fused ones included, has exactly torch's gradient, and under torch.compile AOTAutograd
-traces the recompute and the backward into the backward graph, where Inductor fuses them. The
-price in eager code is a forward recompute and torch's own backward kernels (docs/design.md,
+Every op whose family has no backward kernel of its own differentiates its spec's ``reference``
+(torch ops): the forward runs our kernels, the backward runs the reference again on the saved
+inputs and back-propagates through it. So every op, an author's fused ones included, has exactly
+torch's gradient. Two paths, as for the forward:
+- an untraced call (eager code) runs its plain eager call (replayed when its signature repeats)
+  inside ``_ByReference``, an autograd.Function, and its backward takes ``torch.autograd.grad``
+  of the recomputed reference: no dispatcher, no custom-op autograd, no torch.func (on the H200
+  host those cost several times the kernels of a 4096x4096 softmax's forward and backward);
+- a traced call (torch.compile, modes, subclasses) goes through the registered op, whose
+  autograd formula takes the reference's vector-Jacobian product with ``torch.func.vjp``, which
+  AOTAutograd traces into the backward graph, where Inductor fuses it.
+The price in eager code is the recompute and torch's own backward kernels (docs/design.md,
 "Backward").
 """
 
@@ -15,19 +21,47 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specgen.runtime.launch import untraced
 
-def _setup_context(ctx, inputs, output) -> None:
+
+def _save(ctx, args: Sequence[object]) -> None:
     # tensors through save_for_backward (version-checked: an in-place change before the backward
     # raises), everything else as it came
-    ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in inputs))
-    ctx.scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in inputs)
+    ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in args))
+    ctx.scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _saved(ctx) -> list[object]:
+    return [s if t is None else t for t, s in zip(ctx.saved_tensors, ctx.scalars)]
 
 
 def reference_grads(reference: Callable, args: Sequence[object], wanted: Sequence[int],
                     grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor]:
     """The gradients of ``reference(*args)`` with respect to ``args[i]`` for each ``i`` in
     ``wanted``, given the gradients of its outputs (None: that output was not used)."""
+    if untraced([a for a in args if isinstance(a, torch.Tensor)]):
+        return _autograd_grads(reference, args, wanted, grads)
+    return _vjp_grads(reference, args, wanted, grads)
 
+
+def _autograd_grads(reference, args, wanted, grads):
+    # the saved tensors are the inputs themselves: the recompute's graph hangs off them, so a
+    # backward under create_graph (grad mode on here) is differentiable again
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        outputs = reference(*args)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    used = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
+    inputs = [args[i] for i in wanted]
+    if not used:
+        return {i: torch.zeros_like(args[i]) for i in wanted}
+    found = torch.autograd.grad([o for o, _ in used], inputs, [g for _, g in used],
+                                create_graph=create_graph, allow_unused=True,
+                                materialize_grads=True)
+    return dict(zip(wanted, found))
+
+
+def _vjp_grads(reference, args, wanted, grads):
     def forward(*primals):
         call = list(args)
         for i, primal in zip(wanted, primals):
@@ -42,14 +76,40 @@ def reference_grads(reference: Callable, args: Sequence[object], wanted: Sequenc
     return dict(zip(wanted, vjp(cotangents)))
 
 
+def _backward(ctx, reference: Callable, grads, skip: int = 0) -> tuple:
+    """The gradient of each argument after the first ``skip`` inputs of ``ctx``'s call."""
+    args = _saved(ctx)
+    wanted = [i for i, need in enumerate(ctx.needs_input_grad[skip:]) if need]
+    found = reference_grads(reference, args, wanted, grads)
+    return tuple(found.get(i) for i in range(len(args)))
+
+
 def differentiate_by_reference(op: str, reference: Callable) -> None:
-    """Registers the backward of ``op`` (a qualified name, ``specgen::add``) as the
-    vector-Jacobian product of ``reference``, which takes the op's arguments in its order."""
+    """Registers the backward of ``op`` (a qualified name, ``specgen::add``) as the gradient of
+    ``reference``, which takes the op's arguments in its order."""
 
     def backward(ctx, *grads):
-        args = [s if t is None else t for t, s in zip(ctx.saved_tensors, ctx.scalars)]
-        wanted = [i for i, need in enumerate(ctx.needs_input_grad) if need]
-        found = reference_grads(reference, args, wanted, grads)
-        return tuple(found.get(i) for i in range(len(args)))
+        return _backward(ctx, reference, grads)
 
-    torch.library.register_autograd(op, backward, setup_context=_setup_context)
+    torch.library.register_autograd(op, backward,
+                                    setup_context=lambda ctx, inputs, output: _save(ctx, inputs))
+
+
+class _ByReference(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, function, reference, *args):
+        _save(ctx, args)
+        ctx.reference = reference
+        # grad mode is off in here: ``function`` takes its plain eager path
+        return function(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *_backward(ctx, ctx.reference, grads, skip=2))
+
+
+def differentiable_call(function: Callable, reference: Callable, *args: object):
+    """``function(*args)`` (a generated op's public function, its arguments in the op's order)
+    for an untraced call whose inputs need a gradient: its plain eager call, differentiated
+    through ``reference``."""
+    return _ByReference.apply(function, reference, *args)
