@@ -25,7 +25,7 @@ def cases(quick: bool) -> list[Case]:
     # training at the square shape: the forward and the gradients of every input. Our backward
     # is torch's gradient of the reference (README, Shipped ops), so eager pays a recompute
     rows, n = shapes[0]
-    out += [_grad_case(f"{name} fwd+bwd", rows, n, vectors, specgen, eager)
+    out += [_case(f"{name} fwd+bwd", rows, n, vectors, specgen, eager, training=True)
             for _, name, vectors, specgen, eager in _OPS]
     return out
 
@@ -60,11 +60,19 @@ _OPS = [
 ]
 
 
-def _case(op: str, rows: int, n: int, vectors: int, specgen: Callable, eager: Callable) -> Case:
+def _case(op: str, rows: int, n: int, vectors: int, specgen: Callable, eager: Callable,
+          training: bool = False) -> Case:
+    """The forward alone, or (``training``) the forward and the gradients of every input, given
+    a random output gradient (the first input)."""
     def make_inputs():
-        x = torch.randn(rows, n, device="cuda", dtype=DTYPE)
-        return (x, *(torch.randn(n, device="cuda", dtype=DTYPE) for _ in range(vectors)))
+        x = torch.randn(rows, n, device="cuda", dtype=DTYPE, requires_grad=training)
+        weights = tuple(torch.randn(n, device="cuda", dtype=DTYPE, requires_grad=training)
+                        for _ in range(vectors))
+        grad_out = (torch.randn(rows, n, device="cuda", dtype=DTYPE),) if training else ()
+        return (*grad_out, x, *weights)
 
+    if training:
+        specgen, eager = _gradient_of(specgen), _gradient_of(eager)
     return Case(
         family="rowwise",
         op=op,
@@ -73,8 +81,11 @@ def _case(op: str, rows: int, n: int, vectors: int, specgen: Callable, eager: Ca
         make_inputs=make_inputs,
         specgen=specgen,
         eager=eager,
-        # x read once and the output written once, plus each weight/bias vector read once
-        bytes_moved=DTYPE.itemsize * (2 * rows * n + vectors * n),
+        # the forward reads x and each weight vector once and writes the output; a fused
+        # training kernel pair also reads x and the output gradient and writes x's gradient
+        # (and the weights' gradients, n each)
+        bytes_moved=DTYPE.itemsize * ((5 if training else 2) * rows * n
+                                      + (2 if training else 1) * vectors * n),
     )
 
 
@@ -83,25 +94,3 @@ def _gradient_of(fn: Callable) -> Callable:
         # the gradient of x is what the check compares; those of the weights are computed too
         return torch.autograd.grad(fn(*inputs), inputs, grad_out)[0]
     return run
-
-
-def _grad_case(op: str, rows: int, n: int, vectors: int, specgen: Callable,
-               eager: Callable) -> Case:
-    def make_inputs():
-        grad_out = torch.randn(rows, n, device="cuda", dtype=DTYPE)
-        x = torch.randn(rows, n, device="cuda", dtype=DTYPE, requires_grad=True)
-        return (grad_out, x, *(torch.randn(n, device="cuda", dtype=DTYPE, requires_grad=True)
-                               for _ in range(vectors)))
-
-    return Case(
-        family="rowwise",
-        op=op,
-        shape=f"{rows}x{n}",
-        dtype=DTYPE,
-        make_inputs=make_inputs,
-        specgen=_gradient_of(specgen),
-        eager=_gradient_of(eager),
-        # what a fused training kernel pair moves: the forward reads x and writes y, the backward
-        # reads x and the output gradient and writes x's (the weights' gradients are n each)
-        bytes_moved=DTYPE.itemsize * (5 * rows * n + 2 * vectors * n),
-    )
