@@ -21,10 +21,8 @@ from specgen import testing
 @given(data=st.data())
 def test_gradients_match_reference(name, data):
     info = generated.REGISTRY[name]
-    case = data.draw(testing.CASES[info.family](info))
-    note(case.describe)
-    note(f"overrides: {case.overrides}")
-    path = data.draw(st.sampled_from(testing.grad.PATHS))
+    case = testing.draw_case(data, info)
+    path = data.draw(st.sampled_from(testing.PATHS))
     note(f"path: {path}")
     testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)), path=path)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, note, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specgen import testing
@@ -172,8 +172,7 @@ def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
     @settings(max_examples=10)
     @given(data=st.data())
     def check(data):
-        case = data.draw(testing.CASES[family](info))
-        note(case.describe)
+        case = testing.draw_case(data, info)
         testing.check_case(info, case)
         # an authored op is differentiable with no backward code of its own
         testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))

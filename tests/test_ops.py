@@ -4,7 +4,7 @@ Parametrized over ``generated.REGISTRY``: a new spec is tested here with no new 
 """
 
 import pytest
-from hypothesis import given, note
+from hypothesis import given
 from hypothesis import strategies as st
 
 import generated
@@ -15,7 +15,4 @@ from specgen import testing
 @given(data=st.data())
 def test_matches_reference(name, data):
     info = generated.REGISTRY[name]
-    case = data.draw(testing.CASES[info.family](info))
-    note(case.describe)
-    note(f"overrides: {case.overrides}")
-    testing.check_case(info, case)
+    testing.check_case(info, testing.draw_case(data, info))

@@ -14,13 +14,6 @@ import generated
 from specgen import runtime, testing
 
 
-class _Observe(torch.overrides.TorchFunctionMode):
-    """A function mode that lets every call through: under it our ops take the dispatcher."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 def _randn(*shape):
     return torch.randn(*shape, device=testing.device())
 
@@ -57,7 +50,7 @@ def _error(call):
 def test_traced_calls_raise_the_eager_error(case):
     eager = _error(CALLS[case])
     assert eager[0] in (TypeError, ValueError), eager
-    with _Observe():
+    with testing.Observe():
         assert not runtime.runs_eagerly(_randn(1))
         traced = _error(CALLS[case])
     assert traced == eager

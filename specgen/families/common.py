@@ -180,6 +180,12 @@ class CommonPlan:
                      if name in names)
 
     @property
+    def backward_by_reference(self) -> bool:
+        """Whether the op's backward is torch's gradient of its reference (runtime/autograd.py):
+        every op with a floating result and no backward kernel of its own."""
+        return True
+
+    @property
     def dtypes_code(self) -> str:
         return "(" + ", ".join(f"torch.{d}" for d in self.dtypes) + ",)"
 

@@ -159,6 +159,11 @@ class ReducePlan(CommonPlan):
         return (*self.float32_lines, "n_float = count * 1.0  # the element count as a float")
 
     @property
+    def backward_by_reference(self) -> bool:
+        # argmax/argmin return indices, which torch does not differentiate either
+        return not self.index
+
+    @property
     def out_dtype(self) -> str:
         """The result's dtype: int64 for an index, else the dtype argument or x's."""
         return "torch.int64" if self.index else self.dtype_arg_result(self.x, self.dtype)

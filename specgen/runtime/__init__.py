@@ -1,11 +1,9 @@
 """Runtime support imported by generated modules: checks, layouts, launch decisions."""
 
-from specgen.runtime.autograd import (differentiable_call, differentiate_by_reference,
-                                      reference_grads)
+from specgen.runtime.autograd import differentiable_call, differentiate_by_reference
 from specgen.runtime.checks import (broadcast_shape, check_choice, check_dtype_arg, check_no_grad,
-                                    check_out,
-                                    check_outs_disjoint, check_scalar, check_tensor_types,
-                                    check_tensors)
+                                    check_out, check_outs_disjoint, check_scalar,
+                                    check_tensor_types, check_tensors)
 from specgen.runtime.launch import (Launch, choose_int64, configs, grid_size, interpreting, launch,
                                     max_programs, note_launch, override, overrides, record_launches,
                                     runs_eagerly, untraced, use_int64)
@@ -18,8 +16,7 @@ from specgen.runtime.replay import Replays, empty, full, zeros
 __all__ = [
     "ArgInfo", "Collapsed", "Launch", "OpInfo", "Replays", "empty", "replay", "full", "zeros", "broadcast_shape", "broadcast_strides",
     "check_choice", "check_dtype_arg", "check_no_grad", "check_out", "check_outs_disjoint", "check_scalar", "check_tensor_types", "check_tensors", "collapse",
-    "configs", "dense_strides", "differentiable_call", "differentiate_by_reference",
-    "reference_grads", "grid_size", "interpreting", "launch", "max_programs", "memory_order",
+    "configs", "dense_strides", "differentiable_call", "differentiate_by_reference", "grid_size", "interpreting", "launch", "max_programs", "memory_order",
     "next_power_of_2", "note_launch", "override", "overrides", "record_launches", "runs_eagerly", "storage_span",
     "untraced",
     "use_int64", "choose_int64",

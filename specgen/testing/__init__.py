@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo
 from specgen.testing.check import check_case
-from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, assert_matches,
-                                  broadcast_operand, device, knobs, layouts, make_tensor, max_numel,
+from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, Observe,
+                                  assert_matches, broadcast_operand, device, draw_case, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
 from specgen.testing.cross_entropy import cross_entropy_cases
-from specgen.testing.grad import check_grad
+from specgen.testing.grad import PATHS, check_grad
 from specgen.testing.matmul import matmul_cases
 from specgen.testing.pointwise import pointwise_cases
 from specgen.testing.reduce import reduce_cases
@@ -31,7 +31,7 @@ CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
 }
 
 __all__ = [
-    "CASES", "Case", "Layout", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",
-    "check_case", "check_grad", "device", "knobs", "layouts", "make_tensor", "max_numel", "reference64",
-    "scalar_value", "shapes", "sizes",
+    "CASES", "Case", "Layout", "Observe", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",
+    "check_case", "check_grad", "device", "draw_case", "knobs", "layouts", "make_tensor", "max_numel", "reference64",
+    "PATHS", "scalar_value", "shapes", "sizes",
 ]

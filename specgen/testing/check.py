@@ -6,37 +6,33 @@ result dtype and layout.
 from collections.abc import Mapping
 
 from specgen.runtime import OpInfo, override, replay
-from specgen.testing.core import Case, assert_matches, reference64
-
-
-def _outputs(result):
-    return result if isinstance(result, tuple) else (result,)
+from specgen.testing.core import Case, assert_matches, outputs, reference64
 
 
 def check_case(info: OpInfo, case: Case) -> None:
     """Calls the op on ``case`` as a user would (a fresh call, a replayed repeat, the registered
     ``torch.ops.specgen`` op, ``out=`` where it has one) and asserts each result matches."""
     name = info.name
-    expected = _outputs(reference64(info, case.reference_args or case.args))
+    expected = outputs(reference64(info, case.reference_args or case.args))
     # torch's own result: its dtype and layout are the contract, its error bounds ill-conditioned
     # elements (see assert_matches)
-    eager = _outputs(info.reference(**case.args))
+    eager = outputs(info.reference(**case.args))
 
     with override(**case.overrides):
         with replay.record_at_once():
-            fresh = _outputs(case.call(info))
+            fresh = outputs(case.call(info))
             # the same call again is replayed from a recording of the first (runtime/replay.py)
             replayed_before = info.replays.replayed
-            replayed = _outputs(case.call(info))
+            replayed = outputs(case.call(info))
         if not isinstance(case.overrides.get("config"), Mapping):  # a mapping is not hashable
             assert info.replays.replayed == replayed_before + 1, \
                 f"{name}: not replayed ({list(info.replays.failures.values())})"
         # the registered op (what torch.compile and autograd see) computes the same
-        via_op = _outputs(info.op(**case.args))
+        via_op = outputs(info.op(**case.args))
         if case.outs:
             # out= tensors start as NaN: an element the kernel fails to write cannot pass
             returned = case.call(info, out=case.outs if len(case.outs) > 1 else case.outs[0])
-            assert all(r is o for r, o in zip(_outputs(returned), case.outs)), "out= is returned"
+            assert all(r is o for r, o in zip(outputs(returned), case.outs)), "out= is returned"
             for output, written, want, torch_result in zip(info.outputs, case.outs, expected,
                                                             eager):
                 assert_matches(written, want, f"{name} {output} (out=)", case.tolerances,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from hypothesis import note
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
@@ -148,6 +149,29 @@ class Case:
 
     def call(self, info: OpInfo, **extra) -> Any:
         return info.function(**self.args, **extra)
+
+
+def outputs(result: Any) -> tuple:
+    """An op's result as a tuple of its outputs."""
+    return result if isinstance(result, tuple) else (result,)
+
+
+class Observe(torch.overrides.TorchFunctionMode):
+    """A function mode that lets every call through: under it our ops take the traced path (the
+    dispatcher and the registered op), as under torch.compile, on real tensors."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def draw_case(data, info: OpInfo) -> "Case":
+    """One drawn case of ``info``'s family (``CASES``), noted for hypothesis's failure report."""
+    from specgen.testing import CASES  # the family strategies import this module
+
+    case = data.draw(CASES[info.family](info))
+    note(case.describe)
+    note(f"overrides: {case.overrides}")
+    return case
 
 
 def reference64(info: OpInfo, args: dict[str, Any]) -> Any:

@@ -9,27 +9,15 @@ from contextlib import nullcontext
 import torch
 
 from specgen.runtime import OpInfo, override
-from specgen.testing.core import Case, Layout, assert_matches, make_tensor
-
+from specgen.testing.core import Case, Layout, Observe, assert_matches, make_tensor, outputs
 
 PATHS = ("function", "op", "traced")
 
 
-class _Observe(torch.overrides.TorchFunctionMode):
-    """A function mode that lets every call through: under it our ops take the traced path."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-def _outputs(result):
-    return result if isinstance(result, tuple) else (result,)
-
-
-def _grads(outputs, inputs, cotangents):
-    """d(outputs . cotangents)/d(inputs); an input no output depends on gets zeros (torch gives
+def _grads(results, inputs, cotangents):
+    """d(results . cotangents)/d(inputs); an input no result depends on gets zeros (torch gives
     None there, our backward zeros)."""
-    return torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True,
+    return torch.autograd.grad(results, inputs, cotangents, allow_unused=True,
                                materialize_grads=True)
 
 
@@ -67,18 +55,18 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
 
     ours = leaves()
     call = {"function": info.function, "op": info.op, "traced": info.function}[path]
-    with override(**case.overrides), (_Observe() if path == "traced" else nullcontext()):
+    with override(**case.overrides), (Observe() if path == "traced" else nullcontext()):
         # the registered op may return more (cross_entropy's saved statistics) after them
-        outputs = _outputs(call(**{**case.args, **ours}))[:len(info.outputs)]
-    differentiable = [o for o in outputs if o.is_floating_point()]
+        results = outputs(call(**{**case.args, **ours}))[:len(info.outputs)]
+    differentiable = [o for o in results if o.is_floating_point()]
     if not differentiable:
         # an index result (argmax) is not differentiable: torch gives it no grad_fn either
-        assert not any(o.requires_grad for o in outputs), f"{name}: an index result requires grad"
+        assert not any(o.requires_grad for o in results), f"{name}: an index result requires grad"
         return
     cotangents = [make_tensor(o.shape, o.dtype, Layout.contiguous(o.dim()), seed=seed + i,
                               device=o.device)
                   for i, o in enumerate(differentiable)]
-    with _Observe() if path == "traced" else nullcontext():
+    with Observe() if path == "traced" else nullcontext():
         got = _grads(differentiable, list(ours.values()), cotangents)
 
     # float64: the reference's arguments (a resolved eps, a dtype= cast) on upcast leaves
@@ -86,14 +74,14 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     args64 = {k: wide[k] if k in wide else
               v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
               for k, v in (case.reference_args or case.args).items()}
-    outputs64 = [o for o in _outputs(info.reference(**args64)) if o.is_floating_point()]
+    outputs64 = [o for o in outputs(info.reference(**args64)) if o.is_floating_point()]
     want = _grads(outputs64, list(wide.values()), [c.double() for c in cotangents])
 
     # torch's own gradient at the drawn dtypes bounds ill-conditioned elements. It has two paths,
     # autograd and torch.func (the one our backward takes), whose float16 CPU matmuls round
     # differently: each element may be off by as much as the worse of the two
     own = leaves()
-    outputs_torch = [o for o in _outputs(info.reference(**{**case.args, **own}))
+    outputs_torch = [o for o in outputs(info.reference(**{**case.args, **own}))
                      if o.is_floating_point()]
     by_autograd = _grads(outputs_torch, list(own.values()), cotangents)
     by_func = _func_grads(info, case, floating, cotangents)
@@ -115,8 +103,8 @@ def _func_grads(info: OpInfo, case: Case, floating: list[str], cotangents):
     """The reference's gradient by ``torch.func.vjp`` (zeros for an unused input, as autograd's)."""
 
     def reference(*primals):
-        outputs = _outputs(info.reference(**{**case.args, **dict(zip(floating, primals))}))
-        return tuple(o for o in outputs if o.is_floating_point())
+        results = outputs(info.reference(**{**case.args, **dict(zip(floating, primals))}))
+        return tuple(o for o in results if o.is_floating_point())
 
     _, vjp = torch.func.vjp(reference, *(case.args[k] for k in floating))
     return vjp(tuple(cotangents))
