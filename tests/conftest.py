@@ -1,6 +1,6 @@
 """Hypothesis profiles for the two tiers (pick one with SPECGEN_PROFILE; default: by tier), the
-GPU marker's skip on the CPU tier, one big_memory test at a time under pytest-xdist, and the
-`authored` fixture (the module of a spec written in a test)."""
+GPU marker's skip on the CPU tier, one big_memory test at a time under pytest-xdist, each test's
+launches finished in its own teardown, and the `authored` fixture (the module of a spec written in a test)."""
 
 import fcntl
 import gc
@@ -64,6 +64,18 @@ def one_big_test_at_a_time(request):
             gc.collect()
             torch.cuda.empty_cache()
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def launches_finished():
+    """On a GPU a test ends once its kernels have: a kernel that faults asynchronously (a
+    misaligned or out-of-bounds access) then fails the test that launched it, in its teardown,
+    rather than the next test on the same worker, whose CUDA context the fault has poisoned."""
+    yield
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 @pytest.fixture
