@@ -27,6 +27,7 @@ from . import linear as _linear
 from . import linear_gelu as _linear_gelu
 from . import linear_residual as _linear_residual
 from . import log_softmax as _log_softmax
+from . import log_softmax_backward as _log_softmax_backward
 from . import logsumexp as _logsumexp
 from . import matmul as _matmul
 from . import mean as _mean
@@ -38,6 +39,7 @@ from . import rms_norm as _rms_norm
 from . import sigmoid as _sigmoid
 from . import silu as _silu
 from . import softmax as _softmax
+from . import softmax_backward as _softmax_backward
 from . import sub as _sub
 from . import sum as _sum
 from . import swiglu as _swiglu
@@ -60,6 +62,7 @@ linear = _linear.linear
 linear_gelu = _linear_gelu.linear_gelu
 linear_residual = _linear_residual.linear_residual
 log_softmax = _log_softmax.log_softmax
+log_softmax_backward = _log_softmax_backward.log_softmax_backward
 logsumexp = _logsumexp.logsumexp
 matmul = _matmul.matmul
 mean = _mean.mean
@@ -71,6 +74,7 @@ rms_norm = _rms_norm.rms_norm
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
 softmax = _softmax.softmax
+softmax_backward = _softmax_backward.softmax_backward
 sub = _sub.sub
 sum = _sum.sum
 swiglu = _swiglu.swiglu
@@ -86,6 +90,6 @@ def _info(module) -> OpInfo:
         reference=module.reference, replays=module._replays)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _linear, _linear_gelu, _linear_residual, _log_softmax, _logsumexp, _matmul, _mean, _mm, _mul, _prod, _relu, _rms_norm, _sigmoid, _silu, _softmax, _sub, _sum, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _linear, _linear_gelu, _linear_residual, _log_softmax, _log_softmax_backward, _logsumexp, _matmul, _mean, _mm, _mul, _prod, _relu, _rms_norm, _sigmoid, _silu, _softmax, _softmax_backward, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "add_rms_norm", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "layer_norm", "linear", "linear_gelu", "linear_residual", "log_softmax", "logsumexp", "matmul", "mean", "mm", "mul", "prod", "relu", "rms_norm", "sigmoid", "silu", "softmax", "sub", "sum", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "add_rms_norm", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "layer_norm", "linear", "linear_gelu", "linear_residual", "log_softmax", "log_softmax_backward", "logsumexp", "matmul", "mean", "mm", "mul", "prod", "relu", "rms_norm", "sigmoid", "silu", "softmax", "softmax_backward", "sub", "sum", "swiglu", "tanh", ]

@@ -878,8 +878,9 @@ def log_softmax(x, dim=-1, dtype=None):
         return _replays.record(key, _log_softmax_impl, (x,), x, dim, dtype)
     if rt.untraced([x]):
         # autograd in eager code: the plain call inside an autograd.Function, differentiated
-        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
-        return rt.differentiable_call(log_softmax, reference, x, dim, dtype)
+        # by the derived backward op, else through `reference`, without the dispatcher
+        # (specgen/runtime/autograd.py)
+        return rt.differentiable_call(log_softmax, reference, x, dim, dtype, backward=_backward)
     return torch.ops.specgen.log_softmax(x, dim, dtype)
 
 
@@ -890,3 +891,13 @@ def reference(x, dim=-1, dtype=None):
 
 # the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
 rt.differentiate_by_reference("specgen::log_softmax", reference)
+
+
+def _backward(args, grads):
+    """The gradients by the backward op derived from this spec, `log_softmax_backward` (None where it does
+    not apply: the reference's gradient then serves)."""
+    x, dim, dtype, = args
+    if dtype is not None:
+        return None  # the derived op computes without a dtype= cast
+    grad_x = rt.sibling(__name__, "log_softmax_backward")(x, grads[0], dim)
+    return (grad_x, None, None,)

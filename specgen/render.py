@@ -42,6 +42,12 @@ def render_op(spec: OpSpec) -> str:
     return _tidy(environment().get_template(family.template).render(plan=plan))
 
 
+def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
+    """The ops a spec's family derives from it besides the op itself (a row-wise backward)."""
+    derive = getattr(FAMILIES[spec.family].module, "derived_ops", None)
+    return derive(spec) if derive is not None else ()
+
+
 def render_index(modules: list[str]) -> str:
     return _tidy(environment().get_template("__init__.py.jinja").render(modules=sorted(modules)))
 

@@ -3,7 +3,8 @@ layouts and dtypes (the cases of tests/test_ops.py), and the autograd rules torc
 
 Ops without a backward kernel of their own differentiate their reference (runtime/autograd.py),
 so these cases check what reaches the backward: the saved inputs, the argument order, which
-inputs get a gradient, outputs left unused.
+inputs get a gradient, outputs left unused. Row-wise ops whose spec derives a backward op
+(softmax, log_softmax) run its kernel in eager backward passes, under the case's forced strategy.
 """
 
 import re
@@ -14,6 +15,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 import generated
+from specgen import runtime as rt
 from specgen import testing
 
 
@@ -102,3 +104,25 @@ def test_an_unused_output_gets_a_zero_gradient():
                                (x64, r64, w64))
     for g, w in zip(got, want):
         testing.assert_matches(g, w, "add_rms_norm grad through the norm")
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_a_derived_backward_runs_its_own_kernel(op):
+    # an eager backward of an op whose spec derives a backward op launches that op's kernel (the
+    # derived ops are checked as ops by tests/test_ops.py, and here through their forward)
+    x, grad_y = _leaf(4, 7), _leaf(4, 7, seed=1).detach()
+    y = getattr(generated, op)(x, -1)
+    with rt.record_launches() as launches:
+        got, = torch.autograd.grad(y, x, grad_y)
+    assert [launch.op for launch in launches] == [f"{op}_backward"]
+    x64 = x.detach().double().requires_grad_()
+    want, = torch.autograd.grad(getattr(torch, op)(x64, -1), x64, grad_y.double())
+    testing.assert_matches(got, want, f"{op} grad x")
+    # with dtype= the derived op does not apply (it computes without a cast): the reference serves
+    y = getattr(generated, op)(x, -1, dtype=torch.float16)
+    with rt.record_launches() as launches:
+        got, = torch.autograd.grad(y, x, grad_y.half())
+    assert launches == []
+    want, = torch.autograd.grad(getattr(torch, op)(x64, -1, dtype=torch.float16), x64,
+                                grad_y.half())
+    testing.assert_matches(got, want.float(), f"{op} grad x with dtype=")

@@ -75,6 +75,8 @@ class RowwiseBody:
     chunks: tuple[int, ...]
     num_warps: tuple[int, ...]
     strategy: str
+    layout: str = "contiguous"           # [rows] layout
+    derive_backward: bool = True         # derive a backward op (false for the derived one)
 
 
 def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[str, ...]:
@@ -151,7 +153,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, dtype,
                        steps, outputs, row_outputs, output_layouts, chunks, num_warps,
-                       strategy)
+                       strategy, layout)
 
 
 def chunk_pairs(chunks: tuple[int, ...], num_warps: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -479,6 +481,17 @@ class OutputPlan:
 
 
 @dataclass(frozen=True)
+class DerivedBackward:
+    """How the forward's eager autograd calls its derived backward op (rowwise_backward.py)."""
+
+    op: str                        # the derived op
+    call: str                      # its arguments, in the forward's names
+    results: tuple[str, ...]       # its results, the gradients of these forward tensors
+    grads: tuple[str, ...]         # the gradient of every forward argument, or None
+    dtype: str | None              # the forward's dtype argument, which the derived op lacks
+
+
+@dataclass(frozen=True)
 class RowwisePlan(CommonPlan):
     row_tensor: str = ""
     dim: str | int | None = None
@@ -502,6 +515,7 @@ class RowwisePlan(CommonPlan):
     max_chunk: int = 0                       # the widest split chunk (sets the split count)
     widest_chunk: int = 0
     helpers: tuple[str, ...] = ()      # specgen.kernel_lib functions the kernels call
+    backward: DerivedBackward | None = None
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -780,7 +794,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
     if variance is not None:
         called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
     common = common_plan(spec, tuple(o.name for o in body.outputs))
-    return RowwisePlan(
+    return RowwisePlan(backward=derived_backward(spec),
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
         dtype=body.dtype, tensors=tuple(tensors),
@@ -793,6 +807,28 @@ def plan(spec: OpSpec) -> RowwisePlan:
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
         max_chunk=max(c["BLOCK_N"] for c in split_configs),
         widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)))
+
+
+def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
+    """The backward op derived from ``spec``, where one is (built beside the op)."""
+    from specgen.families.rowwise_backward import backward_spec
+
+    derived = backward_spec(spec) if spec.body.derive_backward else None
+    return () if derived is None else (derived,)
+
+
+def derived_backward(spec: OpSpec) -> DerivedBackward | None:
+    from specgen.families.rowwise_backward import grad_name
+
+    derived = next(iter(derived_ops(spec)), None)
+    if derived is None:
+        return None
+    outputs = [o.name for o in spec.body.outputs]
+    cotangents = {grad_name(o): f"grads[{i}]" for i, o in enumerate(outputs)}
+    call = ", ".join(cotangents.get(a.name, a.name) for a in derived.args)
+    results = tuple(o.name for o in derived.body.outputs)
+    grads = tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args)
+    return DerivedBackward(derived.name, call, results, grads, spec.body.dtype)
 
 
 def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:

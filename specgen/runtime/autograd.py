@@ -12,11 +12,15 @@ torch's gradient. Two paths, as for the forward:
   autograd formula takes the reference's vector-Jacobian product with ``torch.func.vjp``, which
   AOTAutograd traces into the backward graph, where Inductor fuses it.
 The price in eager code is the recompute and torch's own backward kernels (docs/design.md,
-"Backward").
+"Backward"). A row-wise op whose spec derives a backward op (specgen/families/rowwise_backward.py)
+passes it as ``backward``: an untraced call's gradients then come from that op's kernel, and
+the reference serves what it does not cover.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -97,19 +101,44 @@ def differentiate_by_reference(op: str, reference: Callable) -> None:
 
 class _ByReference(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, function, reference, *args):
+    def forward(ctx, function, reference, backward, *args):
         _save(ctx, args)
         ctx.reference = reference
+        ctx.derived = backward
         # grad mode is off in here: ``function`` takes its plain eager path
         return function(*args)
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None, *_backward(ctx, ctx.reference, grads, skip=2))
+        found = None
+        if ctx.derived is not None:
+            found = ctx.derived(_saved(ctx), grads)
+        needed = ctx.needs_input_grad[3:]
+        if found is None or any(need and g is None for need, g in zip(needed, found)):
+            found = _backward(ctx, ctx.reference, grads, skip=3)
+        return (None, None, None, *(g if need else None for g, need in zip(found, needed)))
 
 
-def differentiable_call(function: Callable, reference: Callable, *args: object):
+def differentiable_call(function: Callable, reference: Callable, *args: object,
+                        backward: Callable | None = None):
     """``function(*args)`` (a generated op's public function, its arguments in the op's order)
     for an untraced call whose inputs need a gradient: its plain eager call, differentiated
-    through ``reference``."""
-    return _ByReference.apply(function, reference, *args)
+    through ``reference``, or by ``backward(args, output_grads)`` where that gives every needed
+    gradient (a tuple in argument order; None: it does not apply to these arguments)."""
+    return _ByReference.apply(function, reference, backward, *args)
+
+
+def reference_vjp(forward: Callable, primals: tuple, cotangents: tuple):
+    """The vector-Jacobian product of ``forward`` at ``primals`` (the reference of a derived
+    backward op): a tensor for one primal, else a tuple. Differentiable again, as torch.func's."""
+    outputs, vjp = torch.func.vjp(forward, *primals)
+    grads = vjp(cotangents if isinstance(outputs, tuple) else cotangents[0])
+    return grads[0] if len(grads) == 1 else grads
+
+
+@functools.cache
+def sibling(module: str, op: str) -> Callable:
+    """The public function of ``op``, generated into the package of ``module`` (``__name__`` of
+    a generated module: a package's, or a top-level one's in an author's folder)."""
+    package = module.rpartition(".")[0]
+    return getattr(importlib.import_module(f"{package}.{op}" if package else op), op)

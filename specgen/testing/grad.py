@@ -55,19 +55,22 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
 
     ours = leaves()
     call = {"function": info.function, "op": info.op, "traced": info.function}[path]
-    with override(**case.overrides), (Observe() if path == "traced" else nullcontext()):
-        # the registered op may return more (cross_entropy's saved statistics) after them
-        results = outputs(call(**{**case.args, **ours}))[:len(info.outputs)]
-    differentiable = [o for o in results if o.is_floating_point()]
-    if not differentiable:
-        # an index result (argmax) is not differentiable: torch gives it no grad_fn either
-        assert not any(o.requires_grad for o in results), f"{name}: an index result requires grad"
-        return
-    cotangents = [make_tensor(o.shape, o.dtype, Layout.contiguous(o.dim()), seed=seed + i,
-                              device=o.device)
-                  for i, o in enumerate(differentiable)]
-    with Observe() if path == "traced" else nullcontext():
-        got = _grads(differentiable, list(ours.values()), cotangents)
+    # the case's forced strategy and config reach the backward too (a derived backward op's)
+    with override(**case.overrides):
+        with Observe() if path == "traced" else nullcontext():
+            # the registered op may return more (cross_entropy's saved statistics) after them
+            results = outputs(call(**{**case.args, **ours}))[:len(info.outputs)]
+        differentiable = [o for o in results if o.is_floating_point()]
+        if not differentiable:
+            # an index result (argmax) is not differentiable: torch gives it no grad_fn either
+            assert not any(o.requires_grad for o in results), \
+                f"{name}: an index result requires grad"
+            return
+        cotangents = [make_tensor(o.shape, o.dtype, Layout.contiguous(o.dim()), seed=seed + i,
+                                  device=o.device)
+                      for i, o in enumerate(differentiable)]
+        with Observe() if path == "traced" else nullcontext():
+            got = _grads(differentiable, list(ours.values()), cotangents)
 
     # float64: the reference's arguments (a resolved eps, a dtype= cast) on upcast leaves
     wide = leaves(torch.float64)

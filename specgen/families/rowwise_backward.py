@@ -1,0 +1,170 @@
+"""The backward of a row-wise op, derived from its spec: another row-wise op, built and tested as any.
+
+A row-wise op computes reductions r_1..r_K over a row (each a sum, max or min of an element
+expression f_k of the row's tensors and the earlier r), then element outputs h_o. Given the
+gradient g_o of each output, the gradient of a full-shape input t at element j is
+
+    dt_j = sum_o g_o,j dh_o,j/dt_j + sum_k a_k D_k,j df_k,j/dt_j
+
+where a_k, the adjoint of r_k, is itself a sum over the row, taken last reduction first:
+
+    a_k = sum_i (sum_o g_o,i dh_o,i/dr_k + sum_(m > k) a_m D_m,i df_m,i/dr_k)
+
+and D_k,j is how r_k moves with f_k,j: its scale for a sum; for a max or min, 1 / (the count of
+elements equal to it) where f_k,j equals it, as torch's amax splits its gradient among ties. So
+the backward is a row-wise op: the forward's steps again, a count per max or min, the adjoints,
+then the gradients as element outputs. It gets every strategy, layout and index width of the
+family, and the property suite checks it against torch's vector-Jacobian product of the
+forward's reference. The forward's eager autograd calls it (docs/design.md, "Backward").
+
+Derived for the ops whose tensors are all full-shape (no ``along`` tensor, whose gradient sums
+over the rows), whose outputs are all element-wise and whose step scales read no step; others
+keep the backward by reference. A forward's dtype argument is left out: the derived op serves
+calls without a dtype cast.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from specgen import derive
+from specgen.derive import NotDifferentiable
+from specgen.errors import Where
+from specgen.families import rowwise
+from specgen.model import OpSpec, ScalarArg, TensorArg
+from specgen.table import Table
+
+SUFFIX = "_backward"
+
+
+def grad_name(name: str) -> str:
+    return f"grad_{name}"
+
+
+def backward_spec(spec: OpSpec) -> OpSpec | None:
+    """The derived backward op of a row-wise ``spec``, or None where none is derived."""
+    body: rowwise.RowwiseBody = spec.body
+    if body.along or body.row_outputs or any(s.scale is not None and s.scale.names & _steps(body)
+                                             for s in body.steps):
+        return None
+    tensors = [t.name for t in spec.tensors]
+    outputs = [o.name for o in body.outputs]
+    taken = {a.name for a in spec.args} | _steps(body) | set(outputs) | {rowwise.N_SYMBOL}
+    new = ([grad_name(o) for o in outputs] + [grad_name(t) for t in tensors]
+           + [f"count_{s.name}" for s in body.steps] + [f"adj_{s.name}" for s in body.steps])
+    if taken & set(new) or len(set(new)) != len(new):
+        return None
+    try:
+        reduce, compute = _derive(body, tensors)
+    except NotDifferentiable:
+        return None
+    args = tuple(a for a in spec.args if isinstance(a, TensorArg)) + tuple(
+        TensorArg(grad_name(o)) for o in outputs) + tuple(
+        a for a in spec.args if not isinstance(a, TensorArg) and a.name != body.dtype)
+    # gradients laid out as the forward lays out its results, as torch's backward kernels do
+    # (softmax's and log_softmax's are contiguous whatever the layouts of x and the gradient)
+    rows = {"tensor": body.tensor, "layout": body.layout}
+    if body.normalized_shape is not None:
+        rows["normalized_shape"] = body.normalized_shape
+    else:
+        rows["dim"] = body.dim
+    if body.finfo_eps:
+        rows["finfo_eps"] = list(body.finfo_eps)
+    table = {"rows": rows, "reduce": reduce, "compute": compute,
+             "tuning": {"CHUNK": list(body.chunks), "num_warps": list(body.num_warps)}}
+    name = spec.name + SUFFIX
+    where = Where(spec.source.path).child(f"(derived {name})")
+    derived_body = dataclasses.replace(rowwise.parse_body(Table(table, where), args, name),
+                                       derive_backward=False)
+    return OpSpec(
+        name=name, family=spec.family,
+        doc=f"the gradient of {spec.name} with respect to {', '.join(tensors)}, given the "
+            f"gradient of {', '.join(outputs)} (derived from its spec)",
+        reference=_reference(spec, tensors, outputs), args=args, dtypes=spec.dtypes,
+        indexing=spec.indexing, source=spec.source, body=derived_body)
+
+
+def _steps(body) -> set[str]:
+    return {s.name for s in body.steps}
+
+
+def _derive(body, tensors: list[str]) -> tuple[dict, dict]:
+    """The derived op's [reduce] and [compute] tables."""
+    # earlier outputs are intermediate values of later ones: inline them
+    inlined: dict[str, ast.expr] = {}
+    for output in body.outputs:
+        inlined[output.name] = derive.substitute(output.expr.tree, inlined)
+    cotangents = [(ast.Name(grad_name(o), ast.Load()), tree) for o, tree in inlined.items()]
+
+    def through_outputs(name: str) -> ast.expr:
+        """sum_o g_o dh_o/d name, at one element."""
+        total = derive.const(0.0)
+        for g, tree in cotangents:
+            total = derive.add(total, derive.mul(g, derive.partial(tree, name)))
+        return total
+
+    reduce = {s.name: _step_table(s) for s in body.steps}
+    slopes: dict[str, ast.expr] = {}   # D_k, for the steps whose adjoint is not zero
+    adjoint_terms = []
+    for k in reversed(range(len(body.steps))):
+        step = body.steps[k]
+        term = through_outputs(step.name)
+        for later in body.steps[k + 1:]:
+            if later.name in slopes:
+                term = derive.add(term, derive.mul(slopes[later.name],
+                                                   derive.partial(later.of.tree, step.name)))
+        if derive.is_zero(term):
+            continue
+        if not term_reads(term, tensors + [grad_name(o) for o in inlined]):
+            raise NotDifferentiable(f"the adjoint of {step.name} reads no tensor")
+        adjoint = ast.Name(f"adj_{step.name}", ast.Load())
+        slopes[step.name] = derive.mul(adjoint, _local_slope(step, reduce))
+        adjoint_terms.append((f"adj_{step.name}", term))
+    for name, term in adjoint_terms:
+        reduce[name] = {"op": "sum", "of": derive.source(term)}
+
+    compute = {}
+    for t in tensors:
+        total = through_outputs(t)
+        for step in body.steps:
+            if step.name in slopes:
+                total = derive.add(total, derive.mul(slopes[step.name],
+                                                     derive.partial(step.of.tree, t)))
+        compute[grad_name(t)] = derive.source(total)
+    return reduce, compute
+
+
+def term_reads(tree: ast.expr, names: list[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(tree))
+
+
+def _step_table(step) -> dict:
+    table = {"op": step.op, "of": step.of.source}
+    if step.scale is not None:
+        table["scale"] = step.scale.source
+    return table
+
+
+def _local_slope(step, reduce: dict) -> ast.expr:
+    """D_k: how r_k moves with one element's f_k (a count step is added for a max or min)."""
+    if step.op == "sum":
+        return derive.parse(step.scale.source) if step.scale is not None else derive.const(1.0)
+    count = f"count_{step.name}"
+    hit = derive.compare(derive.parse(step.of.source), ast.Eq(),
+                         ast.Name(step.name, ast.Load()))
+    reduce[count] = {"op": "sum", "of": derive.source(derive.call("where", hit, derive.const(1.0),
+                                                                  derive.const(0.0)))}
+    return derive.div(derive.call("where", hit, derive.const(1.0), derive.const(0.0)),
+                      ast.Name(count, ast.Load()))
+
+
+def _reference(spec: OpSpec, tensors: list[str], outputs: list[str]) -> str:
+    """torch's vector-Jacobian product of the forward's reference, with respect to its tensors; a
+    forward argument the derived op lacks (its dtype) takes its default, None."""
+    dropped = [a.name for a in spec.args if isinstance(a, ScalarArg) and a.type == "dtype"]
+    params = ", ".join(tensors + [f"{n}=None" for n in dropped])
+    primals = "".join(f"{t}, " for t in tensors)
+    cotangents = "".join(f"{grad_name(o)}, " for o in outputs)
+    return (f"rt.reference_vjp(lambda {params}: {spec.reference}, ({primals}), "
+            f"({cotangents}))")
