@@ -109,7 +109,8 @@ def compare(a: ast.expr, op: ast.cmpop, b: ast.expr) -> ast.expr:
     return ast.Compare(a, [op], [b])
 
 
-def _indicator(condition: ast.expr) -> ast.expr:
+def indicator(condition: ast.expr) -> ast.expr:
+    """1.0 where ``condition`` holds, else 0.0."""
     return call("where", condition, const(1.0), const(0.0))
 
 
@@ -203,7 +204,7 @@ def _slope(function: str, u: ast.expr, value: ast.expr) -> ast.expr:
     if function == "tanh":
         return sub(const(1.0), mul(value, value))
     if function == "relu":
-        return _indicator(compare(u, ast.Gt(), const(0.0)))
+        return indicator(compare(u, ast.Gt(), const(0.0)))
     if function == "gelu":
         cdf = mul(const(0.5), add(const(1.0), call("erf", mul(u, const(SQRT_HALF)))))
         pdf = mul(const(INV_SQRT_2PI), call("exp", mul(const(-0.5), mul(u, u))))

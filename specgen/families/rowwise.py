@@ -794,7 +794,8 @@ def plan(spec: OpSpec) -> RowwisePlan:
     if variance is not None:
         called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
     common = common_plan(spec, tuple(o.name for o in body.outputs))
-    return RowwisePlan(backward=derived_backward(spec),
+    from specgen.families import rowwise_backward   # it builds on this module
+    return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
         dtype=body.dtype, tensors=tuple(tensors),
@@ -806,29 +807,16 @@ def plan(spec: OpSpec) -> RowwisePlan:
         interpreter_config={"BLOCK_M": 2, "BLOCK_N": 16, "num_warps": 4},
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
         max_chunk=max(c["BLOCK_N"] for c in split_configs),
-        widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)))
+        widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)),
+        backward=rowwise_backward.eager_call(spec))
 
 
 def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
     """The backward op derived from ``spec``, where one is (built beside the op)."""
-    from specgen.families.rowwise_backward import backward_spec
+    from specgen.families import rowwise_backward   # it builds on this module
 
-    derived = backward_spec(spec) if spec.body.derive_backward else None
+    derived = rowwise_backward.backward_spec(spec)
     return () if derived is None else (derived,)
-
-
-def derived_backward(spec: OpSpec) -> DerivedBackward | None:
-    from specgen.families.rowwise_backward import grad_name
-
-    derived = next(iter(derived_ops(spec)), None)
-    if derived is None:
-        return None
-    outputs = [o.name for o in spec.body.outputs]
-    cotangents = {grad_name(o): f"grads[{i}]" for i, o in enumerate(outputs)}
-    call = ", ".join(cotangents.get(a.name, a.name) for a in derived.args)
-    results = tuple(o.name for o in derived.body.outputs)
-    grads = tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args)
-    return DerivedBackward(derived.name, call, results, grads, spec.body.dtype)
 
 
 def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:

@@ -1,4 +1,4 @@
-"""The backward of a row-wise op, derived from its spec: another row-wise op, built and tested as any.
+"""The backward of a row-wise op, derived from its spec: a row-wise op, built and tested as any.
 
 A row-wise op computes reductions r_1..r_K over a row (each a sum, max or min of an element
 expression f_k of the row's tensors and the earlier r), then element outputs h_o. Given the
@@ -32,7 +32,7 @@ from specgen import derive
 from specgen.derive import NotDifferentiable
 from specgen.errors import Where
 from specgen.families import rowwise
-from specgen.model import OpSpec, ScalarArg, TensorArg
+from specgen.model import OpSpec, TensorArg
 from specgen.table import Table
 
 SUFFIX = "_backward"
@@ -45,8 +45,9 @@ def grad_name(name: str) -> str:
 def backward_spec(spec: OpSpec) -> OpSpec | None:
     """The derived backward op of a row-wise ``spec``, or None where none is derived."""
     body: rowwise.RowwiseBody = spec.body
-    if body.along or body.row_outputs or any(s.scale is not None and s.scale.names & _steps(body)
-                                             for s in body.steps):
+    scales_read_steps = any(s.scale is not None and s.scale.names & _steps(body)
+                            for s in body.steps)
+    if not body.derive_backward or body.along or body.row_outputs or scales_read_steps:
         return None
     tensors = [t.name for t in spec.tensors]
     outputs = [o.name for o in body.outputs]
@@ -116,10 +117,12 @@ def _derive(body, tensors: list[str]) -> tuple[dict, dict]:
                                                    derive.partial(later.of.tree, step.name)))
         if derive.is_zero(term):
             continue
-        if not term_reads(term, tensors + [grad_name(o) for o in inlined]):
+        if not _reads(term, tensors + [grad_name(o) for o in inlined]):
             raise NotDifferentiable(f"the adjoint of {step.name} reads no tensor")
-        adjoint = ast.Name(f"adj_{step.name}", ast.Load())
-        slopes[step.name] = derive.mul(adjoint, _local_slope(step, reduce))
+        slope, count = _local_slope(step)
+        if count is not None:
+            reduce[count[0]] = count[1]   # after the forward's steps, before the adjoints
+        slopes[step.name] = derive.mul(ast.Name(f"adj_{step.name}", ast.Load()), slope)
         adjoint_terms.append((f"adj_{step.name}", term))
     for name, term in adjoint_terms:
         reduce[name] = {"op": "sum", "of": derive.source(term)}
@@ -135,7 +138,7 @@ def _derive(body, tensors: list[str]) -> tuple[dict, dict]:
     return reduce, compute
 
 
-def term_reads(tree: ast.expr, names: list[str]) -> bool:
+def _reads(tree: ast.expr, names: list[str]) -> bool:
     return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(tree))
 
 
@@ -146,25 +149,38 @@ def _step_table(step) -> dict:
     return table
 
 
-def _local_slope(step, reduce: dict) -> ast.expr:
-    """D_k: how r_k moves with one element's f_k (a count step is added for a max or min)."""
+def _local_slope(step) -> tuple[ast.expr, tuple[str, dict] | None]:
+    """D_k, how r_k moves with one element's f_k, and for a max or min the step that counts the
+    elements equal to it (name, table)."""
     if step.op == "sum":
-        return derive.parse(step.scale.source) if step.scale is not None else derive.const(1.0)
+        slope = derive.parse(step.scale.source) if step.scale is not None else derive.const(1.0)
+        return slope, None
     count = f"count_{step.name}"
-    hit = derive.compare(derive.parse(step.of.source), ast.Eq(),
-                         ast.Name(step.name, ast.Load()))
-    reduce[count] = {"op": "sum", "of": derive.source(derive.call("where", hit, derive.const(1.0),
-                                                                  derive.const(0.0)))}
-    return derive.div(derive.call("where", hit, derive.const(1.0), derive.const(0.0)),
-                      ast.Name(count, ast.Load()))
+    hit = derive.indicator(derive.compare(derive.parse(step.of.source), ast.Eq(),
+                                          ast.Name(step.name, ast.Load())))
+    return (derive.div(hit, ast.Name(count, ast.Load())),
+            (count, {"op": "sum", "of": derive.source(hit)}))
 
 
 def _reference(spec: OpSpec, tensors: list[str], outputs: list[str]) -> str:
     """torch's vector-Jacobian product of the forward's reference, with respect to its tensors; a
     forward argument the derived op lacks (its dtype) takes its default, None."""
-    dropped = [a.name for a in spec.args if isinstance(a, ScalarArg) and a.type == "dtype"]
-    params = ", ".join(tensors + [f"{n}=None" for n in dropped])
+    dtype = spec.body.dtype
+    params = ", ".join(tensors + ([f"{dtype}=None"] if dtype else []))
     primals = "".join(f"{t}, " for t in tensors)
     cotangents = "".join(f"{grad_name(o)}, " for o in outputs)
     return (f"rt.reference_vjp(lambda {params}: {spec.reference}, ({primals}), "
             f"({cotangents}))")
+
+
+def eager_call(spec: OpSpec) -> rowwise.DerivedBackward | None:
+    """How ``spec``'s eager autograd calls its derived backward op, where it has one."""
+    derived = backward_spec(spec)
+    if derived is None:
+        return None
+    cotangents = {grad_name(o.name): f"grads[{i}]" for i, o in enumerate(spec.body.outputs)}
+    results = tuple(o.name for o in derived.body.outputs)
+    return rowwise.DerivedBackward(
+        derived.name, ", ".join(cotangents.get(a.name, a.name) for a in derived.args), results,
+        tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args),
+        spec.body.dtype)
