@@ -22,8 +22,8 @@ def cases(quick: bool) -> list[Case]:
     shapes = [(max(1, rows // 16) if quick else rows, n) for rows, n in SHAPES]
     out = [_case(op, rows, n, vectors, specgen, eager)
            for rows, n in shapes for op, _, vectors, specgen, eager in _OPS]
-    # training at the square shape: the forward and the gradients of every input. Our backward
-    # is torch's gradient of the reference (README, Shipped ops), so eager pays a recompute
+    # training at the square shape: the forward and the gradients of every input, in eager code
+    # through the ops' derived backward kernels (README, "Derived backward ops")
     rows, n = shapes[0]
     out += [_case(f"{name} fwd+bwd", rows, n, vectors, specgen, eager, training=True)
             for _, name, vectors, specgen, eager in _OPS]

@@ -12,6 +12,7 @@ from specgen.runtime import OpInfo
 # relative: the package may be built under any name (`specgen build --out DIR`)
 from . import add as _add
 from . import add_rms_norm as _add_rms_norm
+from . import add_rms_norm_backward as _add_rms_norm_backward
 from . import addmm as _addmm
 from . import amax as _amax
 from . import amin as _amin
@@ -23,6 +24,7 @@ from . import div as _div
 from . import geglu as _geglu
 from . import gelu as _gelu
 from . import layer_norm as _layer_norm
+from . import layer_norm_backward as _layer_norm_backward
 from . import linear as _linear
 from . import linear_gelu as _linear_gelu
 from . import linear_residual as _linear_residual
@@ -36,6 +38,7 @@ from . import mul as _mul
 from . import prod as _prod
 from . import relu as _relu
 from . import rms_norm as _rms_norm
+from . import rms_norm_backward as _rms_norm_backward
 from . import sigmoid as _sigmoid
 from . import silu as _silu
 from . import softmax as _softmax
@@ -47,6 +50,7 @@ from . import tanh as _tanh
 
 add = _add.add
 add_rms_norm = _add_rms_norm.add_rms_norm
+add_rms_norm_backward = _add_rms_norm_backward.add_rms_norm_backward
 addmm = _addmm.addmm
 amax = _amax.amax
 amin = _amin.amin
@@ -58,6 +62,7 @@ div = _div.div
 geglu = _geglu.geglu
 gelu = _gelu.gelu
 layer_norm = _layer_norm.layer_norm
+layer_norm_backward = _layer_norm_backward.layer_norm_backward
 linear = _linear.linear
 linear_gelu = _linear_gelu.linear_gelu
 linear_residual = _linear_residual.linear_residual
@@ -71,6 +76,7 @@ mul = _mul.mul
 prod = _prod.prod
 relu = _relu.relu
 rms_norm = _rms_norm.rms_norm
+rms_norm_backward = _rms_norm_backward.rms_norm_backward
 sigmoid = _sigmoid.sigmoid
 silu = _silu.silu
 softmax = _softmax.softmax
@@ -90,6 +96,6 @@ def _info(module) -> OpInfo:
         reference=module.reference, replays=module._replays)
 
 
-REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _linear, _linear_gelu, _linear_residual, _log_softmax, _log_softmax_backward, _logsumexp, _matmul, _mean, _mm, _mul, _prod, _relu, _rms_norm, _sigmoid, _silu, _softmax, _softmax_backward, _sub, _sum, _swiglu, _tanh, ])}
+REGISTRY = {info.name: info for info in map(_info, [_add, _add_rms_norm, _add_rms_norm_backward, _addmm, _amax, _amin, _argmax, _argmin, _bmm, _cross_entropy, _div, _geglu, _gelu, _layer_norm, _layer_norm_backward, _linear, _linear_gelu, _linear_residual, _log_softmax, _log_softmax_backward, _logsumexp, _matmul, _mean, _mm, _mul, _prod, _relu, _rms_norm, _rms_norm_backward, _sigmoid, _silu, _softmax, _softmax_backward, _sub, _sum, _swiglu, _tanh, ])}
 
-__all__ = ["REGISTRY", "add", "add_rms_norm", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "layer_norm", "linear", "linear_gelu", "linear_residual", "log_softmax", "log_softmax_backward", "logsumexp", "matmul", "mean", "mm", "mul", "prod", "relu", "rms_norm", "sigmoid", "silu", "softmax", "softmax_backward", "sub", "sum", "swiglu", "tanh", ]
+__all__ = ["REGISTRY", "add", "add_rms_norm", "add_rms_norm_backward", "addmm", "amax", "amin", "argmax", "argmin", "bmm", "cross_entropy", "div", "geglu", "gelu", "layer_norm", "layer_norm_backward", "linear", "linear_gelu", "linear_residual", "log_softmax", "log_softmax_backward", "logsumexp", "matmul", "mean", "mm", "mul", "prod", "relu", "rms_norm", "rms_norm_backward", "sigmoid", "silu", "softmax", "softmax_backward", "sub", "sum", "swiglu", "tanh", ]

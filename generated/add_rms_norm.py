@@ -762,8 +762,9 @@ def add_rms_norm(x, residual, weight, eps=1e-06):
         return _replays.record(key, _add_rms_norm_impl, (x, residual, weight), x, residual, weight, eps)
     if rt.untraced([x, residual, weight]):
         # autograd in eager code: the plain call inside an autograd.Function, differentiated
-        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
-        return rt.differentiable_call(add_rms_norm, reference, x, residual, weight, eps)
+        # by the derived backward op, else through `reference`, without the dispatcher
+        # (specgen/runtime/autograd.py)
+        return rt.differentiable_call(add_rms_norm, reference, x, residual, weight, eps, backward=_backward)
     return torch.ops.specgen.add_rms_norm(x, residual, weight, eps)
 
 
@@ -774,3 +775,11 @@ def reference(x, residual, weight, eps=1e-06):
 
 # the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
 rt.differentiate_by_reference("specgen::add_rms_norm", reference)
+
+
+def _backward(args, grads):
+    """The gradients by the backward op derived from this spec, `add_rms_norm_backward` (None where it does
+    not apply: the reference's gradient then serves)."""
+    x, residual, weight, eps, = args
+    grad_x, grad_residual, grad_weight = rt.sibling(__name__, "add_rms_norm_backward")(x, residual, weight, grads[0], grads[1], eps)
+    return (grad_x, grad_residual, grad_weight, None,)

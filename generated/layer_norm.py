@@ -775,8 +775,9 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
         return _replays.record(key, _layer_norm_impl, (x, weight, bias), x, normalized_shape, weight, bias, eps)
     if rt.untraced([x, weight, bias]):
         # autograd in eager code: the plain call inside an autograd.Function, differentiated
-        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
-        return rt.differentiable_call(layer_norm, reference, x, normalized_shape, weight, bias, eps)
+        # by the derived backward op, else through `reference`, without the dispatcher
+        # (specgen/runtime/autograd.py)
+        return rt.differentiable_call(layer_norm, reference, x, normalized_shape, weight, bias, eps, backward=_backward)
     return torch.ops.specgen.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
@@ -787,3 +788,15 @@ def reference(x, normalized_shape, weight=None, bias=None, eps=1e-05):
 
 # the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
 rt.differentiate_by_reference("specgen::layer_norm", reference)
+
+
+def _backward(args, grads):
+    """The gradients by the backward op derived from this spec, `layer_norm_backward` (None where it does
+    not apply: the reference's gradient then serves)."""
+    x, normalized_shape, weight, bias, eps, = args
+    if weight is None:
+        return None  # the derived op takes every tensor
+    if bias is None:
+        return None  # the derived op takes every tensor
+    grad_x, grad_weight, grad_bias = rt.sibling(__name__, "layer_norm_backward")(x, weight, bias, grads[0], normalized_shape, eps)
+    return (grad_x, None, grad_weight, grad_bias, None,)

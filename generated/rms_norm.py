@@ -694,8 +694,9 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
         return _replays.record(key, _rms_norm_impl, (x, weight), x, normalized_shape, weight, eps)
     if rt.untraced([x, weight]):
         # autograd in eager code: the plain call inside an autograd.Function, differentiated
-        # through `reference`, without the dispatcher (specgen/runtime/autograd.py)
-        return rt.differentiable_call(rms_norm, reference, x, normalized_shape, weight, eps)
+        # by the derived backward op, else through `reference`, without the dispatcher
+        # (specgen/runtime/autograd.py)
+        return rt.differentiable_call(rms_norm, reference, x, normalized_shape, weight, eps, backward=_backward)
     return torch.ops.specgen.rms_norm(x, normalized_shape, weight, eps)
 
 
@@ -706,3 +707,13 @@ def reference(x, normalized_shape, weight=None, eps=None):
 
 # the backward: the vector-Jacobian product of `reference` at the saved inputs (torch's gradient)
 rt.differentiate_by_reference("specgen::rms_norm", reference)
+
+
+def _backward(args, grads):
+    """The gradients by the backward op derived from this spec, `rms_norm_backward` (None where it does
+    not apply: the reference's gradient then serves)."""
+    x, normalized_shape, weight, eps, = args
+    if weight is None:
+        return None  # the derived op takes every tensor
+    grad_x, grad_weight = rt.sibling(__name__, "rms_norm_backward")(x, weight, grads[0], normalized_shape, eps)
+    return (grad_x, None, grad_weight, None,)

@@ -72,6 +72,8 @@ SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
+# the op this one is the backward of (derived from its spec: specgen/families/rowwise_backward.py)
+DERIVED_FROM = "softmax"
 # float32 partials a split launch keeps per row and split
 SLOTS = 5
 

@@ -126,3 +126,39 @@ def test_a_derived_backward_runs_its_own_kernel(op):
     want, = torch.autograd.grad(getattr(torch, op)(x64, -1, dtype=torch.float16), x64,
                                 grad_y.half())
     testing.assert_matches(got, want.float(), f"{op} grad x with dtype=")
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_weight_gradients_come_from_the_derived_kernel(op):
+    # a weight's (and bias's) gradient sums over the rows: the derived op's column outputs, in
+    # its one launch; with the weight omitted the derived op (which takes every tensor) does not
+    # apply and the reference serves
+    x, residual, w, b = _leaf(5, 9), _leaf(5, 9, seed=1), _leaf(9, seed=2), _leaf(9, seed=3)
+    grad_y = _leaf(5, 9, seed=4).detach()
+    F = torch.nn.functional
+    calls = {
+        "layer_norm": ((x, w, b), lambda x, w, b: generated.layer_norm(x, [9], w, b),
+                       lambda x, w, b: F.layer_norm(x, [9], w, b)),
+        "rms_norm": ((x, w), lambda x, w: generated.rms_norm(x, [9], w),
+                     lambda x, w: F.rms_norm(x, [9], w)),
+        "add_rms_norm": ((x, residual, w), lambda x, r, w: generated.add_rms_norm(x, r, w)[1],
+                         lambda x, r, w: F.rms_norm(x + r, [9], w, 1e-6)),
+    }
+    inputs, ours, theirs = calls[op]
+    y = ours(*inputs)
+    with rt.record_launches() as launches:
+        got = torch.autograd.grad(y, inputs, grad_y)
+    assert [launch.op for launch in launches] == [f"{op}_backward"]
+    leaves64 = [t.detach().double().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(theirs(*leaves64), leaves64, grad_y.double())
+    for i, (g, w64) in enumerate(zip(got, want)):
+        testing.assert_matches(g, w64, f"{op} grad of input {i}")
+    if op == "add_rms_norm":
+        return  # its weight is required
+    y = ours(x, *(None for _ in inputs[1:]))
+    with rt.record_launches() as launches:
+        got, = torch.autograd.grad(y, x, grad_y)
+    assert launches == []
+    want, = torch.autograd.grad(theirs(leaves64[0], *(None for _ in inputs[1:])), leaves64[0],
+                                grad_y.double())
+    testing.assert_matches(got, want, f"{op} grad x without a weight")

@@ -3,6 +3,8 @@
 Spec tables: ``[rows]`` (which tensor is reduced and over which dims, tensors read along a row),
 ``[reduce]`` (ordered steps ``name = { op, of, scale }``; each result is a per-row symbol),
 ``[compute]`` (outputs, in order: element-wise when they read a tensor, else per row),
+``[columns]`` (optional: outputs summed over the rows, one value per element of the reduced shape,
+as the gradient of a weight),
 ``[tuning]`` (``CHUNK``, ``num_warps`` of the chunked kernels) and ``[schedule]`` (``strategy``).
 
 The planner decides everything the template spells out: the passes a chunked kernel makes over a
@@ -76,7 +78,9 @@ class RowwiseBody:
     num_warps: tuple[int, ...]
     strategy: str
     layout: str = "contiguous"           # [rows] layout
-    derive_backward: bool = True         # derive a backward op (false for the derived one)
+    derived_from: str | None = None      # the op whose derived backward this is (none derives
+                                         # a backward op again)
+    column_outputs: tuple[Output, ...] = ()  # [columns]: summed over the rows
 
 
 def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[str, ...]:
@@ -129,6 +133,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     elementwise = set(tensors)
     steps = _parse_steps(top.pop_table("reduce"), symbols, elementwise)
     outputs, row_outputs = _parse_outputs(top.pop_table("compute"), symbols, elementwise)
+    column_outputs = _parse_columns(top.pop_table("columns", required=False), symbols,
+                                    elementwise)
     if keepdim and not row_outputs:
         raise rows.where.child("keepdim").error(
             "keepdim shapes the outputs with one value per row, and every output of this op is "
@@ -153,7 +159,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
     schedule.finish()
     return RowwiseBody(tensor, dim, normalized_shape, along, absent, finfo_eps, keepdim, dtype,
                        steps, outputs, row_outputs, output_layouts, chunks, num_warps,
-                       strategy, layout)
+                       strategy, layout, column_outputs=column_outputs)
 
 
 def chunk_pairs(chunks: tuple[int, ...], num_warps: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -301,6 +307,29 @@ def _parse_outputs(table: Table, symbols: dict, elementwise: set) -> tuple[tuple
     return tuple(outputs), tuple(row_outputs)
 
 
+def _parse_columns(table: Table | None, symbols: dict, elementwise: set) -> tuple[Output, ...]:
+    """``[columns]``: outputs summed over the rows, each of the reduced shape (``grad_weight =
+    "grad_out * (x - mean) * rsqrt(var + eps)"``). They may read everything [compute] may, and
+    its outputs."""
+    if table is None:
+        return ()
+    columns = []
+    while table.keys():
+        name, source, where = table.pop_item()
+        # a column output is no value of an element: no other expression reads it
+        _new_name(name, where, {**symbols, **{c.name: None for c in columns}}, "column output")
+        check_type(source, str, where)
+        expr = parse_expr(source, where, symbols)
+        if not expr.names & elementwise:
+            raise where.error("reads no tensor: a column output sums an element-wise expression "
+                              "over the rows")
+        columns.append(Output(name, expr))
+    if not columns:
+        raise table.where.error('expected at least one column output, as in '
+                                'grad_bias = "grad_out"')
+    return tuple(columns)
+
+
 def _output_layouts(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
                     steps: tuple[Step, ...], full: list[str],
                     layout: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -384,7 +413,7 @@ def online_pair(steps: tuple[Step, ...]) -> int | None:
 @dataclass(frozen=True)
 class TensorPlan:
     name: str
-    role: str                      # row | like | along | out | row_out
+    role: str                      # row | like | along | out | row_out | col_out
     optional: bool = False
     absent: float = 0.0
     cast: str = ""                 # a dtype the loaded values are rounded to first ([rows] dtype)
@@ -489,6 +518,7 @@ class DerivedBackward:
     results: tuple[str, ...]       # its results, the gradients of these forward tensors
     grads: tuple[str, ...]         # the gradient of every forward argument, or None
     dtype: str | None              # the forward's dtype argument, which the derived op lacks
+    optional: tuple[str, ...] = ()  # the forward's optional tensors, which the derived op needs
 
 
 @dataclass(frozen=True)
@@ -505,7 +535,8 @@ class RowwisePlan(CommonPlan):
     looped_passes: tuple[PassPlan, ...] = ()
     online_passes: tuple[PassPlan, ...] = ()
     outputs: tuple[OutputPlan, ...] = ()
-    output_tensors: tuple[str, ...] = ()       # what element outputs load
+    columns: tuple[OutputPlan, ...] = ()       # [columns]: outputs summed over the rows
+    output_tensors: tuple[str, ...] = ()       # what element and column outputs load
     strategy: str = "auto"
     chunked_configs: tuple[dict, ...] = ()   # looped and online kernels
     split_configs: tuple[dict, ...] = ()     # split kernels: chunks up to SPLIT_CHUNK_MAX, warps
@@ -516,6 +547,7 @@ class RowwisePlan(CommonPlan):
     widest_chunk: int = 0
     helpers: tuple[str, ...] = ()      # specgen.kernel_lib functions the kernels call
     backward: DerivedBackward | None = None
+    derived_from: str | None = None
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -555,7 +587,11 @@ class RowwisePlan(CommonPlan):
 
     @property
     def pointers(self) -> str:
-        return ", ".join(t.ptr for t in self.inputs + self.of_role("out", "row_out"))
+        # column outputs are summed into a float32 workspace (their strides say where a column's
+        # value goes); a later kernel adds its rows up into them
+        workspace = ("cols_ws_ptr",) if self.columns else ()
+        return ", ".join(tuple(t.ptr for t in self.inputs + self.of_role("out", "row_out"))
+                         + workspace)
 
     @property
     def size_and_stride_lines(self) -> tuple[str, ...]:
@@ -565,7 +601,7 @@ class RowwisePlan(CommonPlan):
         groups = [rows("row_size") + cols("col_size")]
         for t in self.elem_tensors:
             groups.append(rows(f"{t.name}_row_stride") + cols(f"{t.name}_col_stride"))
-        groups += [cols(f"{t.name}_col_stride") for t in self.of_role("along")]
+        groups += [cols(f"{t.name}_col_stride") for t in self.of_role("along", "col_out")]
         groups += [rows(f"{t.name}_row_stride") for t in self.of_role("row_out")]
         return tuple(", ".join(g) + "," for g in groups)
 
@@ -586,7 +622,8 @@ class RowwisePlan(CommonPlan):
         return self.elem_tensors + self.of_role("row_out")
 
     def col_offsets_of(self, names: tuple[str, ...]) -> tuple[TensorPlan, ...]:
-        return tuple(t for t in self.elem_tensors + self.of_role("along") if t.name in names)
+        return tuple(t for t in self.elem_tensors + self.of_role("along", "col_out")
+                     if t.name in names)
 
     def loads(self, names: tuple[str, ...]) -> tuple[TensorPlan, ...]:
         return tuple(t for t in self.inputs if t.name in names)
@@ -689,7 +726,8 @@ class RowwisePlan(CommonPlan):
 
     @property
     def along_list(self) -> str:
-        return ", ".join(self.along_names)
+        """What the launch lays out along a row: the tensors read there, the column outputs."""
+        return ", ".join(t.name for t in self.of_role("along", "col_out"))
 
     @property
     def row_out_list(self) -> str:
@@ -697,8 +735,23 @@ class RowwisePlan(CommonPlan):
 
     @property
     def pointer_args(self) -> str:
-        return ", ".join(f"{t.name} if {t.name} is not None else {self.row_tensor}" if t.optional
-                         else t.name for t in self.inputs + self.of_role("out", "row_out"))
+        workspace = ("cols_ws",) if self.columns else ()
+        return ", ".join(tuple(f"{t.name} if {t.name} is not None else {self.row_tensor}"
+                               if t.optional else t.name
+                               for t in self.inputs + self.of_role("out", "row_out")) + workspace)
+
+    @property
+    def column_out_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def column_names(self) -> str:
+        return ", ".join(self.column_out_names)
+
+    @property
+    def column_sum_names(self) -> str:
+        """What a single-tile kernel adds its blocks' column sums up in."""
+        return ", ".join(f"{c}_sum" for c in self.column_out_names)
 
     @property
     def launch_params(self) -> str:
@@ -749,6 +802,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
                for t in spec.tensors]
     tensors += [TensorPlan(o.name, "row_out" if o.name in body.row_outputs else "out")
                 for o in body.outputs]
+    tensors += [TensorPlan(c.name, "col_out") for c in body.column_outputs]
     tensor_names = {t.name for t in spec.tensors}
 
     pair = online_pair(body.steps)
@@ -778,8 +832,11 @@ def plan(spec: OpSpec) -> RowwisePlan:
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
                                o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())))
                     for o in body.outputs)
-    # the output pass computes every element output, so it loads what any of them reads
-    output_tensors = tuple(sorted({t for o in body.outputs if o.name not in body.row_outputs
+    columns = tuple(OutputPlan(c.name, emit(_rewrite(c.expr, shift, per_row), names), False)
+                    for c in body.column_outputs)
+    # the output pass computes every element and column output, so it loads what any reads
+    output_tensors = tuple(sorted({t for o in body.outputs + body.column_outputs
+                                   if o.name not in body.row_outputs
                                    for t in o.expr.names & tensor_names}))
     configs = tuple({"BLOCK_M": 1, "BLOCK_N": c, "num_warps": w}
                     for c, w in chunk_pairs(body.chunks, body.num_warps))
@@ -789,17 +846,18 @@ def plan(spec: OpSpec) -> RowwisePlan:
     # helpers are imported by name (torch.compile re-emits them under their own names): the
     # expressions' functions, the max/min combines, and maximum_f32 of the online update
     called = set().union(*(helpers(e) for s in body.steps for e in (s.of, s.scale) if e),
-                         *(helpers(o.expr) for o in body.outputs))
+                         *(helpers(o.expr) for o in body.outputs + body.column_outputs))
     called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
     if variance is not None:
         called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
-    common = common_plan(spec, tuple(o.name for o in body.outputs))
+    common = common_plan(spec, tuple(o.name for o in body.outputs + body.column_outputs))
     from specgen.families import rowwise_backward   # it builds on this module
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
         dtype=body.dtype, tensors=tuple(tensors),
         steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
+        columns=columns,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         split_configs=split_configs,
         # under the interpreter: two rows a program and 16-wide chunks, so tiny rows still take
@@ -808,7 +866,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
         max_chunk=max(c["BLOCK_N"] for c in split_configs),
         widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)),
-        backward=rowwise_backward.eager_call(spec))
+        backward=rowwise_backward.eager_call(spec), derived_from=body.derived_from)
 
 
 def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:

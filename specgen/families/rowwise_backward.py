@@ -17,10 +17,13 @@ then the gradients as element outputs. It gets every strategy, layout and index 
 family, and the property suite checks it against torch's vector-Jacobian product of the
 forward's reference. The forward's eager autograd calls it (docs/design.md, "Backward").
 
-Derived for the ops whose tensors are all full-shape (no ``along`` tensor, whose gradient sums
-over the rows), whose outputs are all element-wise and whose step scales read no step; others
-keep the backward by reference. A forward's dtype argument is left out: the derived op serves
-calls without a dtype cast.
+A tensor read along the rows (a weight, a bias) has the same element-wise gradient, summed over
+the rows: the derived op's column outputs ([columns]), which its kernels sum as they go.
+
+Derived for the ops whose outputs are all element-wise and whose step scales read no step; others
+keep the backward by reference. The derived op takes every tensor (an omitted optional one makes
+the forward fall back to the reference's gradient), and leaves out a forward's dtype argument:
+it serves calls without a dtype cast.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
     body: rowwise.RowwiseBody = spec.body
     scales_read_steps = any(s.scale is not None and s.scale.names & _steps(body)
                             for s in body.steps)
-    if not body.derive_backward or body.along or body.row_outputs or scales_read_steps:
+    if body.derived_from is not None or body.row_outputs or scales_read_steps:
         return None
     tensors = [t.name for t in spec.tensors]
     outputs = [o.name for o in body.outputs]
@@ -60,12 +63,15 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
         reduce, compute = _derive(body, tensors)
     except NotDifferentiable:
         return None
-    args = tuple(a for a in spec.args if isinstance(a, TensorArg)) + tuple(
+    columns = {grad_name(t): compute.pop(grad_name(t)) for t in body.along}
+    args = tuple(TensorArg(a.name, low=a.low, high=a.high) for a in spec.tensors) + tuple(
         TensorArg(grad_name(o)) for o in outputs) + tuple(
         a for a in spec.args if not isinstance(a, TensorArg) and a.name != body.dtype)
     # gradients laid out as the forward lays out its results, as torch's backward kernels do
     # (softmax's and log_softmax's are contiguous whatever the layouts of x and the gradient)
     rows = {"tensor": body.tensor, "layout": body.layout}
+    if body.along:
+        rows["along"] = list(body.along)
     if body.normalized_shape is not None:
         rows["normalized_shape"] = body.normalized_shape
     else:
@@ -74,10 +80,12 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
         rows["finfo_eps"] = list(body.finfo_eps)
     table = {"rows": rows, "reduce": reduce, "compute": compute,
              "tuning": {"CHUNK": list(body.chunks), "num_warps": list(body.num_warps)}}
+    if columns:
+        table["columns"] = columns
     name = spec.name + SUFFIX
     where = Where(spec.source.path).child(f"(derived {name})")
     derived_body = dataclasses.replace(rowwise.parse_body(Table(table, where), args, name),
-                                       derive_backward=False)
+                                       derived_from=spec.name)
     return OpSpec(
         name=name, family=spec.family,
         doc=f"the gradient of {spec.name} with respect to {', '.join(tensors)}, given the "
@@ -179,8 +187,8 @@ def eager_call(spec: OpSpec) -> rowwise.DerivedBackward | None:
     if derived is None:
         return None
     cotangents = {grad_name(o.name): f"grads[{i}]" for i, o in enumerate(spec.body.outputs)}
-    results = tuple(o.name for o in derived.body.outputs)
+    results = tuple(o.name for o in derived.body.outputs + derived.body.column_outputs)
     return rowwise.DerivedBackward(
         derived.name, ", ".join(cotangents.get(a.name, a.name) for a in derived.args), results,
         tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args),
-        spec.body.dtype)
+        spec.body.dtype, tuple(t.name for t in spec.tensors if t.optional))

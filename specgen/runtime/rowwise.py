@@ -18,7 +18,7 @@ from torch._prims_common import suggest_memory_format
 from specgen.runtime import pointwise
 from specgen.runtime.launch import multiprocessors, max_programs, overrides, untraced, use_int64
 from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
-from specgen.runtime.replay import empty
+from specgen.runtime.replay import empty, zeros
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
 COL_RANK = 3    # collapsed reduced dims a kernel splits a column index into
@@ -41,6 +41,11 @@ SPLIT_PROGRAMS_PER_SM = 4
 TILE_TARGET = 1024
 # single tile: elements a thread holds, which sets num_warps
 ELEMENTS_PER_THREAD = 16
+
+
+# column outputs ([columns]): programs per multiprocessor. Each program keeps float32 sums of
+# its rows' columns, and a second kernel adds up one row of them per program
+COLUMN_PROGRAMS_PER_SM = 2
 
 
 # the most rows a single-tile program takes (BLOCK_M = TILE_TARGET // BLOCK_N, at least 1 column)
@@ -126,6 +131,23 @@ def check_along(op: str, x: torch.Tensor, reduced: tuple[int, ...],
         if tensor is not None and tuple(tensor.shape) != expected:
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, expected "
                              f"{expected} (the reduced dims of the input)")
+
+
+def column_shape(x: torch.Tensor, reduced: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a column output (summed over the rows): the reduced dims', as check_along's."""
+    return tuple(x.shape[d] for d in reduced) or (1,)
+
+
+def empty_columns(x: torch.Tensor, reduced: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A column output: zeros when x has no rows (no kernel writes it, and a sum over no rows is
+    0), else to be written."""
+    rows = 1
+    for d, size in enumerate(x.shape):
+        if d not in reduced:
+            rows *= size
+    if rows == 0:
+        return zeros(column_shape(x, reduced), dtype, x.device)
+    return empty(column_shape(x, reduced), dtype, x.device)
 
 
 def row_shape(x: torch.Tensor, reduced: tuple[int, ...], keepdim: bool = False) -> tuple[int, ...]:
@@ -313,6 +335,16 @@ class LaunchPlan:
     # single and chunked kernels: a grid capped below the row blocks loops over them
     row_loop: bool
 
+    def column_parts(self) -> int:
+        """Rows of float32 partial sums a launch with column outputs writes: one per program of
+        a single or chunked launch (a chunked grid has at most a program a row), one per row of
+        a split one (its programs write disjoint shares of it)."""
+        if self.strategy == "single":
+            return self.grid(self.single)[0]
+        if self.strategy == "split":
+            return self.space.rows
+        return max(1, min(self.space.rows, self.cap))
+
     def grid(self, meta: Mapping[str, int]) -> tuple[int]:
         """Row blocks (single, looped, online), or rows times splits (split)."""
         if self.strategy == "split":
@@ -328,9 +360,11 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
                 max_block: int, max_chunk: int, row_outputs_only_need_rows: bool,
                 x: torch.Tensor, reduced: tuple[int, ...], elements: Sequence[torch.Tensor],
                 along: Sequence[torch.Tensor | None],
-                row_outputs: Sequence[torch.Tensor]) -> LaunchPlan | None:
+                row_outputs: Sequence[torch.Tensor], columns: bool = False) -> LaunchPlan | None:
     """The launch of one call, or None when there is nothing to compute. Cached on plain tensors
-    by everything it reads, so repeated calls skip the collapsing and the checks."""
+    by everything it reads, so repeated calls skip the collapsing and the checks. ``columns``:
+    the op has column outputs (in ``along``), so its single and chunked grids are persistent,
+    a few programs a multiprocessor, each summing many rows."""
     tensors = [*elements, *along, *row_outputs]
     key = None
     if untraced(tensors):
@@ -351,7 +385,8 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
         index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
         single = single_config(space.rows, space.n) if chosen == "single" else None
         splits = split_count(space.rows, space.n, max_chunk, x.device) if chosen == "split" else 1
-        cap = max_programs(x.device, "flat")
+        cap = (max_programs(x.device, "persistent", COLUMN_PROGRAMS_PER_SM) if columns
+               else max_programs(x.device, "flat"))
         masks = {"M_ALIGN": alignment(space.rows, MAX_BLOCK_M),
                  "N_ALIGN": alignment(space.n, max_block)}
         # a loop over row blocks only where the grid is capped below them (a loop costs time
