@@ -79,7 +79,7 @@ MAX_CHUNK = 4096
 # the op this one is the backward of (derived from its spec: specgen/families/rowwise_backward.py)
 DERIVED_FROM = "layer_norm"
 # float32 partials a split launch keeps per row and split
-SLOTS = 5
+SLOTS = 6
 # the kernel that adds up the column outputs' partials: a program per BLOCK_C columns, reading
 # BLOCK_P rows of partials at a time
 COLUMNS_BLOCK = {"BLOCK_P": 16, "BLOCK_C": 64, "num_warps": 4}
@@ -188,13 +188,14 @@ def _layer_norm_backward_single_rows(
     mean_shift, deviation_m2 = tl.reduce((deviation, deviation * deviation), 1, add_pairs, keep_dims=True)
     row_var = deviation_m2 * (1 / n_float)
     row_mean += mean_shift / n_float
-    row_adj_var = tl.sum(tl.where(mask, grad_out * ((x - row_mean) * (-0.5 * (tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps))) * weight), 0.0), axis=1, keep_dims=True)
-    row_adj_mean = tl.sum(tl.where(mask, grad_out * (-tl.rsqrt(row_var + eps) * weight) + row_adj_var * (1 / n_float) * (-(x - row_mean) + -(x - row_mean)), 0.0), axis=1, keep_dims=True)
+    row_sum_0 = tl.sum(tl.where(mask, (x - row_mean) * grad_out * weight, 0.0), axis=1, keep_dims=True)
+    row_sum_1 = tl.sum(tl.where(mask, grad_out * weight, 0.0), axis=1, keep_dims=True)
+    row_sum_2 = tl.sum(tl.where(mask, x - row_mean, 0.0), axis=1, keep_dims=True)
 
 
-    grad_x = grad_out * (tl.rsqrt(row_var + eps) * weight) + row_adj_mean * (1 / n_float) + row_adj_var * (1 / n_float) * (x - row_mean + (x - row_mean))
+    grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * (-((x - row_mean) * row_sum_0 * (1.0 / n_float)) + row_sum_0 * row_sum_2 * (1.0 / (n_float * n_float)))
     tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-    grad_weight = tl.sum(tl.where(mask, grad_out * ((x - row_mean) * tl.rsqrt(row_var + eps)), 0.0), axis=0, keep_dims=True)
+    grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_var + eps) * ((x - row_mean) * grad_out), 0.0), axis=0, keep_dims=True)
     grad_bias = tl.sum(tl.where(mask, grad_out, 0.0), axis=0, keep_dims=True)
     return grad_weight, grad_bias
 
@@ -408,8 +409,10 @@ def _layer_norm_backward_looped_rows(
     pass_mean += tl.sum(lane_n * deviation, axis=1, keep_dims=True) / tl.maximum(span, 1)
     row_mean = pass_mean
     row_var = pass_m2 * (1 / n_float)
-    # pass: adj_var
-    acc_adj_var = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    # pass: sum_0, sum_1, sum_2
+    acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    acc_sum_1 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    acc_sum_2 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)[None, :]
         if INDEX_64:
@@ -444,46 +447,12 @@ def _layer_norm_backward_looped_rows(
         weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_adj_var += tl.where(mask, grad_out * ((x - row_mean) * (-0.5 * (tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps))) * weight), 0.0)
-    row_adj_var = tl.sum(acc_adj_var, axis=1, keep_dims=True)
-    # pass: adj_mean
-    acc_adj_mean = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)[None, :]
-        if INDEX_64:
-            cols = cols.to(tl.int64)
-        if N_ALIGN >= BLOCK_N:
-            # the tiles cover the row exactly: no column is past its end
-            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-        else:
-            col_mask = cols < N
-        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-        col_coord = cols
-        if COL_DIMS > 1:
-            col_coord = cols % col_size_0
-            col_rest = cols // col_size_0
-        x_col = col_coord * x_col_stride_0
-        grad_out_col = col_coord * grad_out_col_stride_0
-        weight_col = col_coord * weight_col_stride_0
-        if COL_DIMS > 1:
-            col_coord = col_rest
-            if COL_DIMS > 2:
-                col_coord = col_rest % col_size_1
-                col_rest = col_rest // col_size_1
-            x_col += col_coord * x_col_stride_1
-            grad_out_col += col_coord * grad_out_col_stride_1
-            weight_col += col_coord * weight_col_stride_1
-        if COL_DIMS > 2:
-            col_coord = col_rest
-            x_col += col_coord * x_col_stride_2
-            grad_out_col += col_coord * grad_out_col_stride_2
-            weight_col += col_coord * weight_col_stride_2
-        mask = row_mask & col_mask
-        weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_adj_mean += tl.where(mask, grad_out * (-tl.rsqrt(row_var + eps) * weight) + row_adj_var * (1 / n_float) * (-(x - row_mean) + -(x - row_mean)), 0.0)
-    row_adj_mean = tl.sum(acc_adj_mean, axis=1, keep_dims=True)
+        acc_sum_0 += tl.where(mask, (x - row_mean) * grad_out * weight, 0.0)
+        acc_sum_1 += tl.where(mask, grad_out * weight, 0.0)
+        acc_sum_2 += tl.where(mask, x - row_mean, 0.0)
+    row_sum_0 = tl.sum(acc_sum_0, axis=1, keep_dims=True)
+    row_sum_1 = tl.sum(acc_sum_1, axis=1, keep_dims=True)
+    row_sum_2 = tl.sum(acc_sum_2, axis=1, keep_dims=True)
 
     # outputs: a last read of the row
     for start in range(0, N, BLOCK_N):
@@ -529,9 +498,9 @@ def _layer_norm_backward_looped_rows(
         weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = grad_out * (tl.rsqrt(row_var + eps) * weight) + row_adj_mean * (1 / n_float) + row_adj_var * (1 / n_float) * (x - row_mean + (x - row_mean))
+        grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * (-((x - row_mean) * row_sum_0 * (1.0 / n_float)) + row_sum_0 * row_sum_2 * (1.0 / (n_float * n_float)))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-        grad_weight = tl.sum(tl.where(mask, grad_out * ((x - row_mean) * tl.rsqrt(row_var + eps)), 0.0), axis=0, keep_dims=True)
+        grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_var + eps) * ((x - row_mean) * grad_out), 0.0), axis=0, keep_dims=True)
         grad_bias = tl.sum(tl.where(mask, grad_out, 0.0), axis=0, keep_dims=True)
         # added to this program's row of partials (zeros at first; its earlier blocks of rows
         # added theirs)
@@ -814,8 +783,10 @@ def _layer_norm_backward_split1_kernel(
         row_mean += tl.sum(part_n * deviation) / total
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # pass: adj_var
-        acc_adj_var = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        # pass: sum_0, sum_1, sum_2
+        acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        acc_sum_1 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        acc_sum_2 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -846,128 +817,12 @@ def _layer_norm_backward_split1_kernel(
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_adj_var += tl.where(mask, grad_out * ((x - row_mean) * (-0.5 * (tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps))) * weight), 0.0)
-        tl.store(ws_ptr + (3 * n_rows + rows) * n_splits + split, tl.sum(acc_adj_var))
-
-
-@triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
-                 key=["N", "INDEX_64"])
-@triton.jit
-def _layer_norm_backward_split2_kernel(
-    x_ptr, weight_ptr, bias_ptr, grad_out_ptr, grad_x_ptr, cols_ws_ptr,
-    n_rows, N,
-    row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
-    grad_x_row_stride_0, grad_x_row_stride_1, grad_x_row_stride_2, grad_x_row_stride_3, grad_x_col_stride_0, grad_x_col_stride_1, grad_x_col_stride_2,
-    x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
-    grad_out_row_stride_0, grad_out_row_stride_1, grad_out_row_stride_2, grad_out_row_stride_3, grad_out_col_stride_0, grad_out_col_stride_1, grad_out_col_stride_2,
-    weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
-    bias_col_stride_0, bias_col_stride_1, bias_col_stride_2,
-    grad_weight_col_stride_0, grad_weight_col_stride_1, grad_weight_col_stride_2,
-    grad_bias_col_stride_0, grad_bias_col_stride_1, grad_bias_col_stride_2,
-    eps,
-    ws_ptr,
-    n_splits,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
-    SPLITS_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if INDEX_64:
-        # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-        pid = pid.to(tl.int64)
-    # float32 under torch.compile too (Inductor passes Python floats as float64)
-    eps = tl.cast(eps, tl.float32)
-
-    n_float = N * 1.0  # N as a float, for scales such as 1 / N
-    # each split covers an equal share of the row, rounded up to whole chunks
-    share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
-    for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
-        split = item % n_splits
-        rows = item // n_splits
-        row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
-        # stay within the tile margin the launcher adds when it picks the index width)
-        row_id = tl.where(row_mask, rows, 0)
-        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
-        row_coord = row_id
-        if ROW_DIMS > 1:
-            row_coord = row_id % row_size_0
-            row_rest = row_id // row_size_0
-        grad_x_row = row_coord * grad_x_row_stride_0
-        x_row = row_coord * x_row_stride_0
-        grad_out_row = row_coord * grad_out_row_stride_0
-        if ROW_DIMS > 1:
-            row_coord = row_rest
-            if ROW_DIMS > 2:
-                row_coord = row_rest % row_size_1
-                row_rest = row_rest // row_size_1
-            grad_x_row += row_coord * grad_x_row_stride_1
-            x_row += row_coord * x_row_stride_1
-            grad_out_row += row_coord * grad_out_row_stride_1
-        if ROW_DIMS > 2:
-            row_coord = row_rest
-            if ROW_DIMS > 3:
-                row_coord = row_rest % row_size_2
-                row_rest = row_rest // row_size_2
-            grad_x_row += row_coord * grad_x_row_stride_2
-            x_row += row_coord * x_row_stride_2
-            grad_out_row += row_coord * grad_out_row_stride_2
-        if ROW_DIMS > 3:
-            row_coord = row_rest
-            grad_x_row += row_coord * grad_x_row_stride_3
-            x_row += row_coord * x_row_stride_3
-            grad_out_row += row_coord * grad_out_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)
-        split_mask = splits < n_splits
-        part_mean = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        part_m2 = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        part_n = tl.load(ws_ptr + (2 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        total = tl.maximum(tl.sum(part_n), 1.0)
-        row_mean = tl.sum(part_n * part_mean) / total
-        deviation = part_mean - row_mean
-        row_var = tl.sum(part_m2 + part_n * deviation * deviation) * (1 / n_float)
-        row_mean += tl.sum(part_n * deviation) / total
-        part = tl.load(ws_ptr + (3 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_var = tl.sum(part)
-        lo = split * share
-        hi = tl.minimum(lo + share, N)
-        # pass: adj_mean
-        acc_adj_mean = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            col_mask = cols < hi
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            x_col = col_coord * x_col_stride_0
-            grad_out_col = col_coord * grad_out_col_stride_0
-            weight_col = col_coord * weight_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                x_col += col_coord * x_col_stride_1
-                grad_out_col += col_coord * grad_out_col_stride_1
-                weight_col += col_coord * weight_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                x_col += col_coord * x_col_stride_2
-                grad_out_col += col_coord * grad_out_col_stride_2
-                weight_col += col_coord * weight_col_stride_2
-            mask = row_mask & col_mask
-            weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_adj_mean += tl.where(mask, grad_out * (-tl.rsqrt(row_var + eps) * weight) + row_adj_var * (1 / n_float) * (-(x - row_mean) + -(x - row_mean)), 0.0)
-        tl.store(ws_ptr + (4 * n_rows + rows) * n_splits + split, tl.sum(acc_adj_mean))
+            acc_sum_0 += tl.where(mask, (x - row_mean) * grad_out * weight, 0.0)
+            acc_sum_1 += tl.where(mask, grad_out * weight, 0.0)
+            acc_sum_2 += tl.where(mask, x - row_mean, 0.0)
+        tl.store(ws_ptr + (3 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_0))
+        tl.store(ws_ptr + (4 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_1))
+        tl.store(ws_ptr + (5 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_2))
 
 
 @triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
@@ -1051,9 +906,11 @@ def _layer_norm_backward_split_out_kernel(
         row_var = tl.sum(part_m2 + part_n * deviation * deviation) * (1 / n_float)
         row_mean += tl.sum(part_n * deviation) / total
         part = tl.load(ws_ptr + (3 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_var = tl.sum(part)
+        row_sum_0 = tl.sum(part)
         part = tl.load(ws_ptr + (4 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_mean = tl.sum(part)
+        row_sum_1 = tl.sum(part)
+        part = tl.load(ws_ptr + (5 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
+        row_sum_2 = tl.sum(part)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 
@@ -1096,9 +953,9 @@ def _layer_norm_backward_split_out_kernel(
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            grad_x = grad_out * (tl.rsqrt(row_var + eps) * weight) + row_adj_mean * (1 / n_float) + row_adj_var * (1 / n_float) * (x - row_mean + (x - row_mean))
+            grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * (-((x - row_mean) * row_sum_0 * (1.0 / n_float)) + row_sum_0 * row_sum_2 * (1.0 / (n_float * n_float)))
             tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-            grad_weight = tl.sum(tl.where(mask, grad_out * ((x - row_mean) * tl.rsqrt(row_var + eps)), 0.0), axis=0, keep_dims=True)
+            grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_var + eps) * ((x - row_mean) * grad_out), 0.0), axis=0, keep_dims=True)
             grad_bias = tl.sum(tl.where(mask, grad_out, 0.0), axis=0, keep_dims=True)
             # the row's own partials: each share of it is written once, by one program
             grad_weight_part = cols_ws_ptr + (rows.to(tl.int64) * 2 + 0) * N + grad_weight_col
@@ -1140,7 +997,7 @@ def _layer_norm_backward_columns_kernel(
     tl.store(grad_bias_ptr + cols, grad_bias.to(grad_bias_ptr.dtype.element_ty), mask=col_mask)
 
 
-SPLIT_KERNELS = (_layer_norm_backward_split0_kernel, _layer_norm_backward_split1_kernel, _layer_norm_backward_split2_kernel, )
+SPLIT_KERNELS = (_layer_norm_backward_split0_kernel, _layer_norm_backward_split1_kernel, )
 CHUNKED_KERNELS = {"looped": _layer_norm_backward_looped_kernel}
 
 

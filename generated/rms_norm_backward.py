@@ -180,12 +180,12 @@ def _rms_norm_backward_single_rows(
     x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0).to(tl.float32)
     grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0).to(tl.float32)
     row_ms = tl.sum(tl.where(mask, x * x, 0.0), axis=1, keep_dims=True) * (1 / n_float)
-    row_adj_ms = tl.sum(tl.where(mask, grad_out * (x * (-0.5 * (tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps))) * weight), 0.0), axis=1, keep_dims=True)
+    row_sum_0 = tl.sum(tl.where(mask, grad_out * weight * x, 0.0), axis=1, keep_dims=True)
 
 
-    grad_x = grad_out * (tl.rsqrt(row_ms + eps) * weight) + row_adj_ms * (1 / n_float) * (x + x)
+    grad_x = tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
     tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-    grad_weight = tl.sum(tl.where(mask, grad_out * (x * tl.rsqrt(row_ms + eps)), 0.0), axis=0, keep_dims=True)
+    grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
     return grad_weight
 
 
@@ -335,39 +335,9 @@ def _rms_norm_backward_looped_rows(
         grad_x_row += row_coord * grad_x_row_stride_3
         x_row += row_coord * x_row_stride_3
         grad_out_row += row_coord * grad_out_row_stride_3
-    # pass: ms
+    # pass: ms, sum_0
     acc_ms = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)[None, :]
-        if INDEX_64:
-            cols = cols.to(tl.int64)
-        if N_ALIGN >= BLOCK_N:
-            # the tiles cover the row exactly: no column is past its end
-            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-        else:
-            col_mask = cols < N
-        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-        col_coord = cols
-        if COL_DIMS > 1:
-            col_coord = cols % col_size_0
-            col_rest = cols // col_size_0
-        x_col = col_coord * x_col_stride_0
-        if COL_DIMS > 1:
-            col_coord = col_rest
-            if COL_DIMS > 2:
-                col_coord = col_rest % col_size_1
-                col_rest = col_rest // col_size_1
-            x_col += col_coord * x_col_stride_1
-        if COL_DIMS > 2:
-            col_coord = col_rest
-            x_col += col_coord * x_col_stride_2
-        mask = row_mask & col_mask
-
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_ms += tl.where(mask, x * x, 0.0)
-    row_ms = tl.sum(acc_ms, axis=1, keep_dims=True) * (1 / n_float)
-    # pass: adj_ms
-    acc_adj_ms = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)[None, :]
         if INDEX_64:
@@ -402,8 +372,10 @@ def _rms_norm_backward_looped_rows(
         weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_adj_ms += tl.where(mask, grad_out * (x * (-0.5 * (tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps))) * weight), 0.0)
-    row_adj_ms = tl.sum(acc_adj_ms, axis=1, keep_dims=True)
+        acc_ms += tl.where(mask, x * x, 0.0)
+        acc_sum_0 += tl.where(mask, grad_out * weight * x, 0.0)
+    row_ms = tl.sum(acc_ms, axis=1, keep_dims=True) * (1 / n_float)
+    row_sum_0 = tl.sum(acc_sum_0, axis=1, keep_dims=True)
 
     # outputs: a last read of the row
     for start in range(0, N, BLOCK_N):
@@ -446,9 +418,9 @@ def _rms_norm_backward_looped_rows(
         weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = grad_out * (tl.rsqrt(row_ms + eps) * weight) + row_adj_ms * (1 / n_float) * (x + x)
+        grad_x = tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-        grad_weight = tl.sum(tl.where(mask, grad_out * (x * tl.rsqrt(row_ms + eps)), 0.0), axis=0, keep_dims=True)
+        grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
         # added to this program's row of partials (zeros at first; its earlier blocks of rows
         # added theirs)
         grad_weight_part = cols_ws_ptr + (tl.program_id(0).to(tl.int64) * 1 + 0) * N + grad_weight_col
@@ -590,111 +562,9 @@ def _rms_norm_backward_split0_kernel(
             grad_out_row += row_coord * grad_out_row_stride_3
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # pass: ms
+        # pass: ms, sum_0
         acc_ms = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            col_mask = cols < hi
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            x_col = col_coord * x_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                x_col += col_coord * x_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                x_col += col_coord * x_col_stride_2
-            mask = row_mask & col_mask
-
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_ms += tl.where(mask, x * x, 0.0)
-        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms))
-
-
-@triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
-                 key=["N", "INDEX_64"])
-@triton.jit
-def _rms_norm_backward_split1_kernel(
-    x_ptr, weight_ptr, grad_out_ptr, grad_x_ptr, cols_ws_ptr,
-    n_rows, N,
-    row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
-    grad_x_row_stride_0, grad_x_row_stride_1, grad_x_row_stride_2, grad_x_row_stride_3, grad_x_col_stride_0, grad_x_col_stride_1, grad_x_col_stride_2,
-    x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
-    grad_out_row_stride_0, grad_out_row_stride_1, grad_out_row_stride_2, grad_out_row_stride_3, grad_out_col_stride_0, grad_out_col_stride_1, grad_out_col_stride_2,
-    weight_col_stride_0, weight_col_stride_1, weight_col_stride_2,
-    grad_weight_col_stride_0, grad_weight_col_stride_1, grad_weight_col_stride_2,
-    eps,
-    ws_ptr,
-    n_splits,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
-    SPLITS_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if INDEX_64:
-        # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-        pid = pid.to(tl.int64)
-    # float32 under torch.compile too (Inductor passes Python floats as float64)
-    eps = tl.cast(eps, tl.float32)
-
-    n_float = N * 1.0  # N as a float, for scales such as 1 / N
-    # each split covers an equal share of the row, rounded up to whole chunks
-    share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
-    for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
-        split = item % n_splits
-        rows = item // n_splits
-        row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
-        # stay within the tile margin the launcher adds when it picks the index width)
-        row_id = tl.where(row_mask, rows, 0)
-        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
-        row_coord = row_id
-        if ROW_DIMS > 1:
-            row_coord = row_id % row_size_0
-            row_rest = row_id // row_size_0
-        grad_x_row = row_coord * grad_x_row_stride_0
-        x_row = row_coord * x_row_stride_0
-        grad_out_row = row_coord * grad_out_row_stride_0
-        if ROW_DIMS > 1:
-            row_coord = row_rest
-            if ROW_DIMS > 2:
-                row_coord = row_rest % row_size_1
-                row_rest = row_rest // row_size_1
-            grad_x_row += row_coord * grad_x_row_stride_1
-            x_row += row_coord * x_row_stride_1
-            grad_out_row += row_coord * grad_out_row_stride_1
-        if ROW_DIMS > 2:
-            row_coord = row_rest
-            if ROW_DIMS > 3:
-                row_coord = row_rest % row_size_2
-                row_rest = row_rest // row_size_2
-            grad_x_row += row_coord * grad_x_row_stride_2
-            x_row += row_coord * x_row_stride_2
-            grad_out_row += row_coord * grad_out_row_stride_2
-        if ROW_DIMS > 3:
-            row_coord = row_rest
-            grad_x_row += row_coord * grad_x_row_stride_3
-            x_row += row_coord * x_row_stride_3
-            grad_out_row += row_coord * grad_out_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)
-        split_mask = splits < n_splits
-        part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_ms = tl.sum(part) * (1 / n_float)
-        lo = split * share
-        hi = tl.minimum(lo + share, N)
-        # pass: adj_ms
-        acc_adj_ms = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -725,8 +595,10 @@ def _rms_norm_backward_split1_kernel(
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_adj_ms += tl.where(mask, grad_out * (x * (-0.5 * (tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps))) * weight), 0.0)
-        tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, tl.sum(acc_adj_ms))
+            acc_ms += tl.where(mask, x * x, 0.0)
+            acc_sum_0 += tl.where(mask, grad_out * weight * x, 0.0)
+        tl.store(ws_ptr + (0 * n_rows + rows) * n_splits + split, tl.sum(acc_ms))
+        tl.store(ws_ptr + (1 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_0))
 
 
 @triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
@@ -802,7 +674,7 @@ def _rms_norm_backward_split_out_kernel(
         part = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
         row_ms = tl.sum(part) * (1 / n_float)
         part = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_ms = tl.sum(part)
+        row_sum_0 = tl.sum(part)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 
@@ -842,9 +714,9 @@ def _rms_norm_backward_split_out_kernel(
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            grad_x = grad_out * (tl.rsqrt(row_ms + eps) * weight) + row_adj_ms * (1 / n_float) * (x + x)
+            grad_x = tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
             tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-            grad_weight = tl.sum(tl.where(mask, grad_out * (x * tl.rsqrt(row_ms + eps)), 0.0), axis=0, keep_dims=True)
+            grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
             # the row's own partials: each share of it is written once, by one program
             grad_weight_part = cols_ws_ptr + (rows.to(tl.int64) * 1 + 0) * N + grad_weight_col
             tl.store(grad_weight_part, grad_weight, mask=col_mask)
@@ -875,7 +747,7 @@ def _rms_norm_backward_columns_kernel(
     tl.store(grad_weight_ptr + cols, grad_weight.to(grad_weight_ptr.dtype.element_ty), mask=col_mask)
 
 
-SPLIT_KERNELS = (_rms_norm_backward_split0_kernel, _rms_norm_backward_split1_kernel, )
+SPLIT_KERNELS = (_rms_norm_backward_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _rms_norm_backward_looped_kernel}
 
 

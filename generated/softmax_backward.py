@@ -75,7 +75,7 @@ MAX_CHUNK = 4096
 # the op this one is the backward of (derived from its spec: specgen/families/rowwise_backward.py)
 DERIVED_FROM = "softmax"
 # float32 partials a split launch keeps per row and split
-SLOTS = 5
+SLOTS = 3
 
 
 @triton.jit
@@ -172,12 +172,10 @@ def _softmax_backward_single_rows(
     # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
     row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
     row_sum = tl.sum(tl.where(mask, tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
-    row_count_max = tl.sum(tl.where(mask, tl.where(x == row_max, 1.0, 0.0), 0.0), axis=1, keep_dims=True)
-    row_adj_sum = tl.sum(tl.where(mask, grad_out * -(tl.exp(x - row_max_shift) / (row_sum * row_sum)), 0.0), axis=1, keep_dims=True)
-    row_adj_max = tl.sum(tl.where(mask, grad_out * (-tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_sum * -tl.exp(x - row_max_shift), 0.0), axis=1, keep_dims=True)
+    row_sum_0 = tl.sum(tl.where(mask, tl.exp(x - row_max_shift) * grad_out, 0.0), axis=1, keep_dims=True)
 
 
-    grad_x = grad_out * (tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_max * (tl.where(x == row_max, 1.0, 0.0) * (1.0 / row_count_max)) + row_adj_sum * tl.exp(x - row_max_shift)
+    grad_x = tl.exp(x - row_max_shift) * grad_out * (1.0 * (1.0 / row_sum)) - tl.exp(x - row_max_shift) * row_sum_0 * (1.0 / (row_sum * row_sum))
     tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
@@ -318,9 +316,9 @@ def _softmax_backward_looped_rows(
     row_max = tl.reduce(acc_max, 1, maximum_f32, keep_dims=True)
     # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
     row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-    # pass: sum, count_max
+    # pass: sum, sum_0
     acc_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    acc_count_max = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)[None, :]
         if INDEX_64:
@@ -336,92 +334,26 @@ def _softmax_backward_looped_rows(
             col_coord = cols % col_size_0
             col_rest = cols // col_size_0
         x_col = col_coord * x_col_stride_0
+        grad_out_col = col_coord * grad_out_col_stride_0
         if COL_DIMS > 1:
             col_coord = col_rest
             if COL_DIMS > 2:
                 col_coord = col_rest % col_size_1
                 col_rest = col_rest // col_size_1
             x_col += col_coord * x_col_stride_1
+            grad_out_col += col_coord * grad_out_col_stride_1
         if COL_DIMS > 2:
             col_coord = col_rest
             x_col += col_coord * x_col_stride_2
+            grad_out_col += col_coord * grad_out_col_stride_2
         mask = row_mask & col_mask
 
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc_sum += tl.where(mask, tl.exp(x - row_max_shift), 0.0)
-        acc_count_max += tl.where(mask, tl.where(x == row_max, 1.0, 0.0), 0.0)
+        acc_sum_0 += tl.where(mask, tl.exp(x - row_max_shift) * grad_out, 0.0)
     row_sum = tl.sum(acc_sum, axis=1, keep_dims=True)
-    row_count_max = tl.sum(acc_count_max, axis=1, keep_dims=True)
-    # pass: adj_sum
-    acc_adj_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)[None, :]
-        if INDEX_64:
-            cols = cols.to(tl.int64)
-        if N_ALIGN >= BLOCK_N:
-            # the tiles cover the row exactly: no column is past its end
-            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-        else:
-            col_mask = cols < N
-        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-        col_coord = cols
-        if COL_DIMS > 1:
-            col_coord = cols % col_size_0
-            col_rest = cols // col_size_0
-        x_col = col_coord * x_col_stride_0
-        grad_out_col = col_coord * grad_out_col_stride_0
-        if COL_DIMS > 1:
-            col_coord = col_rest
-            if COL_DIMS > 2:
-                col_coord = col_rest % col_size_1
-                col_rest = col_rest // col_size_1
-            x_col += col_coord * x_col_stride_1
-            grad_out_col += col_coord * grad_out_col_stride_1
-        if COL_DIMS > 2:
-            col_coord = col_rest
-            x_col += col_coord * x_col_stride_2
-            grad_out_col += col_coord * grad_out_col_stride_2
-        mask = row_mask & col_mask
-
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_adj_sum += tl.where(mask, grad_out * -(tl.exp(x - row_max_shift) / (row_sum * row_sum)), 0.0)
-    row_adj_sum = tl.sum(acc_adj_sum, axis=1, keep_dims=True)
-    # pass: adj_max
-    acc_adj_max = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)[None, :]
-        if INDEX_64:
-            cols = cols.to(tl.int64)
-        if N_ALIGN >= BLOCK_N:
-            # the tiles cover the row exactly: no column is past its end
-            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-        else:
-            col_mask = cols < N
-        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-        col_coord = cols
-        if COL_DIMS > 1:
-            col_coord = cols % col_size_0
-            col_rest = cols // col_size_0
-        x_col = col_coord * x_col_stride_0
-        grad_out_col = col_coord * grad_out_col_stride_0
-        if COL_DIMS > 1:
-            col_coord = col_rest
-            if COL_DIMS > 2:
-                col_coord = col_rest % col_size_1
-                col_rest = col_rest // col_size_1
-            x_col += col_coord * x_col_stride_1
-            grad_out_col += col_coord * grad_out_col_stride_1
-        if COL_DIMS > 2:
-            col_coord = col_rest
-            x_col += col_coord * x_col_stride_2
-            grad_out_col += col_coord * grad_out_col_stride_2
-        mask = row_mask & col_mask
-
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_adj_max += tl.where(mask, grad_out * (-tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_sum * -tl.exp(x - row_max_shift), 0.0)
-    row_adj_max = tl.sum(acc_adj_max, axis=1, keep_dims=True)
+    row_sum_0 = tl.sum(acc_sum_0, axis=1, keep_dims=True)
 
     # outputs: a last read of the row
     for start in range(0, N, BLOCK_N):
@@ -458,7 +390,7 @@ def _softmax_backward_looped_rows(
 
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = grad_out * (tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_max * (tl.where(x == row_max, 1.0, 0.0) * (1.0 / row_count_max)) + row_adj_sum * tl.exp(x - row_max_shift)
+        grad_x = tl.exp(x - row_max_shift) * grad_out * (1.0 * (1.0 / row_sum)) - tl.exp(x - row_max_shift) * row_sum_0 * (1.0 / (row_sum * row_sum))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
@@ -612,9 +544,8 @@ def _softmax_backward_online_rows(
     # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
     row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
     row_sum = tl.sum(acc_sum * tl.exp(acc_max - row_max_shift), axis=1, keep_dims=True)
-    # pass: count_max, adj_sum
-    acc_count_max = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    acc_adj_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    # pass: sum_0
+    acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)[None, :]
         if INDEX_64:
@@ -646,45 +577,8 @@ def _softmax_backward_online_rows(
 
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_count_max += tl.where(mask, tl.where(x == row_max, 1.0, 0.0), 0.0)
-        acc_adj_sum += tl.where(mask, grad_out * -(tl.exp(x - row_max_shift) / (row_sum * row_sum)), 0.0)
-    row_count_max = tl.sum(acc_count_max, axis=1, keep_dims=True)
-    row_adj_sum = tl.sum(acc_adj_sum, axis=1, keep_dims=True)
-    # pass: adj_max
-    acc_adj_max = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)[None, :]
-        if INDEX_64:
-            cols = cols.to(tl.int64)
-        if N_ALIGN >= BLOCK_N:
-            # the tiles cover the row exactly: no column is past its end
-            col_mask = tl.full([1, BLOCK_N], True, tl.int1)
-        else:
-            col_mask = cols < N
-        # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-        col_coord = cols
-        if COL_DIMS > 1:
-            col_coord = cols % col_size_0
-            col_rest = cols // col_size_0
-        x_col = col_coord * x_col_stride_0
-        grad_out_col = col_coord * grad_out_col_stride_0
-        if COL_DIMS > 1:
-            col_coord = col_rest
-            if COL_DIMS > 2:
-                col_coord = col_rest % col_size_1
-                col_rest = col_rest // col_size_1
-            x_col += col_coord * x_col_stride_1
-            grad_out_col += col_coord * grad_out_col_stride_1
-        if COL_DIMS > 2:
-            col_coord = col_rest
-            x_col += col_coord * x_col_stride_2
-            grad_out_col += col_coord * grad_out_col_stride_2
-        mask = row_mask & col_mask
-
-        x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc_adj_max += tl.where(mask, grad_out * (-tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_sum * -tl.exp(x - row_max_shift), 0.0)
-    row_adj_max = tl.sum(acc_adj_max, axis=1, keep_dims=True)
+        acc_sum_0 += tl.where(mask, tl.exp(x - row_max_shift) * grad_out, 0.0)
+    row_sum_0 = tl.sum(acc_sum_0, axis=1, keep_dims=True)
 
     # outputs: a last read of the row
     for start in range(0, N, BLOCK_N):
@@ -721,7 +615,7 @@ def _softmax_backward_online_rows(
 
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = grad_out * (tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_max * (tl.where(x == row_max, 1.0, 0.0) * (1.0 / row_count_max)) + row_adj_sum * tl.exp(x - row_max_shift)
+        grad_x = tl.exp(x - row_max_shift) * grad_out * (1.0 * (1.0 / row_sum)) - tl.exp(x - row_max_shift) * row_sum_0 * (1.0 / (row_sum * row_sum))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
@@ -956,9 +850,8 @@ def _softmax_backward_split1_kernel(
         row_sum = tl.sum(part_sum * tl.exp(part_max - row_max_shift))
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # pass: count_max, adj_sum
-        acc_count_max = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        acc_adj_sum = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        # pass: sum_0
+        acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -986,120 +879,8 @@ def _softmax_backward_split1_kernel(
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_count_max += tl.where(mask, tl.where(x == row_max, 1.0, 0.0), 0.0)
-            acc_adj_sum += tl.where(mask, grad_out * -(tl.exp(x - row_max_shift) / (row_sum * row_sum)), 0.0)
-        tl.store(ws_ptr + (2 * n_rows + rows) * n_splits + split, tl.sum(acc_count_max))
-        tl.store(ws_ptr + (3 * n_rows + rows) * n_splits + split, tl.sum(acc_adj_sum))
-
-
-@triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
-                 key=["N", "INDEX_64"])
-@triton.jit
-def _softmax_backward_split2_kernel(
-    x_ptr, grad_out_ptr, grad_x_ptr,
-    n_rows, N,
-    row_size_0, row_size_1, row_size_2, row_size_3, col_size_0, col_size_1, col_size_2,
-    grad_x_row_stride_0, grad_x_row_stride_1, grad_x_row_stride_2, grad_x_row_stride_3, grad_x_col_stride_0, grad_x_col_stride_1, grad_x_col_stride_2,
-    x_row_stride_0, x_row_stride_1, x_row_stride_2, x_row_stride_3, x_col_stride_0, x_col_stride_1, x_col_stride_2,
-    grad_out_row_stride_0, grad_out_row_stride_1, grad_out_row_stride_2, grad_out_row_stride_3, grad_out_col_stride_0, grad_out_col_stride_1, grad_out_col_stride_2,
-    ws_ptr,
-    n_splits,
-    ROW_DIMS: tl.constexpr,
-    COL_DIMS: tl.constexpr,
-    SPLITS_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if INDEX_64:
-        # some tensor spans more than 2**31 - 1 elements: widen before any offset is multiplied
-        pid = pid.to(tl.int64)
-
-    n_float = N * 1.0  # N as a float, for scales such as 1 / N
-    # each split covers an equal share of the row, rounded up to whole chunks
-    share = tl.cdiv(tl.cdiv(N, n_splits), BLOCK_N) * BLOCK_N
-    for item in range(pid, n_rows * n_splits, tl.num_programs(0)):
-        split = item % n_splits
-        rows = item // n_splits
-        row_mask = rows < n_rows
-        # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
-        # stay within the tile margin the launcher adds when it picks the index width)
-        row_id = tl.where(row_mask, rows, 0)
-        # offsets of each tensor: the row index split over the ROW_DIMS collapsed row dims, fastest first
-        row_coord = row_id
-        if ROW_DIMS > 1:
-            row_coord = row_id % row_size_0
-            row_rest = row_id // row_size_0
-        grad_x_row = row_coord * grad_x_row_stride_0
-        x_row = row_coord * x_row_stride_0
-        grad_out_row = row_coord * grad_out_row_stride_0
-        if ROW_DIMS > 1:
-            row_coord = row_rest
-            if ROW_DIMS > 2:
-                row_coord = row_rest % row_size_1
-                row_rest = row_rest // row_size_1
-            grad_x_row += row_coord * grad_x_row_stride_1
-            x_row += row_coord * x_row_stride_1
-            grad_out_row += row_coord * grad_out_row_stride_1
-        if ROW_DIMS > 2:
-            row_coord = row_rest
-            if ROW_DIMS > 3:
-                row_coord = row_rest % row_size_2
-                row_rest = row_rest // row_size_2
-            grad_x_row += row_coord * grad_x_row_stride_2
-            x_row += row_coord * x_row_stride_2
-            grad_out_row += row_coord * grad_out_row_stride_2
-        if ROW_DIMS > 3:
-            row_coord = row_rest
-            grad_x_row += row_coord * grad_x_row_stride_3
-            x_row += row_coord * x_row_stride_3
-            grad_out_row += row_coord * grad_out_row_stride_3
-        splits = tl.arange(0, SPLITS_BLOCK)
-        split_mask = splits < n_splits
-        part_max = tl.load(ws_ptr + (0 * n_rows + rows) * n_splits + splits, mask=split_mask, other=float("-inf"))
-        part_sum = tl.load(ws_ptr + (1 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_max = tl.reduce(part_max, None, maximum_f32)
-        # the max an exp(x - max) subtracts: 0 for an all -inf row, whose sum of exps is then 0
-        row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-        row_sum = tl.sum(part_sum * tl.exp(part_max - row_max_shift))
-        part = tl.load(ws_ptr + (2 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_count_max = tl.sum(part)
-        part = tl.load(ws_ptr + (3 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_sum = tl.sum(part)
-        lo = split * share
-        hi = tl.minimum(lo + share, N)
-        # pass: adj_max
-        acc_adj_max = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)[None, :]
-            if INDEX_64:
-                cols = cols.to(tl.int64)
-            col_mask = cols < hi
-            # offsets of each tensor: the col index split over the COL_DIMS collapsed col dims, fastest first
-            col_coord = cols
-            if COL_DIMS > 1:
-                col_coord = cols % col_size_0
-                col_rest = cols // col_size_0
-            x_col = col_coord * x_col_stride_0
-            grad_out_col = col_coord * grad_out_col_stride_0
-            if COL_DIMS > 1:
-                col_coord = col_rest
-                if COL_DIMS > 2:
-                    col_coord = col_rest % col_size_1
-                    col_rest = col_rest // col_size_1
-                x_col += col_coord * x_col_stride_1
-                grad_out_col += col_coord * grad_out_col_stride_1
-            if COL_DIMS > 2:
-                col_coord = col_rest
-                x_col += col_coord * x_col_stride_2
-                grad_out_col += col_coord * grad_out_col_stride_2
-            mask = row_mask & col_mask
-
-            x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc_adj_max += tl.where(mask, grad_out * (-tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_sum * -tl.exp(x - row_max_shift), 0.0)
-        tl.store(ws_ptr + (4 * n_rows + rows) * n_splits + split, tl.sum(acc_adj_max))
+            acc_sum_0 += tl.where(mask, tl.exp(x - row_max_shift) * grad_out, 0.0)
+        tl.store(ws_ptr + (2 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_0))
 
 
 @triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
@@ -1174,11 +955,7 @@ def _softmax_backward_split_out_kernel(
         row_max_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
         row_sum = tl.sum(part_sum * tl.exp(part_max - row_max_shift))
         part = tl.load(ws_ptr + (2 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_count_max = tl.sum(part)
-        part = tl.load(ws_ptr + (3 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_sum = tl.sum(part)
-        part = tl.load(ws_ptr + (4 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_adj_max = tl.sum(part)
+        row_sum_0 = tl.sum(part)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 
@@ -1212,11 +989,11 @@ def _softmax_backward_split_out_kernel(
 
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            grad_x = grad_out * (tl.exp(x - row_max_shift) * (1.0 / row_sum)) + row_adj_max * (tl.where(x == row_max, 1.0, 0.0) * (1.0 / row_count_max)) + row_adj_sum * tl.exp(x - row_max_shift)
+            grad_x = tl.exp(x - row_max_shift) * grad_out * (1.0 * (1.0 / row_sum)) - tl.exp(x - row_max_shift) * row_sum_0 * (1.0 / (row_sum * row_sum))
             tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
-SPLIT_KERNELS = (_softmax_backward_split0_kernel, _softmax_backward_split1_kernel, _softmax_backward_split2_kernel, )
+SPLIT_KERNELS = (_softmax_backward_split0_kernel, _softmax_backward_split1_kernel, )
 CHUNKED_KERNELS = {"looped": _softmax_backward_looped_kernel, "online": _softmax_backward_online_kernel}
 
 

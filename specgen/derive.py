@@ -33,14 +33,14 @@ def const(value: float) -> ast.expr:
     return ast.Constant(value)
 
 
-def _value(node: ast.expr) -> float | None:
+def value(node: ast.expr) -> float | None:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return float(node.value)
     return None
 
 
 def is_zero(node: ast.expr) -> bool:
-    return _value(node) == 0.0
+    return value(node) == 0.0
 
 
 def add(a: ast.expr, b: ast.expr) -> ast.expr:
@@ -52,8 +52,8 @@ def add(a: ast.expr, b: ast.expr) -> ast.expr:
 
 
 def neg(a: ast.expr) -> ast.expr:
-    if _value(a) is not None:
-        return const(-_value(a))
+    if value(a) is not None:
+        return const(-value(a))
     if isinstance(a, ast.UnaryOp) and isinstance(a.op, ast.USub):
         return a.operand
     return ast.UnaryOp(ast.USub(), a)
@@ -71,9 +71,9 @@ def mul(a: ast.expr, b: ast.expr) -> ast.expr:
     if is_zero(a) or is_zero(b):
         return const(0.0)
     for one, other in ((a, b), (b, a)):
-        if _value(one) == 1.0:
+        if value(one) == 1.0:
             return other
-        if _value(one) == -1.0:
+        if value(one) == -1.0:
             return neg(other)
     return ast.BinOp(a, ast.Mult(), b)
 
@@ -81,7 +81,7 @@ def mul(a: ast.expr, b: ast.expr) -> ast.expr:
 def div(a: ast.expr, b: ast.expr) -> ast.expr:
     if is_zero(a):
         return const(0.0)
-    if _value(b) == 1.0:
+    if value(b) == 1.0:
         return a
     return ast.BinOp(a, ast.Div(), b)
 
@@ -114,9 +114,9 @@ def indicator(condition: ast.expr) -> ast.expr:
     return call("where", condition, const(1.0), const(0.0))
 
 
-def _int_exponent(node: ast.expr) -> int:
+def int_exponent(node: ast.expr) -> int:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_int_exponent(node.operand)
+        return -int_exponent(node.operand)
     return node.value
 
 
@@ -145,7 +145,7 @@ def partial(tree: ast.expr, name: str) -> ast.expr:
 def _binop(tree: ast.BinOp, name: str) -> ast.expr:
     a, b = tree.left, tree.right
     if isinstance(tree.op, ast.Pow):
-        n = _int_exponent(b)
+        n = int_exponent(b)
         return mul(mul(const(n), power(a, n - 1)), partial(a, name))
     da, db = partial(a, name), partial(b, name)
     if isinstance(tree.op, ast.Add):

@@ -2,12 +2,15 @@
 row-wise family derives from its specs (their kernels are checked as ops by tests/test_ops.py)."""
 
 import ast
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen import derive
+import generated
+from specgen import build, derive, polynomial, testing
+from specgen.families import rowwise_backward
 from specgen.expr import FUNCTIONS
 
 
@@ -78,3 +81,46 @@ def test_constants_fold():
 def test_non_differentiable_expression_is_refused():
     with pytest.raises(derive.NotDifferentiable):
         derive.partial(ast.parse("x[0]", mode="eval").body, "x")
+
+
+# ---- sums of products (specgen/polynomial.py) -------------------------------------------------
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _spec(name):
+    return build.load_spec(ROOT / "specs" / f"{name}.toml", ROOT)
+
+
+def _backward_of(name):
+    return rowwise_backward.backward_spec(_spec(name))
+
+
+def test_a_shift_has_no_adjoint():
+    # softmax's and log_softmax's max only shifts exp: its adjoint is 0 as a polynomial, so the
+    # derived op counts no ties and sums one product of the row beyond the forward's steps
+    for name in ("softmax", "log_softmax"):
+        steps = [s.name for s in _backward_of(name).body.steps]
+        assert steps == ["max", "sum", "sum_0"], (name, steps)
+
+
+def test_terms_that_cancel_are_subtracted_before_they_are_scaled():
+    # layer_norm: rsqrt(var + eps) * (g * w - sum(g * w) / N) + ..., so that a row of one element
+    # gets exactly 0 (as a sum: two products rounded apart)
+    derived = _backward_of("layer_norm")
+    grad_x = next(o for o in derived.body.outputs if o.name == "grad_x").expr.source
+    assert grad_x.startswith("rsqrt(var + eps) * (-(sum_1 * (1.0 / N)) + grad_out * weight)"), grad_x
+    device = testing.device()
+    x, g = torch.tensor([[2.8203]], device=device), torch.tensor([[-2.7949]], device=device)
+    w = torch.tensor([-2.6328], device=device)
+    got, _, _ = generated.layer_norm_backward(x, w, torch.zeros(1, device=device), g, [1])
+    assert got.item() == 0.0
+
+
+def test_polynomials_combine_and_cancel():
+    atoms = polynomial.Atoms({"x"}, set(), {"s", "N"})
+    e = atoms.expand(derive.parse("exp(x - m) / s - exp(x - m) * s / (s * s)"))
+    assert e == {}
+    p = atoms.expand(derive.parse("(x + 1) * (x - 1) / N"))
+    assert derive.source(atoms.tree(p)) == "-(1.0 / N) + x ** 2 * (1.0 / N)"

@@ -31,11 +31,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from specgen import derive
+from specgen import derive, polynomial
 from specgen.derive import NotDifferentiable
 from specgen.errors import Where
 from specgen.families import rowwise
 from specgen.model import OpSpec, TensorArg
+from specgen.polynomial import Poly
 from specgen.table import Table
 
 SUFFIX = "_backward"
@@ -56,11 +57,11 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
     outputs = [o.name for o in body.outputs]
     taken = {a.name for a in spec.args} | _steps(body) | set(outputs) | {rowwise.N_SYMBOL}
     new = ([grad_name(o) for o in outputs] + [grad_name(t) for t in tensors]
-           + [f"count_{s.name}" for s in body.steps] + [f"adj_{s.name}" for s in body.steps])
+           + [f"count_{s.name}" for s in body.steps])
     if taken & set(new) or len(set(new)) != len(new):
         return None
     try:
-        reduce, compute = _derive(body, tensors)
+        reduce, compute = _derive(body, tensors, taken | set(new))
     except NotDifferentiable:
         return None
     columns = {grad_name(t): compute.pop(grad_name(t)) for t in body.along}
@@ -98,56 +99,108 @@ def _steps(body) -> set[str]:
     return {s.name for s in body.steps}
 
 
-def _derive(body, tensors: list[str]) -> tuple[dict, dict]:
-    """The derived op's [reduce] and [compute] tables."""
+def _derive(body, tensors: list[str], taken: set[str]) -> tuple[dict, dict]:
+    """The derived op's [reduce] and [compute] tables.
+
+    The adjoints and gradients are sums of products (specgen/polynomial.py): an adjoint is a
+    per-row polynomial in sums over the row of element factors (a forward sum step where one
+    sums that factor already, else a new sum step), and each gradient is written out grouped by
+    its per-row factors."""
     # earlier outputs are intermediate values of later ones: inline them
     inlined: dict[str, ast.expr] = {}
     for output in body.outputs:
         inlined[output.name] = derive.substitute(output.expr.tree, inlined)
     cotangents = [(ast.Name(grad_name(o), ast.Load()), tree) for o, tree in inlined.items()]
+    element = set(tensors) | {grad_name(o) for o in inlined}
+    counts = {s.name: f"count_{s.name}" for s in body.steps if s.op != "sum"}
+    atoms = polynomial.Atoms(
+        element, polynomial.spec_sums([*inlined.values(), *(s.of.tree for s in body.steps)],
+                                      element),
+        {s.name for s in body.steps} | set(counts.values()) | {rowwise.N_SYMBOL})
 
-    def through_outputs(name: str) -> ast.expr:
+    def through_outputs(name: str) -> Poly:
         """sum_o g_o dh_o/d name, at one element."""
-        total = derive.const(0.0)
-        for g, tree in cotangents:
-            total = derive.add(total, derive.mul(g, derive.partial(tree, name)))
-        return total
+        return polynomial.total(*(atoms.expand(derive.mul(g, derive.partial(tree, name)))
+                                  for g, tree in cotangents))
 
     reduce = {s.name: _step_table(s) for s in body.steps}
-    slopes: dict[str, ast.expr] = {}   # D_k, for the steps whose adjoint is not zero
-    adjoint_terms = []
+    added: dict[str, dict] = {}          # new sum steps, by name
+    sums = _forward_sums(body, atoms)    # an element factor's sum over the row, per row
+
+    def row_sum(poly: Poly) -> Poly:
+        """The sum over the row of ``poly``: its per-row factors taken out, one sum per element
+        factor."""
+        out: Poly = {}
+        for monomial, coefficient in poly.items():
+            row, factor = atoms.split(monomial)
+            if factor not in sums:
+                if not factor:
+                    sums[factor] = atoms.name(rowwise.N_SYMBOL)
+                else:
+                    name = _fresh(f"sum_{len(added)}", taken)
+                    added[name] = {"op": "sum", "of": derive.source(atoms.monomial_tree(factor))}
+                    atoms.reductions.add(name)
+                    sums[factor] = atoms.name(name)
+            out = polynomial.total(out, polynomial.product({row: coefficient}, sums[factor]))
+        return out
+
+    # a_k D_k, for the steps whose adjoint is not zero
+    weighted: dict[str, Poly] = {}
     for k in reversed(range(len(body.steps))):
         step = body.steps[k]
         term = through_outputs(step.name)
         for later in body.steps[k + 1:]:
-            if later.name in slopes:
-                term = derive.add(term, derive.mul(slopes[later.name],
-                                                   derive.partial(later.of.tree, step.name)))
-        if derive.is_zero(term):
-            continue
-        if not _reads(term, tensors + [grad_name(o) for o in inlined]):
-            raise NotDifferentiable(f"the adjoint of {step.name} reads no tensor")
-        slope, count = _local_slope(step)
-        if count is not None:
-            reduce[count[0]] = count[1]   # after the forward's steps, before the adjoints
-        slopes[step.name] = derive.mul(ast.Name(f"adj_{step.name}", ast.Load()), slope)
-        adjoint_terms.append((f"adj_{step.name}", term))
-    for name, term in adjoint_terms:
-        reduce[name] = {"op": "sum", "of": derive.source(term)}
+            if later.name in weighted:
+                term = polynomial.total(term, polynomial.product(
+                    weighted[later.name], atoms.expand(derive.partial(later.of.tree, step.name))))
+        adjoint = row_sum(term)
+        if adjoint:
+            weighted[step.name] = polynomial.product(adjoint, atoms.expand(_local_slope(step)))
 
     compute = {}
     for t in tensors:
-        total = through_outputs(t)
+        gradient = through_outputs(t)
         for step in body.steps:
-            if step.name in slopes:
-                total = derive.add(total, derive.mul(slopes[step.name],
-                                                     derive.partial(step.of.tree, t)))
-        compute[grad_name(t)] = derive.source(total)
+            if step.name in weighted:
+                gradient = polynomial.total(gradient, polynomial.product(
+                    weighted[step.name], atoms.expand(derive.partial(step.of.tree, t))))
+        if not gradient:
+            raise NotDifferentiable(f"the gradient of {t} is zero")
+        compute[grad_name(t)] = derive.source(atoms.tree(gradient))
+    # the tie counts and sums the gradients read, after the forward's steps
+    read = {n.id for source in compute.values() for n in ast.walk(derive.parse(source))
+            if isinstance(n, ast.Name)}
+    for step in body.steps:
+        if counts.get(step.name) in read:
+            hit = _hit(step)
+            reduce[counts[step.name]] = {"op": "sum", "of": derive.source(hit)}
+    reduce.update({name: table for name, table in added.items() if name in read})
     return reduce, compute
 
 
-def _reads(tree: ast.expr, names: list[str]) -> bool:
-    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(tree))
+def _forward_sums(body, atoms: polynomial.Atoms) -> dict:
+    """The element factors the forward's sum steps sum already, each with its sum as a per-row
+    polynomial: softmax's sum of exps, layer_norm's N * mean of x."""
+    sums = {}
+    for step in body.steps:
+        of = atoms.expand(step.of.tree)
+        scale = atoms.expand(step.scale.tree) if step.scale is not None else polynomial.constant(1.0)
+        if step.op != "sum" or len(of) != 1 or len(scale) != 1:
+            continue
+        (monomial, coefficient), = of.items()
+        row, factor = atoms.split(monomial)
+        if row or not factor:
+            continue
+        # step = coefficient * scale * sum(factor)
+        inverse = atoms.power(polynomial.scaled(scale, coefficient), -1)
+        sums.setdefault(factor, polynomial.product(atoms.name(step.name), inverse))
+    return sums
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
 
 
 def _step_table(step) -> dict:
@@ -157,17 +210,18 @@ def _step_table(step) -> dict:
     return table
 
 
-def _local_slope(step) -> tuple[ast.expr, tuple[str, dict] | None]:
-    """D_k, how r_k moves with one element's f_k, and for a max or min the step that counts the
-    elements equal to it (name, table)."""
+def _local_slope(step) -> ast.expr:
+    """D_k, how r_k moves with one element's f_k: a sum's scale; for a max or min, 1 / (the count
+    of the elements equal to it) where f_k equals it (``count_<step>``, a step of the derived op)."""
     if step.op == "sum":
-        slope = derive.parse(step.scale.source) if step.scale is not None else derive.const(1.0)
-        return slope, None
-    count = f"count_{step.name}"
-    hit = derive.indicator(derive.compare(derive.parse(step.of.source), ast.Eq(),
-                                          ast.Name(step.name, ast.Load())))
-    return (derive.div(hit, ast.Name(count, ast.Load())),
-            (count, {"op": "sum", "of": derive.source(hit)}))
+        return derive.parse(step.scale.source) if step.scale is not None else derive.const(1.0)
+    return derive.div(_hit(step), ast.Name(f"count_{step.name}", ast.Load()))
+
+
+def _hit(step) -> ast.expr:
+    """1 where the element's f_k equals the max (min) r_k, else 0."""
+    return derive.indicator(derive.compare(derive.parse(step.of.source), ast.Eq(),
+                                           ast.Name(step.name, ast.Load())))
 
 
 def _reference(spec: OpSpec, tensors: list[str], outputs: list[str]) -> str:

@@ -6,7 +6,7 @@ result dtype and layout.
 from collections.abc import Mapping
 
 from specgen.runtime import OpInfo, override, replay
-from specgen.testing.core import Case, assert_matches, outputs, reference64
+from specgen.testing.core import Case, assert_matches, nudged, outputs, reference64, worst
 
 
 def check_case(info: OpInfo, case: Case) -> None:
@@ -17,6 +17,12 @@ def check_case(info: OpInfo, case: Case) -> None:
     # torch's own result: its dtype and layout are the contract, its error bounds ill-conditioned
     # elements (see assert_matches)
     eager = outputs(info.reference(**case.args))
+    nearby = [None] * len(expected)
+    for seed in range(case.nearby):
+        theirs = outputs(info.reference(**nudged(case.args, seed)))
+        wants = outputs(reference64(info, nudged(case.reference_args or case.args, seed)))
+        nearby = worst(nearby, [(t.double().cpu() - w.double().cpu()).abs()
+                                for t, w in zip(theirs, wants)])
 
     with override(**case.overrides):
         with replay.record_at_once():
@@ -38,13 +44,14 @@ def check_case(info: OpInfo, case: Case) -> None:
                 assert_matches(written, want, f"{name} {output} (out=)", case.tolerances,
                                torch_result)
 
-    for output, allocated, again, from_op, want, torch_result in zip(
-            info.outputs, fresh, replayed, via_op, expected, eager):
-        assert_matches(allocated, want, f"{name} {output}", case.tolerances, torch_result)
-        assert_matches(again, want, f"{name} {output} (replayed)", case.tolerances, torch_result)
+    for output, allocated, again, from_op, want, torch_result, near in zip(
+            info.outputs, fresh, replayed, via_op, expected, eager, nearby):
+        assert_matches(allocated, want, f"{name} {output}", case.tolerances, torch_result, near)
+        assert_matches(again, want, f"{name} {output} (replayed)", case.tolerances, torch_result,
+                       near)
         assert again.stride() == allocated.stride(), f"{name} {output}: replayed layout"
         assert_matches(from_op, want, f"{name} {output} (torch.ops.specgen)", case.tolerances,
-                       torch_result)
+                       torch_result, near)
         # torch semantics beyond values: the result dtype and memory layout torch would give
         assert allocated.dtype == torch_result.dtype, f"{name} {output}: dtype"
         layout = torch_result if isinstance(case.layout_reference, str) else case.layout_reference

@@ -9,7 +9,8 @@ from contextlib import nullcontext
 import torch
 
 from specgen.runtime import OpInfo, override
-from specgen.testing.core import Case, Layout, Observe, assert_matches, make_tensor, outputs
+from specgen.testing.core import (Case, Layout, Observe, assert_matches, make_tensor, nudged,
+                                  outputs, worst)
 
 PATHS = ("function", "op", "traced")
 
@@ -79,6 +80,11 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
               for k, v in (case.reference_args or case.args).items()}
     outputs64 = [o for o in outputs(info.reference(**args64)) if o.is_floating_point()]
     want = _grads(outputs64, list(wide.values()), [c.double() for c in cotangents])
+    nearby = [None] * len(floating)
+    for near in range(case.nearby):
+        nearby = worst(nearby, _torch_error(info, nudged(case.args, near),
+                                            nudged(case.reference_args or case.args, near),
+                                            floating, cotangents))
 
     # torch's own gradient at the drawn dtypes bounds ill-conditioned elements. It has two paths,
     # autograd and torch.func (the one our backward takes), whose float16 CPU matmuls round
@@ -89,7 +95,8 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     by_autograd = _grads(outputs_torch, list(own.values()), cotangents)
     by_func = _func_grads(info, case, floating, cotangents)
 
-    for k, grad, grad64, grad_a, grad_f in zip(floating, got, want, by_autograd, by_func):
+    for k, grad, grad64, grad_a, grad_f, near in zip(floating, got, want, by_autograd, by_func,
+                                                      nearby):
         assert grad.dtype == grad_a.dtype, f"{name} grad {k}: dtype"
         worse = torch.where((grad_a.double() - grad64).abs() >= (grad_f.double() - grad64).abs(),
                             grad_a, grad_f)
@@ -99,7 +106,23 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
         for theirs in (grad_a, grad_f):
             overflow |= ~theirs.isfinite() & ((grad == theirs) | grad.isnan() & theirs.isnan())
         grad64 = torch.where(overflow, grad.double(), grad64)
-        assert_matches(grad, grad64, f"{name} grad {k}", case.tolerances, worse)
+        assert_matches(grad, grad64, f"{name} grad {k}", case.tolerances, worse, near)
+
+
+def _torch_error(info: OpInfo, args: dict, reference_args: dict, floating: list[str],
+                 cotangents) -> list[torch.Tensor]:
+    """How far torch's gradient (autograd, at the drawn dtypes) is from the float64 one at
+    these arguments (``Case.nearby``)."""
+    own = {k: args[k].detach().requires_grad_() for k in floating}
+    theirs = _grads([o for o in outputs(info.reference(**{**args, **own}))
+                     if o.is_floating_point()], list(own.values()), cotangents)
+    wide = {k: reference_args[k].detach().double().requires_grad_() for k in floating}
+    args64 = {k: wide[k] if k in wide else
+              v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in reference_args.items()}
+    want = _grads([o for o in outputs(info.reference(**args64)) if o.is_floating_point()],
+                  list(wide.values()), [c.double() for c in cotangents])
+    return [(t.double() - w).abs() for t, w in zip(theirs, want)]
 
 
 def _func_grads(info: OpInfo, case: Case, floating: list[str], cotangents):
