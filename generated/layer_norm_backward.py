@@ -1001,6 +1001,8 @@ SPLIT_KERNELS = (_layer_norm_backward_split0_kernel, _layer_norm_backward_split1
 CHUNKED_KERNELS = {"looped": _layer_norm_backward_looped_kernel}
 
 
+# fp_fusion=False: no multiply-add contracted into an FMA, which would round one of two terms
+# that cancel (specgen/polynomial.py)
 def _launch(x, weight, bias, grad_out, eps, grad_x, grad_weight, grad_bias, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
@@ -1026,18 +1028,18 @@ def _launch(x, weight, bias, grad_out, eps, grad_x, grad_weight, grad_bias, redu
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
         rt.launch(_layer_norm_backward_single_kernel, plan.grid(plan.single), *args, **constexprs,
-                  **plan.masks, **plan.single, ROW_LOOP=plan.row_loop)
+                  **plan.masks, **plan.single, ROW_LOOP=plan.row_loop, fp_fusion=False)
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
-                  **plan.masks, ROW_LOOP=plan.row_loop)
+                  **plan.masks, ROW_LOOP=plan.row_loop, fp_fusion=False)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = rt.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _layer_norm_backward_split_out_kernel):
-            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs)
+            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs, fp_fusion=False)
     rt.launch(_layer_norm_backward_columns_kernel, (triton.cdiv(space.n, COLUMNS_BLOCK["BLOCK_C"]),), cols_ws,
-              grad_weight, grad_bias, parts, space.n, **COLUMNS_BLOCK, INDEX_64=plan.index_64)
+              grad_weight, grad_bias, parts, space.n, **COLUMNS_BLOCK, INDEX_64=plan.index_64, fp_fusion=False)
 
 
 def _check_inputs(x, weight, bias, grad_out, normalized_shape, eps):

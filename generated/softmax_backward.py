@@ -997,6 +997,8 @@ SPLIT_KERNELS = (_softmax_backward_split0_kernel, _softmax_backward_split1_kerne
 CHUNKED_KERNELS = {"looped": _softmax_backward_looped_kernel, "online": _softmax_backward_online_kernel}
 
 
+# fp_fusion=False: no multiply-add contracted into an FMA, which would round one of two terms
+# that cancel (specgen/polynomial.py)
 def _launch(x, grad_out, grad_x, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
@@ -1017,16 +1019,16 @@ def _launch(x, grad_out, grad_x, reduced):
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
         rt.launch(_softmax_backward_single_kernel, plan.grid(plan.single), *args, **constexprs,
-                  **plan.masks, **plan.single, ROW_LOOP=plan.row_loop)
+                  **plan.masks, **plan.single, ROW_LOOP=plan.row_loop, fp_fusion=False)
     elif plan.strategy != "split":
         rt.launch(CHUNKED_KERNELS[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
-                  **plan.masks, ROW_LOOP=plan.row_loop)
+                  **plan.masks, ROW_LOOP=plan.row_loop, fp_fusion=False)
     else:
         workspace = rt.empty((SLOTS, space.rows, plan.splits), torch.float32, x.device)
         constexprs["SPLITS_BLOCK"] = rt.next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _softmax_backward_split_out_kernel):
-            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs)
+            rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs, fp_fusion=False)
 
 
 def _check_inputs(x, grad_out, dim):

@@ -215,7 +215,7 @@ _TUNED_LIMIT = 8192
 
 
 def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, *args,
-           tune_key: tuple = (), **kwargs) -> None:
+           tune_key: tuple = (), fp_fusion: bool = True, **kwargs) -> None:
     """Starts an autotuned kernel (or a plain jit kernel whose launcher chose its meta-parameters).
 
     ``tune_key`` identifies what autotuning depends on (the launcher passes its cached launch plan
@@ -225,14 +225,21 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     the kernel starts directly: ``wrap_triton`` exists for tracing, and its eager dispatch costs
     about a millisecond a call. A plain jit kernel (``kwargs`` carry its block sizes and
     ``num_warps``) is only started, directly or through ``wrap_triton`` as above.
+
+    ``fp_fusion=False`` compiles a direct launch without contracting a multiply and an add into
+    an FMA: a derived gradient subtracts terms that cancel (layer_norm's ``g * w - sum(g * w) /
+    N``), and an FMA rounds only one of them. Traced launches compile as Inductor does.
     """
     direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
     ensure_allocator()
+    # compile options: not part of any tuning key (traced launches leave them to Inductor)
+    options = {} if fp_fusion or not direct else {"enable_fp_fusion": False}
     if not isinstance(kernel, triton.runtime.Autotuner):
         # no config space: nothing to tune, cache or force
         if not direct:
             wrap_triton(kernel)[grid](*args, **kwargs)
             return
+        kwargs = {**kwargs, **options}
         compiled = kernel[grid](*args, **kwargs)
         replay.note_launch(kernel, grid, args, kwargs, compiled)
         return
@@ -269,7 +276,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # trial's sums: such a kernel runs the first config that fits when eager has not tuned it
         config = tuned or _tuned.get(key) or forced_config(kernel, args, kwargs, 0)
     else:
-        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs)
+        (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs, **options)
         if direct:
             replay.note_tuning()
             _keep_tuned(key, kernel.best_config)
@@ -279,7 +286,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     if not direct:
         wrap_triton(fn)[grid](*args, **kwargs, **meta)
         return
-    kwargs = {**kwargs, **meta}
+    kwargs = {**kwargs, **meta, **options}
     compiled = fn[grid](*args, **kwargs)
     replay.note_launch(fn, grid, args, kwargs, compiled)
 
