@@ -81,7 +81,10 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     outputs64 = [o for o in outputs(info.reference(**args64)) if o.is_floating_point()]
     want = _grads(outputs64, list(wide.values()), [c.double() for c in cotangents])
     nearby = [None] * len(floating)
-    for near in range(case.nearby):
+    # (an empty input has no element to bound; torch's CUDA layer_norm backward returns a
+    # gradient of the wrong shape for an empty contiguous input)
+    empty = any(case.args[k].numel() == 0 for k in floating)
+    for near in range(0 if empty else case.nearby):
         nearby = worst(nearby, _torch_error(info, nudged(case.args, near),
                                             nudged(case.reference_args or case.args, near),
                                             floating, cotangents))
