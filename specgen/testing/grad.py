@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from hypothesis import assume
 
 from specgen.runtime import OpInfo, override
 from specgen.testing.core import (Case, Layout, Observe, assert_matches, make_tensor, nudged,
@@ -43,7 +44,12 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     for k in list(floating):
         try:
             info.reference(**{**case.args, k: case.args[k].detach().requires_grad_()})
-        except RuntimeError:
+        except RuntimeError as err:
+            # torch 2.11's CUDA layer_norm backward, differentiated again (a derived op's
+            # reference is its vector-Jacobian product), returns a weight gradient of the wrong
+            # shape for a normalized_shape of several size-1 dims: there is no reference to
+            # compare with, and the example is discarded (CPU computes it, and is checked)
+            assume("returned an invalid gradient" not in str(err))
             try:
                 info.function(**{**case.args, k: case.args[k].detach().requires_grad_()})
             except RuntimeError as err:
