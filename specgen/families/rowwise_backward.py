@@ -12,8 +12,11 @@ where a_k, the adjoint of r_k, is itself a sum over the row, taken last reductio
 
 and D_k,j is how r_k moves with f_k,j: its scale for a sum; for a max or min, 1 / (the count of
 elements equal to it) where f_k,j equals it, as torch's amax splits its gradient among ties. So
-the backward is a row-wise op: the forward's steps again, a count per max or min, the adjoints,
-then the gradients as element outputs. It gets every strategy, layout and index width of the
+the backward is a row-wise op: the forward's steps again, a count per max or min whose adjoint
+is not zero, sums over the row for the adjoints, then the gradients as element outputs. The
+adjoints and gradients are computed as sums of products (specgen/polynomial.py): each adjoint
+is a per-row polynomial in sums of element factors, terms cancel exactly, and each gradient is
+written grouped by its per-row factors. It gets every strategy, layout and index width of the
 family, and the property suite checks it against torch's vector-Jacobian product of the
 forward's reference. The forward's eager autograd calls it (docs/design.md, "Backward").
 
