@@ -73,6 +73,8 @@ SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
+# the backward op derived from this spec, which this op's eager autograd runs
+BACKWARD_OP = "add_rms_norm_backward"
 # float32 partials a split launch keeps per row and split
 SLOTS = 1
 
@@ -781,5 +783,5 @@ def _backward(args, grads):
     """The gradients by the backward op derived from this spec, `add_rms_norm_backward` (None where it does
     not apply: the reference's gradient then serves)."""
     x, residual, weight, eps, = args
-    grad_x, grad_residual, grad_weight = rt.sibling(__name__, "add_rms_norm_backward")(x, residual, weight, grads[0], grads[1], eps)
+    grad_x, grad_residual, grad_weight = rt.sibling(__name__, BACKWARD_OP)(x, residual, weight, grads[0], grads[1], eps)
     return (grad_x, grad_residual, grad_weight, None,)

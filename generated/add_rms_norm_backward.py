@@ -251,6 +251,7 @@ def _add_rms_norm_backward_single_kernel(
     # column outputs: the helper returns its rows' sums; a program adds up those of its blocks
     # in registers and stores them once, as its row of partials
     if ROW_LOOP:
+        # a capped grid: each program walks blocks of rows
         grad_weight_sum = tl.zeros([1, BLOCK_N], dtype=tl.float32)
         for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
             grad_weight = _add_rms_norm_backward_single_rows(
@@ -887,10 +888,8 @@ def _launch(x, residual, weight, grad_hidden, grad_out, eps, grad_x, grad_residu
         return
     space = plan.space
     # column outputs: each program (split: each row) sums its rows into a row of float32
-    # partials; a chunked program adds to its row block by block, so those start as zeros
-    parts = plan.column_parts()
-    make = rt.zeros if plan.strategy in ("looped", "online") else rt.empty
-    cols_ws = make((parts, 1, space.n), torch.float32, x.device)
+    # partials, which a last kernel adds up
+    cols_ws = plan.column_workspace(1, x.device)
     # an omitted optional tensor is never read; the row tensor stands in for its pointer
     pointers = (x, residual, weight, grad_hidden, grad_out, grad_x, grad_residual, cols_ws)
     args = (*pointers, space.rows, space.n, *space.kernel_args(), eps, )
@@ -915,7 +914,7 @@ def _launch(x, residual, weight, grad_hidden, grad_out, eps, grad_x, grad_residu
         for kernel in (*SPLIT_KERNELS, _add_rms_norm_backward_split_out_kernel):
             rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs, fp_fusion=False)
     rt.launch(_add_rms_norm_backward_columns_kernel, (triton.cdiv(space.n, COLUMNS_BLOCK["BLOCK_C"]),), cols_ws,
-              grad_weight, parts, space.n, **COLUMNS_BLOCK, INDEX_64=plan.index_64, fp_fusion=False)
+              grad_weight, cols_ws.shape[0], space.n, **COLUMNS_BLOCK, INDEX_64=plan.index_64, fp_fusion=False)
 
 
 def _check_inputs(x, residual, weight, grad_hidden, grad_out, eps):

@@ -75,6 +75,8 @@ SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
+# the backward op derived from this spec, which this op's eager autograd runs
+BACKWARD_OP = "layer_norm_backward"
 # float32 partials a split launch keeps per row and split
 SLOTS = 3
 
@@ -794,9 +796,7 @@ def _backward(args, grads):
     """The gradients by the backward op derived from this spec, `layer_norm_backward` (None where it does
     not apply: the reference's gradient then serves)."""
     x, normalized_shape, weight, bias, eps, = args
-    if weight is None:
+    if weight is None or bias is None:
         return None  # the derived op takes every tensor
-    if bias is None:
-        return None  # the derived op takes every tensor
-    grad_x, grad_weight, grad_bias = rt.sibling(__name__, "layer_norm_backward")(x, weight, bias, grads[0], normalized_shape, eps)
+    grad_x, grad_weight, grad_bias = rt.sibling(__name__, BACKWARD_OP)(x, weight, bias, grads[0], normalized_shape, eps)
     return (grad_x, None, grad_weight, grad_bias, None,)

@@ -72,6 +72,8 @@ SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
+# the backward op derived from this spec, which this op's eager autograd runs
+BACKWARD_OP = "log_softmax_backward"
 # float32 partials a split launch keeps per row and split
 SLOTS = 2
 
@@ -899,5 +901,5 @@ def _backward(args, grads):
     x, dim, dtype, = args
     if dtype is not None:
         return None  # the derived op computes without a dtype= cast
-    grad_x = rt.sibling(__name__, "log_softmax_backward")(x, grads[0], dim)
+    grad_x = rt.sibling(__name__, BACKWARD_OP)(x, grads[0], dim)
     return (grad_x, None, None,)

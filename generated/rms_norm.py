@@ -73,6 +73,8 @@ SPLIT_INTERPRETER_CONFIG = {'BLOCK_M': 1, 'BLOCK_N': 16, 'num_warps': 4}
 MAX_BLOCK = max(rowwise.SINGLE_LIMIT, 16384)
 # the widest split chunk: a split launch gives each program at least one
 MAX_CHUNK = 4096
+# the backward op derived from this spec, which this op's eager autograd runs
+BACKWARD_OP = "rms_norm_backward"
 # float32 partials a split launch keeps per row and split
 SLOTS = 1
 
@@ -715,5 +717,5 @@ def _backward(args, grads):
     x, normalized_shape, weight, eps, = args
     if weight is None:
         return None  # the derived op takes every tensor
-    grad_x, grad_weight = rt.sibling(__name__, "rms_norm_backward")(x, weight, grads[0], normalized_shape, eps)
+    grad_x, grad_weight = rt.sibling(__name__, BACKWARD_OP)(x, weight, grads[0], normalized_shape, eps)
     return (grad_x, None, grad_weight, None,)

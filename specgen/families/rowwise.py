@@ -520,6 +520,11 @@ class DerivedBackward:
     dtype: str | None              # the forward's dtype argument, which the derived op lacks
     optional: tuple[str, ...] = ()  # the forward's optional tensors, which the derived op needs
 
+    @property
+    def omitted(self) -> str:
+        """True when the call omits one of them: the reference's gradient serves."""
+        return " or ".join(f"{name} is None" for name in self.optional)
+
 
 @dataclass(frozen=True)
 class RowwisePlan(CommonPlan):
@@ -739,6 +744,12 @@ class RowwisePlan(CommonPlan):
         return ", ".join(tuple(f"{t.name} if {t.name} is not None else {self.row_tensor}"
                                if t.optional else t.name
                                for t in self.inputs + self.of_role("out", "row_out")) + workspace)
+
+    @property
+    def launch_options(self) -> str:
+        """Extra keyword arguments of every launch: a derived op's kernels compile without FMA
+        contraction (specgen/runtime/launch.py)."""
+        return ", fp_fusion=False" if self.derived_from else ""
 
     @property
     def column_out_names(self) -> tuple[str, ...]:

@@ -186,9 +186,11 @@ def _forward_sums(body, atoms: polynomial.Atoms) -> dict:
     polynomial: softmax's sum of exps, layer_norm's N * mean of x."""
     sums = {}
     for step in body.steps:
+        if step.op != "sum":
+            continue
         of = atoms.expand(step.of.tree)
         scale = atoms.expand(step.scale.tree) if step.scale is not None else polynomial.constant(1.0)
-        if step.op != "sum" or len(of) != 1 or len(scale) != 1:
+        if len(of) != 1 or len(scale) != 1:
             continue
         (monomial, coefficient), = of.items()
         row, factor = atoms.split(monomial)

@@ -141,11 +141,7 @@ def column_shape(x: torch.Tensor, reduced: tuple[int, ...]) -> tuple[int, ...]:
 def empty_columns(x: torch.Tensor, reduced: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A column output: zeros when x has no rows (no kernel writes it, and a sum over no rows is
     0), else to be written."""
-    rows = 1
-    for d, size in enumerate(x.shape):
-        if d not in reduced:
-            rows *= size
-    if rows == 0:
+    if 0 in row_shape(x, reduced):
         return zeros(column_shape(x, reduced), dtype, x.device)
     return empty(column_shape(x, reduced), dtype, x.device)
 
@@ -335,15 +331,19 @@ class LaunchPlan:
     # single and chunked kernels: a grid capped below the row blocks loops over them
     row_loop: bool
 
-    def column_parts(self) -> int:
-        """Rows of float32 partial sums a launch with column outputs writes: one per program of
-        a single or chunked launch (a chunked grid has at most a program a row), one per row of
-        a split one (its programs write disjoint shares of it)."""
+    def column_workspace(self, count: int, device: torch.device) -> torch.Tensor:
+        """The float32 partial sums of ``count`` column outputs, a row of them per program of a
+        single or chunked launch (a chunked grid has at most a program a row), one per row of a
+        split one (its programs write disjoint shares of it). A chunked program adds to its row
+        block by block, so those start as zeros."""
         if self.strategy == "single":
-            return self.grid(self.single)[0]
-        if self.strategy == "split":
-            return self.space.rows
-        return max(1, min(self.space.rows, self.cap))
+            parts = self.grid(self.single)[0]
+        elif self.strategy == "split":
+            parts = self.space.rows
+        else:
+            shape = (max(1, min(self.space.rows, self.cap)), count, self.space.n)
+            return zeros(shape, torch.float32, device)
+        return empty((parts, count, self.space.n), torch.float32, device)
 
     def grid(self, meta: Mapping[str, int]) -> tuple[int]:
         """Row blocks (single, looped, online), or rows times splits (split)."""

@@ -35,11 +35,6 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     floating = [k for k, v in case.args.items()
                 if isinstance(v, torch.Tensor) and v.is_floating_point()]
 
-    def leaves(dtype=None):
-        # the drawn tensors themselves (layout kept: strides, offsets, stride-0 dims), as leaves
-        return {k: case.args[k].detach().to(dtype or case.args[k].dtype).requires_grad_()
-                for k in floating}
-
     # an input torch refuses a gradient for (cross_entropy's weight) must be refused as well
     for k in list(floating):
         try:
@@ -60,7 +55,8 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     if not floating:
         return
 
-    ours = leaves()
+    # the drawn tensors themselves (layout kept: strides, offsets, stride-0 dims), as leaves
+    ours = {k: case.args[k].detach().requires_grad_() for k in floating}
     call = {"function": info.function, "op": info.op, "traced": info.function}[path]
     # the case's forced strategy and config reach the backward too (a derived backward op's)
     with override(**case.overrides):
@@ -80,28 +76,23 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
             got = _grads(differentiable, list(ours.values()), cotangents)
 
     # float64: the reference's arguments (a resolved eps, a dtype= cast) on upcast leaves
-    wide = leaves(torch.float64)
-    args64 = {k: wide[k] if k in wide else
-              v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-              for k, v in (case.reference_args or case.args).items()}
-    outputs64 = [o for o in outputs(info.reference(**args64)) if o.is_floating_point()]
-    want = _grads(outputs64, list(wide.values()), [c.double() for c in cotangents])
+    reference_args = case.reference_args or case.args
+    want = _reference_grads(info, case.args, reference_args, floating, cotangents, wide=True)
     nearby = [None] * len(floating)
     # (an empty input has no element to bound; torch's CUDA layer_norm backward returns a
     # gradient of the wrong shape for an empty contiguous input)
     empty = any(case.args[k].numel() == 0 for k in floating)
     for near in range(0 if empty else case.nearby):
-        nearby = worst(nearby, _torch_error(info, nudged(case.args, near),
-                                            nudged(case.reference_args or case.args, near),
-                                            floating, cotangents))
+        args = nudged(case.args, near)
+        theirs = _reference_grads(info, args, args, floating, cotangents)
+        wants = _reference_grads(info, args, nudged(reference_args, near), floating, cotangents,
+                                 wide=True)
+        nearby = worst(nearby, [(t.double() - w).abs() for t, w in zip(theirs, wants)])
 
     # torch's own gradient at the drawn dtypes bounds ill-conditioned elements. It has two paths,
     # autograd and torch.func (the one our backward takes), whose float16 CPU matmuls round
     # differently: each element may be off by as much as the worse of the two
-    own = leaves()
-    outputs_torch = [o for o in outputs(info.reference(**{**case.args, **own}))
-                     if o.is_floating_point()]
-    by_autograd = _grads(outputs_torch, list(own.values()), cotangents)
+    by_autograd = _reference_grads(info, case.args, case.args, floating, cotangents)
     by_func = _func_grads(info, case, floating, cotangents)
 
     for k, grad, grad64, grad_a, grad_f, near in zip(floating, got, want, by_autograd, by_func,
@@ -109,8 +100,9 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
         assert grad.dtype == grad_a.dtype, f"{name} grad {k}: dtype"
         worse = torch.where((grad_a.double() - grad64).abs() >= (grad_f.double() - grad64).abs(),
                             grad_a, grad_f)
-        # where torch's gradient overflows (float16 and its large intermediates), ours, computed
-        # by torch's backward, overflows the same way: there it must equal torch's
+        # where torch's gradient overflows (float16 and its large intermediates), ours may too
+        # (the reference path runs torch's backward; a derived kernel, where its float16 result
+        # overflows): there it must equal torch's
         overflow = torch.zeros_like(grad, dtype=torch.bool)
         for theirs in (grad_a, grad_f):
             overflow |= ~theirs.isfinite() & ((grad == theirs) | grad.isnan() & theirs.isnan())
@@ -118,20 +110,20 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
         assert_matches(grad, grad64, f"{name} grad {k}", case.tolerances, worse, near)
 
 
-def _torch_error(info: OpInfo, args: dict, reference_args: dict, floating: list[str],
-                 cotangents) -> list[torch.Tensor]:
-    """How far torch's gradient (autograd, at the drawn dtypes) is from the float64 one at
-    these arguments (``Case.nearby``)."""
-    own = {k: args[k].detach().requires_grad_() for k in floating}
-    theirs = _grads([o for o in outputs(info.reference(**{**args, **own}))
-                     if o.is_floating_point()], list(own.values()), cotangents)
-    wide = {k: reference_args[k].detach().double().requires_grad_() for k in floating}
-    args64 = {k: wide[k] if k in wide else
-              v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-              for k, v in reference_args.items()}
-    want = _grads([o for o in outputs(info.reference(**args64)) if o.is_floating_point()],
-                  list(wide.values()), [c.double() for c in cotangents])
-    return [(t.double() - w).abs() for t, w in zip(theirs, want)]
+def _reference_grads(info: OpInfo, args: dict, reference_args: dict, floating: list[str],
+                     cotangents, wide: bool = False) -> tuple[torch.Tensor, ...]:
+    """The reference's gradients by autograd with respect to ``floating``: those of ``args``
+    as leaves (layouts kept), the rest of its arguments from ``reference_args``. ``wide``: in
+    float64, every floating tensor upcast."""
+    def dtype(t):
+        return torch.float64 if wide else t.dtype
+
+    leaves = {k: args[k].detach().to(dtype(args[k])).requires_grad_() for k in floating}
+    call = {k: leaves[k] if k in leaves else
+            v.to(dtype(v)) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+            for k, v in reference_args.items()}
+    results = [o for o in outputs(info.reference(**call)) if o.is_floating_point()]
+    return _grads(results, list(leaves.values()), [c.to(dtype(c)) for c in cotangents])
 
 
 def _func_grads(info: OpInfo, case: Case, floating: list[str], cotangents):

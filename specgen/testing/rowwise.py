@@ -153,11 +153,12 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     # op lays its gradients out as its forward lays out its results; torch's vector-Jacobian
     # product has the layout of whichever op its graph ends in (add_rms_norm's x: the sum of two
     # gradients, laid out by TensorIterator's rule), which is no contract of torch's
-    derived = getattr(sys.modules[info.function.__module__], "DERIVED_FROM", None)
+    module = sys.modules[info.function.__module__]
+    derived = getattr(module, "DERIVED_FROM", None)
     # Gradients cancel by design (layer_norm's over two elements is a difference of nearly equal
     # terms), on the forward's eager path too, which runs the derived op: an element is held to
     # torch's accuracy near the drawn input (Case.nearby)
-    backward = derived or getattr(sys.modules[info.function.__module__], "_backward", None)
+    backward = derived or getattr(module, "BACKWARD_OP", None)
     return Case(args, (), forced, describe="; ".join(notes), tolerances=TOLERANCES,
                 reference_args=reference_args,
                 layout_reference=None if derived else "eager", nearby=3 if backward else 0)
