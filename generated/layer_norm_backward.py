@@ -79,10 +79,7 @@ MAX_CHUNK = 4096
 # the op this one is the backward of (derived from its spec: specgen/families/rowwise_backward.py)
 DERIVED_FROM = "layer_norm"
 # float32 partials a split launch keeps per row and split
-SLOTS = 6
-# the kernel that adds up the column outputs' partials: a program per BLOCK_C columns, reading
-# BLOCK_P rows of partials at a time
-COLUMNS_BLOCK = {"BLOCK_P": 16, "BLOCK_C": 64, "num_warps": 4}
+SLOTS = 5
 
 
 @triton.jit
@@ -190,10 +187,9 @@ def _layer_norm_backward_single_rows(
     row_mean += mean_shift / n_float
     row_sum_0 = tl.sum(tl.where(mask, (x - row_mean) * grad_out * weight, 0.0), axis=1, keep_dims=True)
     row_sum_1 = tl.sum(tl.where(mask, grad_out * weight, 0.0), axis=1, keep_dims=True)
-    row_sum_2 = tl.sum(tl.where(mask, x - row_mean, 0.0), axis=1, keep_dims=True)
 
 
-    grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * (-((x - row_mean) * row_sum_0 * (1.0 / n_float)) + row_sum_0 * row_sum_2 * (1.0 / (n_float * n_float)))
+    grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * -((x - row_mean) * row_sum_0 * (1.0 / n_float))
     tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
     grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_var + eps) * ((x - row_mean) * grad_out), 0.0), axis=0, keep_dims=True)
     grad_bias = tl.sum(tl.where(mask, grad_out, 0.0), axis=0, keep_dims=True)
@@ -410,10 +406,9 @@ def _layer_norm_backward_looped_rows(
     pass_mean += tl.sum(lane_n * deviation, axis=1, keep_dims=True) / tl.maximum(span, 1)
     row_mean = pass_mean
     row_var = pass_m2 * (1 / n_float)
-    # pass: sum_0, sum_1, sum_2
+    # pass: sum_0, sum_1
     acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     acc_sum_1 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    acc_sum_2 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)[None, :]
         if INDEX_64:
@@ -450,10 +445,8 @@ def _layer_norm_backward_looped_rows(
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc_sum_0 += tl.where(mask, (x - row_mean) * grad_out * weight, 0.0)
         acc_sum_1 += tl.where(mask, grad_out * weight, 0.0)
-        acc_sum_2 += tl.where(mask, x - row_mean, 0.0)
     row_sum_0 = tl.sum(acc_sum_0, axis=1, keep_dims=True)
     row_sum_1 = tl.sum(acc_sum_1, axis=1, keep_dims=True)
-    row_sum_2 = tl.sum(acc_sum_2, axis=1, keep_dims=True)
 
     # outputs: a last read of the row
     for start in range(0, N, BLOCK_N):
@@ -499,7 +492,7 @@ def _layer_norm_backward_looped_rows(
         weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * (-((x - row_mean) * row_sum_0 * (1.0 / n_float)) + row_sum_0 * row_sum_2 * (1.0 / (n_float * n_float)))
+        grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * -((x - row_mean) * row_sum_0 * (1.0 / n_float))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
         grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_var + eps) * ((x - row_mean) * grad_out), 0.0), axis=0, keep_dims=True)
         grad_bias = tl.sum(tl.where(mask, grad_out, 0.0), axis=0, keep_dims=True)
@@ -784,10 +777,9 @@ def _layer_norm_backward_split1_kernel(
         row_mean += tl.sum(part_n * deviation) / total
         lo = split * share
         hi = tl.minimum(lo + share, N)
-        # pass: sum_0, sum_1, sum_2
+        # pass: sum_0, sum_1
         acc_sum_0 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         acc_sum_1 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        acc_sum_2 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)[None, :]
             if INDEX_64:
@@ -820,10 +812,8 @@ def _layer_norm_backward_split1_kernel(
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc_sum_0 += tl.where(mask, (x - row_mean) * grad_out * weight, 0.0)
             acc_sum_1 += tl.where(mask, grad_out * weight, 0.0)
-            acc_sum_2 += tl.where(mask, x - row_mean, 0.0)
         tl.store(ws_ptr + (3 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_0))
         tl.store(ws_ptr + (4 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_1))
-        tl.store(ws_ptr + (5 * n_rows + rows) * n_splits + split, tl.sum(acc_sum_2))
 
 
 @triton.autotune(configs=rt.configs(SPLIT_CONFIGS, SPLIT_INTERPRETER_CONFIG),
@@ -910,8 +900,6 @@ def _layer_norm_backward_split_out_kernel(
         row_sum_0 = tl.sum(part)
         part = tl.load(ws_ptr + (4 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
         row_sum_1 = tl.sum(part)
-        part = tl.load(ws_ptr + (5 * n_rows + rows) * n_splits + splits, mask=split_mask, other=0.0)
-        row_sum_2 = tl.sum(part)
         lo = split * share
         hi = tl.minimum(lo + share, N)
 
@@ -954,7 +942,7 @@ def _layer_norm_backward_split_out_kernel(
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * (-((x - row_mean) * row_sum_0 * (1.0 / n_float)) + row_sum_0 * row_sum_2 * (1.0 / (n_float * n_float)))
+            grad_x = tl.rsqrt(row_var + eps) * (-(row_sum_1 * (1.0 / n_float)) + grad_out * weight) + tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * tl.rsqrt(row_var + eps) * -((x - row_mean) * row_sum_0 * (1.0 / n_float))
             tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
             grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_var + eps) * ((x - row_mean) * grad_out), 0.0), axis=0, keep_dims=True)
             grad_bias = tl.sum(tl.where(mask, grad_out, 0.0), axis=0, keep_dims=True)
@@ -980,21 +968,20 @@ def _layer_norm_backward_columns_kernel(
     cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
     col_mask = cols < N
     parts = tl.arange(0, BLOCK_P)[:, None]
-    # each lane adds up its own rows; the lanes are summed once, after the loop
-    total = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    # each lane adds up its own rows of partials, every output's in the one loop (their loads in
+    # flight together); the lanes are summed once, after it
+    grad_weight_total = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    grad_bias_total = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for start in range(0, n_parts, BLOCK_P):
         part = start + parts
-        offsets = (part.to(tl.int64) * 2 + 0) * N + cols
-        total += tl.load(cols_ws_ptr + offsets, mask=(part < n_parts) & col_mask, other=0.0)
-    grad_weight = tl.sum(total, axis=0, keep_dims=True)
+        mask = (part < n_parts) & col_mask
+        # a part holds a row of N partials per output
+        offsets = part.to(tl.int64) * 2 * N + cols
+        grad_weight_total += tl.load(cols_ws_ptr + offsets, mask=mask, other=0.0)
+        grad_bias_total += tl.load(cols_ws_ptr + offsets + 1 * N, mask=mask, other=0.0)
+    grad_weight = tl.sum(grad_weight_total, axis=0, keep_dims=True)
     tl.store(grad_weight_ptr + cols, grad_weight.to(grad_weight_ptr.dtype.element_ty), mask=col_mask)
-    # each lane adds up its own rows; the lanes are summed once, after the loop
-    total = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(0, n_parts, BLOCK_P):
-        part = start + parts
-        offsets = (part.to(tl.int64) * 2 + 1) * N + cols
-        total += tl.load(cols_ws_ptr + offsets, mask=(part < n_parts) & col_mask, other=0.0)
-    grad_bias = tl.sum(total, axis=0, keep_dims=True)
+    grad_bias = tl.sum(grad_bias_total, axis=0, keep_dims=True)
     tl.store(grad_bias_ptr + cols, grad_bias.to(grad_bias_ptr.dtype.element_ty), mask=col_mask)
 
 
@@ -1037,8 +1024,9 @@ def _launch(x, weight, bias, grad_out, eps, grad_x, grad_weight, grad_bias, redu
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _layer_norm_backward_split_out_kernel):
             rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs, fp_fusion=False)
-    rt.launch(_layer_norm_backward_columns_kernel, (triton.cdiv(space.n, COLUMNS_BLOCK["BLOCK_C"]),), cols_ws,
-              grad_weight, grad_bias, cols_ws.shape[0], space.n, **COLUMNS_BLOCK, INDEX_64=plan.index_64, fp_fusion=False)
+    columns_grid, columns_meta = rowwise.columns_launch(space.n, x.device)
+    rt.launch(_layer_norm_backward_columns_kernel, columns_grid, cols_ws, grad_weight, grad_bias, cols_ws.shape[0],
+              space.n, **columns_meta, INDEX_64=plan.index_64, fp_fusion=False)
 
 
 def _check_inputs(x, weight, bias, grad_out, normalized_shape, eps):

@@ -78,9 +78,6 @@ MAX_CHUNK = 4096
 DERIVED_FROM = "rms_norm"
 # float32 partials a split launch keeps per row and split
 SLOTS = 2
-# the kernel that adds up the column outputs' partials: a program per BLOCK_C columns, reading
-# BLOCK_P rows of partials at a time
-COLUMNS_BLOCK = {"BLOCK_P": 16, "BLOCK_C": 64, "num_warps": 4}
 
 
 @triton.jit
@@ -738,13 +735,16 @@ def _rms_norm_backward_columns_kernel(
     cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
     col_mask = cols < N
     parts = tl.arange(0, BLOCK_P)[:, None]
-    # each lane adds up its own rows; the lanes are summed once, after the loop
-    total = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    # each lane adds up its own rows of partials, every output's in the one loop (their loads in
+    # flight together); the lanes are summed once, after it
+    grad_weight_total = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for start in range(0, n_parts, BLOCK_P):
         part = start + parts
-        offsets = (part.to(tl.int64) * 1 + 0) * N + cols
-        total += tl.load(cols_ws_ptr + offsets, mask=(part < n_parts) & col_mask, other=0.0)
-    grad_weight = tl.sum(total, axis=0, keep_dims=True)
+        mask = (part < n_parts) & col_mask
+        # a part holds a row of N partials per output
+        offsets = part.to(tl.int64) * 1 * N + cols
+        grad_weight_total += tl.load(cols_ws_ptr + offsets, mask=mask, other=0.0)
+    grad_weight = tl.sum(grad_weight_total, axis=0, keep_dims=True)
     tl.store(grad_weight_ptr + cols, grad_weight.to(grad_weight_ptr.dtype.element_ty), mask=col_mask)
 
 
@@ -787,8 +787,9 @@ def _launch(x, weight, grad_out, eps, grad_x, grad_weight, reduced):
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*SPLIT_KERNELS, _rms_norm_backward_split_out_kernel):
             rt.launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key, **constexprs, fp_fusion=False)
-    rt.launch(_rms_norm_backward_columns_kernel, (triton.cdiv(space.n, COLUMNS_BLOCK["BLOCK_C"]),), cols_ws,
-              grad_weight, cols_ws.shape[0], space.n, **COLUMNS_BLOCK, INDEX_64=plan.index_64, fp_fusion=False)
+    columns_grid, columns_meta = rowwise.columns_launch(space.n, x.device)
+    rt.launch(_rms_norm_backward_columns_kernel, columns_grid, cols_ws, grad_weight, cols_ws.shape[0],
+              space.n, **columns_meta, INDEX_64=plan.index_64, fp_fusion=False)
 
 
 def _check_inputs(x, weight, grad_out, normalized_shape, eps):

@@ -107,9 +107,7 @@ class Atoms:
         if isinstance(tree.op, (ast.Add, ast.Sub)):
             if ast.dump(tree) in self.spec_sums:
                 return self.atom(tree)
-            right = self.expand(tree.right)
-            return total(self.expand(tree.left),
-                         scaled(right, -1.0) if isinstance(tree.op, ast.Sub) else right)
+            return self._terms(tree)
         if isinstance(tree.op, ast.Mult):
             left, right = self.expand(tree.left), self.expand(tree.right)
             if len(left) * len(right) > MAX_TERMS:
@@ -131,6 +129,16 @@ class Atoms:
                     out = product(out, base)
                 return out
         return self.atom(tree)
+
+    def _terms(self, tree: ast.BinOp) -> Poly:
+        right = self.expand(tree.right)
+        return total(self.expand(tree.left),
+                     scaled(right, -1.0) if isinstance(tree.op, ast.Sub) else right)
+
+    def opened(self, key: str) -> Poly | None:
+        """A spec-written element sum (``x - mean``, an atom) as the sum of its terms; None for
+        any other atom."""
+        return self._terms(self.trees[key]) if key in self.spec_sums else None
 
     @staticmethod
     def power(single: Poly, exponent: int) -> Poly:

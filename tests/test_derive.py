@@ -105,6 +105,21 @@ def test_a_shift_has_no_adjoint():
         assert steps == ["max", "sum", "sum_0"], (name, steps)
 
 
+def test_a_deviation_from_the_mean_sums_to_zero():
+    # layer_norm's var reads x - mean, whose sum over the row is sum(x) - N * mean = 0: mean's
+    # adjoint through var vanishes, and the derived op sums only g * w and (x - mean) * g * w
+    steps = {s.name: s.of.source for s in _backward_of("layer_norm").body.steps}
+    assert "x - mean" not in steps.values(), steps
+    assert list(steps) == ["mean", "var", "sum_0", "sum_1"], steps
+    # only where the known sums cancel exactly: sum(x) = N * m, not 2 * N * m or unknown
+    atoms = polynomial.Atoms({"x"}, polynomial.spec_sums([derive.parse("x - m")], {"x"}), {"m", "N"})
+    (deviation,) = atoms.expand(derive.parse("x - m"))
+    (x,) = atoms.expand(derive.parse("x"))
+    for known, vanishes in (("N * m", True), ("2 * N * m", False), (None, False)):
+        sums = {} if known is None else {x: atoms.expand(derive.parse(known))}
+        assert rowwise_backward._sums_to_zero(deviation, atoms, sums) == vanishes, known
+
+
 def test_terms_that_cancel_are_subtracted_before_they_are_scaled():
     # layer_norm: rsqrt(var + eps) * (g * w - sum(g * w) / N) + ..., so that a row of one element
     # gets exactly 0 (written as the chain rule builds it: two products rounded apart, 1e-4 on

@@ -263,6 +263,17 @@ def test_split_count_fills_the_gpu():
     assert rowwise.split_count(1, 100, 4096, cpu) == 1       # never more shares than chunks
 
 
+def test_columns_launch_gives_every_multiprocessor_a_program():
+    import torch
+    cpu = torch.device("cpu")  # planned with an H100's 132 multiprocessors
+    # the widest column block with a program for each, 2048 partials of each output a step
+    assert rowwise.columns_launch(4096, cpu) == ((256,), {"BLOCK_C": 16, "BLOCK_P": 128, "num_warps": 4})
+    assert rowwise.columns_launch(32768, cpu)[0] == (256,)
+    # narrower than a sector is not worth it: short outputs get fewer programs
+    assert rowwise.columns_launch(1024, cpu) == ((128,), {"BLOCK_C": 8, "BLOCK_P": 256, "num_warps": 4})
+    assert rowwise.columns_launch(5, cpu)[0] == (1,)
+
+
 def test_scaffold_parses_and_plans():
     text = family.scaffold("my_rms")
     plan = family.plan(parse(text))

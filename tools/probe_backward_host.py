@@ -1,14 +1,21 @@
 """Host time of a fwd+bwd call (softmax 4096x4096 bf16, H200): torch eager, our op, and
-autograd.Function forms that isolate the nested autograd.grad of our backward.
+autograd.Function forms that isolate the nested autograd.grad of our backward; then where our
+call's host time goes: its parts alone (the forward, the derived backward op), an empty
+autograd.Function (the floor of any Function), the call with every replayed launch skipped (its
+Python alone), and cProfile's functions of most own time (``--cprofile N``).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/probe_backward_host.py
+Usage (GPU machine): PYTHONPATH=. python3 tools/probe_backward_host.py [--cprofile N]
 """
 
+import argparse
+import cProfile
+import pstats
 import time
 
 import torch
 
 import generated
+from specgen.runtime import replay
 
 
 def host_us(fn, calls=50):
@@ -55,7 +62,50 @@ class Direct(torch.autograd.Function):
         return torch._softmax_backward_data(grad, y, -1, y.dtype)
 
 
+class Identity(torch.autograd.Function):
+    """No work: what any autograd.Function's forward and backward cost the host."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def parts(x, g, calls: int = 50) -> None:
+    """Our softmax fwd+bwd's parts, and the whole of it with no launches (64x64: host-bound)."""
+    w = torch.randn(x.shape[-1], device=x.device, dtype=x.dtype, requires_grad=True)
+    b = torch.randn_like(w, requires_grad=True)
+    forms = {
+        "softmax fwd+bwd": lambda: torch.autograd.grad(generated.softmax(x, -1), x, g),
+        "softmax forward, no grad": lambda: generated.softmax(x.detach(), -1),
+        "softmax forward, grad": lambda: generated.softmax(x, -1),
+        "softmax_backward op": lambda: generated.softmax_backward(x.detach(), g, -1),
+        "layer_norm fwd+bwd": lambda: torch.autograd.grad(
+            generated.layer_norm(x, x.shape[-1:], w, b), (x, w, b), g),
+        "torch layer_norm fwd+bwd": lambda: torch.autograd.grad(
+            torch.nn.functional.layer_norm(x, x.shape[-1:], w, b), (x, w, b), g),
+        "empty Function fwd+bwd": lambda: torch.autograd.grad(Identity.apply(x), x, g),
+    }
+    for name, fn in forms.items():
+        host, wall = host_us(fn, calls)
+        print(f"parts {name:28s}: host {host:7.1f} us/call, wall {wall:7.1f}")
+    launch = replay._Launch.__call__
+    replay._Launch.__call__ = lambda self, inputs, buffers: None
+    try:
+        for name in ("softmax fwd+bwd", "layer_norm fwd+bwd"):
+            host, _ = host_us(forms[name], calls)
+            print(f"parts {name + ', no launches':28s}: host {host:7.1f} us/call")
+    finally:
+        replay._Launch.__call__ = launch
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cprofile", type=int, default=0)
+    args = parser.parse_args()
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn_like(x)
     small = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -73,6 +123,11 @@ def main():
             for label, (a, b) in (("4096^2", (x, g)), ("64^2", (small, gs))):
                 host, wall = host_us(lambda: fn(a, b))
                 print(f"round {rnd} {name:24s} {label}: host {host:7.1f} us/call, wall {wall:7.1f}")
+    parts(small, gs)
+    if args.cprofile:
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [forms["ours"](small, gs) for _ in range(200)])
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.cprofile)
 
 
 if __name__ == "__main__":

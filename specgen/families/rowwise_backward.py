@@ -136,6 +136,8 @@ def _derive(body, tensors: list[str], taken: set[str]) -> tuple[dict, dict]:
         out: Poly = {}
         for monomial, coefficient in poly.items():
             row, factor = atoms.split(monomial)
+            if _sums_to_zero(factor, atoms, sums):
+                continue
             if factor not in sums:
                 if not factor:
                     sums[factor] = atoms.name(rowwise.N_SYMBOL)
@@ -200,6 +202,25 @@ def _forward_sums(body, atoms: polynomial.Atoms) -> dict:
         inverse = atoms.power(polynomial.scaled(scale, coefficient), -1)
         sums.setdefault(factor, polynomial.product(atoms.name(step.name), inverse))
     return sums
+
+
+def _sums_to_zero(factor: polynomial.Monomial, atoms: polynomial.Atoms, sums: dict) -> bool:
+    """Whether ``factor`` is a spec-written element sum whose sum over the row is 0 by the sums
+    already known: layer_norm's ``x - mean``, as ``sum(x) - N * mean`` with ``sum(x) = N *
+    mean``. Its float32 sum is a rounding error, which torch's formula leaves out as well."""
+    if len(factor) != 1 or factor[0][1] != 1:
+        return False
+    terms = atoms.opened(factor[0][0])
+    if terms is None:
+        return False
+    out: Poly = {}
+    for monomial, coefficient in terms.items():
+        row, element = atoms.split(monomial)
+        if element and element not in sums:
+            return False
+        summed = sums[element] if element else atoms.name(rowwise.N_SYMBOL)
+        out = polynomial.total(out, polynomial.product({row: coefficient}, summed))
+    return not out
 
 
 def _fresh(name: str, taken: set[str]) -> str:
