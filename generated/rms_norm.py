@@ -17,6 +17,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
+from specgen.kernel_lib import rsqrt_f32
 from specgen.runtime import rowwise
 
 NAME = "rms_norm"
@@ -172,7 +173,7 @@ def _rms_norm_single_rows(
     else:
         weight = 1.0  # omitted
 
-    out = x * tl.rsqrt(row_ms + eps) * weight
+    out = x * rsqrt_f32(row_ms + eps) * weight
     tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -353,7 +354,7 @@ def _rms_norm_looped_rows(
         else:
             weight = 1.0  # omitted
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        out = x * tl.rsqrt(row_ms + eps) * weight
+        out = x * rsqrt_f32(row_ms + eps) * weight
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -609,7 +610,7 @@ def _rms_norm_split_out_kernel(
             else:
                 weight = 1.0  # omitted
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = x * tl.rsqrt(row_ms + eps) * weight
+            out = x * rsqrt_f32(row_ms + eps) * weight
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

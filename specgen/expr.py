@@ -24,8 +24,9 @@ FUNCTIONS: dict[str, tuple[int, str]] = {
     "exp2": (1, "tl.exp2"),
     "log": (1, "tl.log"),
     "log2": (1, "tl.log2"),
-    "sqrt": (1, "tl.sqrt"),
-    "rsqrt": (1, "tl.rsqrt"),
+    # rounded to nearest, as torch's are (tl.sqrt and tl.rsqrt are the approximate instructions)
+    "sqrt": (1, "tl.sqrt_rn"),
+    "rsqrt": (1, "rsqrt_f32"),
     "abs": (1, "tl.abs"),
     "erf": (1, "tl.erf"),
     "sigmoid": (1, "tl.sigmoid"),
