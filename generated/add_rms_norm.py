@@ -17,7 +17,6 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
-from specgen.kernel_lib import rsqrt_f32
 from specgen.runtime import pointwise, rowwise
 
 NAME = "add_rms_norm"
@@ -187,7 +186,7 @@ def _add_rms_norm_single_rows(
     weight = tl.load(tl.broadcast_to(weight_ptr + weight_col, [BLOCK_M, BLOCK_N]), mask=mask, other=0.0).to(tl.float32)
 
     hidden = x + residual
-    out = hidden * rsqrt_f32(row_ms + eps) * weight
+    out = hidden * tl.rsqrt(row_ms + eps) * weight
     tl.store(hidden_ptr + hidden_row + hidden_col, hidden.to(hidden_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -392,7 +391,7 @@ def _add_rms_norm_looped_rows(
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         hidden = x + residual
-        out = hidden * rsqrt_f32(row_ms + eps) * weight
+        out = hidden * tl.rsqrt(row_ms + eps) * weight
         tl.store(hidden_ptr + hidden_row + hidden_col, hidden.to(hidden_ptr.dtype.element_ty), mask=mask)
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -681,7 +680,7 @@ def _add_rms_norm_split_out_kernel(
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             hidden = x + residual
-            out = hidden * rsqrt_f32(row_ms + eps) * weight
+            out = hidden * tl.rsqrt(row_ms + eps) * weight
             tl.store(hidden_ptr + hidden_row + hidden_col, hidden.to(hidden_ptr.dtype.element_ty), mask=mask)
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 

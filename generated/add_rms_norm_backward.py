@@ -17,7 +17,6 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
-from specgen.kernel_lib import rsqrt_f32
 from specgen.runtime import rowwise
 
 NAME = "add_rms_norm_backward"
@@ -208,11 +207,11 @@ def _add_rms_norm_backward_single_rows(
     row_sum_0 = tl.sum(tl.where(mask, (x + residual) * grad_out * weight, 0.0), axis=1, keep_dims=True)
 
 
-    grad_x = grad_hidden + rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
-    grad_residual = grad_hidden + rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
+    grad_x = grad_hidden + tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
+    grad_residual = grad_hidden + tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
     tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
     tl.store(grad_residual_ptr + grad_residual_row + grad_residual_col, grad_residual.to(grad_residual_ptr.dtype.element_ty), mask=mask)
-    grad_weight = tl.sum(tl.where(mask, rsqrt_f32(row_ms + eps) * ((x + residual) * grad_out), 0.0), axis=0, keep_dims=True)
+    grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * ((x + residual) * grad_out), 0.0), axis=0, keep_dims=True)
     return grad_weight
 
 
@@ -485,11 +484,11 @@ def _add_rms_norm_backward_looped_rows(
         residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_hidden = tl.load(grad_hidden_ptr + grad_hidden_row + grad_hidden_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = grad_hidden + rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
-        grad_residual = grad_hidden + rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
+        grad_x = grad_hidden + tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
+        grad_residual = grad_hidden + tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
         tl.store(grad_residual_ptr + grad_residual_row + grad_residual_col, grad_residual.to(grad_residual_ptr.dtype.element_ty), mask=mask)
-        grad_weight = tl.sum(tl.where(mask, rsqrt_f32(row_ms + eps) * ((x + residual) * grad_out), 0.0), axis=0, keep_dims=True)
+        grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * ((x + residual) * grad_out), 0.0), axis=0, keep_dims=True)
         # added to this program's row of partials (zeros at first; its earlier blocks of rows
         # added theirs)
         grad_weight_part = cols_ws_ptr + (tl.program_id(0).to(tl.int64) * 1 + 0) * N + grad_weight_col
@@ -837,11 +836,11 @@ def _add_rms_norm_backward_split_out_kernel(
             residual = tl.load(residual_ptr + residual_row + residual_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_hidden = tl.load(grad_hidden_ptr + grad_hidden_row + grad_hidden_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            grad_x = grad_hidden + rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
-            grad_residual = grad_hidden + rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
+            grad_x = grad_hidden + tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
+            grad_residual = grad_hidden + tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -((x + residual) * row_sum_0 * (1.0 / n_float))
             tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
             tl.store(grad_residual_ptr + grad_residual_row + grad_residual_col, grad_residual.to(grad_residual_ptr.dtype.element_ty), mask=mask)
-            grad_weight = tl.sum(tl.where(mask, rsqrt_f32(row_ms + eps) * ((x + residual) * grad_out), 0.0), axis=0, keep_dims=True)
+            grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * ((x + residual) * grad_out), 0.0), axis=0, keep_dims=True)
             # the row's own partials: each share of it is written once, by one program
             grad_weight_part = cols_ws_ptr + (rows.to(tl.int64) * 1 + 0) * N + grad_weight_col
             tl.store(grad_weight_part, grad_weight, mask=col_mask)

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
-from specgen.kernel_lib import add_pairs, rsqrt_f32
+from specgen.kernel_lib import add_pairs
 from specgen.runtime import rowwise
 
 NAME = "layer_norm"
@@ -187,7 +187,7 @@ def _layer_norm_single_rows(
     else:
         bias = 0.0  # omitted
 
-    out = (x - row_mean) * rsqrt_f32(row_var + eps) * weight + bias
+    out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
     tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -398,7 +398,7 @@ def _layer_norm_looped_rows(
         else:
             bias = 0.0  # omitted
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        out = (x - row_mean) * rsqrt_f32(row_var + eps) * weight + bias
+        out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -693,7 +693,7 @@ def _layer_norm_split_out_kernel(
             else:
                 bias = 0.0  # omitted
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = (x - row_mean) * rsqrt_f32(row_var + eps) * weight + bias
+            out = (x - row_mean) * tl.rsqrt(row_var + eps) * weight + bias
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -17,7 +17,6 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
-from specgen.kernel_lib import rsqrt_f32
 from specgen.runtime import rowwise
 
 NAME = "rms_norm"
@@ -173,7 +172,7 @@ def _rms_norm_single_rows(
     else:
         weight = 1.0  # omitted
 
-    out = x * rsqrt_f32(row_ms + eps) * weight
+    out = x * tl.rsqrt(row_ms + eps) * weight
     tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -354,7 +353,7 @@ def _rms_norm_looped_rows(
         else:
             weight = 1.0  # omitted
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        out = x * rsqrt_f32(row_ms + eps) * weight
+        out = x * tl.rsqrt(row_ms + eps) * weight
         tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -610,7 +609,7 @@ def _rms_norm_split_out_kernel(
             else:
                 weight = 1.0  # omitted
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            out = x * rsqrt_f32(row_ms + eps) * weight
+            out = x * tl.rsqrt(row_ms + eps) * weight
             tl.store(out_ptr + out_row + out_col, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

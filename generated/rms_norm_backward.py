@@ -17,7 +17,6 @@ import triton.language as tl
 from torch.library import triton_op
 
 from specgen import runtime as rt
-from specgen.kernel_lib import rsqrt_f32
 from specgen.runtime import rowwise
 
 NAME = "rms_norm_backward"
@@ -181,9 +180,9 @@ def _rms_norm_backward_single_rows(
     row_sum_0 = tl.sum(tl.where(mask, grad_out * weight * x, 0.0), axis=1, keep_dims=True)
 
 
-    grad_x = rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
+    grad_x = tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
     tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-    grad_weight = tl.sum(tl.where(mask, rsqrt_f32(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
+    grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
     return grad_weight
 
 
@@ -417,9 +416,9 @@ def _rms_norm_backward_looped_rows(
         weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        grad_x = rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
+        grad_x = tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
         tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-        grad_weight = tl.sum(tl.where(mask, rsqrt_f32(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
+        grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
         # added to this program's row of partials (zeros at first; its earlier blocks of rows
         # added theirs)
         grad_weight_part = cols_ws_ptr + (tl.program_id(0).to(tl.int64) * 1 + 0) * N + grad_weight_col
@@ -713,9 +712,9 @@ def _rms_norm_backward_split_out_kernel(
             weight = tl.load(weight_ptr + weight_col, mask=col_mask, other=0.0).to(tl.float32)
             x = tl.load(x_ptr + x_row + x_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             grad_out = tl.load(grad_out_ptr + grad_out_row + grad_out_col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            grad_x = rsqrt_f32(row_ms + eps) * (grad_out * weight) + rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * rsqrt_f32(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
+            grad_x = tl.rsqrt(row_ms + eps) * (grad_out * weight) + tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * tl.rsqrt(row_ms + eps) * -(row_sum_0 * x * (1.0 / n_float))
             tl.store(grad_x_ptr + grad_x_row + grad_x_col, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-            grad_weight = tl.sum(tl.where(mask, rsqrt_f32(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
+            grad_weight = tl.sum(tl.where(mask, tl.rsqrt(row_ms + eps) * (grad_out * x), 0.0), axis=0, keep_dims=True)
             # the row's own partials: each share of it is written once, by one program
             grad_weight_part = cols_ws_ptr + (rows.to(tl.int64) * 1 + 0) * N + grad_weight_col
             tl.store(grad_weight_part, grad_weight, mask=col_mask)

@@ -24,9 +24,8 @@ FUNCTIONS: dict[str, tuple[int, str]] = {
     "exp2": (1, "tl.exp2"),
     "log": (1, "tl.log"),
     "log2": (1, "tl.log2"),
-    # rounded to nearest, as torch's are (tl.sqrt and tl.rsqrt are the approximate instructions)
-    "sqrt": (1, "tl.sqrt_rn"),
-    "rsqrt": (1, "rsqrt_f32"),
+    "sqrt": (1, "tl.sqrt"),
+    "rsqrt": (1, "tl.rsqrt"),
     "abs": (1, "tl.abs"),
     "erf": (1, "tl.erf"),
     "sigmoid": (1, "tl.sigmoid"),

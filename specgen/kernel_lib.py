@@ -28,16 +28,6 @@ def tanh_f32(x):
 
 
 @triton.jit
-def rsqrt_f32(x):
-    # 1 / sqrt(x) with both steps rounded to nearest. tl.rsqrt is an ulp or two off, and
-    # gradients that cancel scale that up: rms_norm's over a row of one element is
-    # rstd * g * w * (1 - x**2 * rstd**2), which moves by 1.2e-4 an ulp of rstd where x**2 is
-    # 1600 eps (H200: torch's result there is the one a correctly rounded rstd gives)
-    root = tl.sqrt_rn(x)
-    return tl.div_rn(tl.full(root.shape, 1.0, tl.float32), root)
-
-
-@triton.jit
 def relu_f32(x):
     # where(x < 0, 0, x) keeps NaN, as torch.relu does (maximum(x, 0) would drop it)
     return tl.where(x < 0, 0.0, x)
