@@ -157,11 +157,14 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     derived = getattr(module, "DERIVED_FROM", None)
     # Gradients cancel by design (layer_norm's over two elements is a difference of nearly equal
     # terms), on the forward's eager path too, which runs the derived op: an element is held to
-    # torch's accuracy near the drawn input (Case.nearby)
+    # torch's accuracy near the drawn input (Case.nearby). At 8 nearby inputs rather than 3: where
+    # one ulp of rstd moves a gradient 4x past the tolerance (rms_norm over rows of one float32
+    # element, x**2 near 1600 eps), torch is accurate at a few inputs by the luck of its rounding,
+    # and a GPU draw of 527744 such rows found 2 where it was at the drawn one and all 3 nearby
     backward = derived or getattr(module, "BACKWARD_OP", None)
     return Case(args, (), forced, describe="; ".join(notes), tolerances=TOLERANCES,
                 reference_args=reference_args,
-                layout_reference=None if derived else "eager", nearby=3 if backward else 0)
+                layout_reference=None if derived else "eager", nearby=8 if backward else 0)
 
 
 def _writable(tensor: torch.Tensor) -> bool:
