@@ -716,6 +716,10 @@ def _backward(args, grads):
     not apply: the reference's gradient then serves)."""
     x, normalized_shape, weight, eps, = args
     if weight is None:
-        return None  # the derived op takes every tensor
+        # the derived op takes every tensor: an omitted one is the constant it stands for
+        reduced, _ = _check_inputs(x, normalized_shape, weight, eps)
+        weight, = rowwise.stand_ins(x, reduced, (weight, 1.0))
+        if weight is None:
+            return None  # a constant the input's dtype does not hold
     grad_x, grad_weight = rt.sibling(__name__, BACKWARD_OP)(x, weight, grads[0], normalized_shape, eps)
     return (grad_x, None, grad_weight, None,)

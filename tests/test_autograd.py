@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import generated
 from specgen import runtime as rt
 from specgen import testing
+from specgen.runtime import rowwise
 
 
 @pytest.mark.parametrize("name", sorted(generated.REGISTRY))
@@ -131,8 +132,8 @@ def test_a_derived_backward_runs_its_own_kernel(op):
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
 def test_weight_gradients_come_from_the_derived_kernel(op):
     # a weight's (and bias's) gradient sums over the rows: the derived op's column outputs, in
-    # its one launch; with the weight omitted the derived op (which takes every tensor) does not
-    # apply and the reference serves
+    # its one launch, also with the weight (and bias) omitted: the derived op, which takes every
+    # tensor, reads the constants they stand for
     x, residual, w, b = _leaf(5, 9), _leaf(5, 9, seed=1), _leaf(9, seed=2), _leaf(9, seed=3)
     grad_y = _leaf(5, 9, seed=4).detach()
     F = torch.nn.functional
@@ -158,7 +159,19 @@ def test_weight_gradients_come_from_the_derived_kernel(op):
     y = ours(x, *(None for _ in inputs[1:]))
     with rt.record_launches() as launches:
         got, = torch.autograd.grad(y, x, grad_y)
-    assert launches == []
+    assert [launch.op for launch in launches] == [f"{op}_backward"]
     want, = torch.autograd.grad(theirs(leaves64[0], *(None for _ in inputs[1:])), leaves64[0],
                                 grad_y.double())
     testing.assert_matches(got, want, f"{op} grad x without a weight")
+
+
+def test_an_omitted_tensor_stands_in_as_its_constant_where_the_dtype_holds_it():
+    x = torch.randn(3, 4, 5, dtype=torch.bfloat16, device=testing.device())
+    w = torch.randn(4, 5, dtype=torch.bfloat16, device=testing.device())
+    given, ones, zeros = rowwise.stand_ins(x, (1, 2), (w, 1.0), (None, 1.0), (None, 0.0))
+    assert given is w
+    assert ones.shape == zeros.shape == (4, 5) and ones.dtype == x.dtype
+    assert bool((ones == 1).all()) and bool((zeros == 0).all())
+    # bfloat16 does not hold 0.1, which the forward computes with in float32: no stand-in (the
+    # reference's gradient serves)
+    assert rowwise.stand_ins(x, (1, 2), (None, 0.1)) == (None,)

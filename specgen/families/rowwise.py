@@ -518,12 +518,24 @@ class DerivedBackward:
     results: tuple[str, ...]       # its results, the gradients of these forward tensors
     grads: tuple[str, ...]         # the gradient of every forward argument, or None
     dtype: str | None              # the forward's dtype argument, which the derived op lacks
-    optional: tuple[str, ...] = ()  # the forward's optional tensors, which the derived op needs
+    # the forward's optional tensors, which the derived op needs, each with the value it stands
+    # for when omitted ([rows] absent): the derived op then reads a tensor of that value
+    absent: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def absent_names(self) -> str:
+        return ", ".join(name for name, _ in self.absent)
+
+    @property
+    def absent_pairs(self) -> str:
+        """The arguments of ``rowwise.stand_ins``: each tensor with its value."""
+        return ", ".join(f"({name}, {value!r})" for name, value in self.absent)
 
     @property
     def omitted(self) -> str:
-        """True when the call omits one of them: the reference's gradient serves."""
-        return " or ".join(f"{name} is None" for name in self.optional)
+        """True when an omitted one has no stand-in (its value is not exact in the input's dtype):
+        the reference's gradient serves."""
+        return " or ".join(f"{name} is None" for name, _ in self.absent)
 
 
 @dataclass(frozen=True)

@@ -271,4 +271,4 @@ def eager_call(spec: OpSpec) -> rowwise.DerivedBackward | None:
     return rowwise.DerivedBackward(
         derived.name, ", ".join(cotangents.get(a.name, a.name) for a in derived.args), results,
         tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args),
-        spec.body.dtype, tuple(t.name for t in spec.tensors if t.optional))
+        spec.body.dtype, spec.body.absent)

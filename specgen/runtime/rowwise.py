@@ -143,6 +143,19 @@ def column_shape(x: torch.Tensor, reduced: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(x.shape[d] for d in reduced) or (1,)
 
 
+def stand_ins(x: torch.Tensor, reduced: tuple[int, ...],
+              *tensors: tuple[torch.Tensor | None, float]) -> tuple[torch.Tensor | None, ...]:
+    """Each optional tensor read along the rows, or where omitted the constant it stands for as a
+    tensor in x's dtype (for a derived backward op, which takes every tensor); still None where
+    that dtype does not hold the value exactly (the forward computes with it in float32)."""
+    out = []
+    for tensor, value in tensors:
+        if tensor is None and torch.tensor(value, dtype=x.dtype).item() == value:
+            tensor = torch.full(column_shape(x, reduced), value, dtype=x.dtype, device=x.device)
+        out.append(tensor)
+    return tuple(out)
+
+
 def empty_columns(x: torch.Tensor, reduced: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A column output: zeros when x has no rows (no kernel writes it, and a sum over no rows is
     0), else to be written."""
