@@ -717,7 +717,8 @@ def _backward(args, grads):
     x, normalized_shape, weight, eps, = args
     if weight is None:
         # the derived op takes every tensor: an omitted one is the constant it stands for
-        reduced, _ = _check_inputs(x, normalized_shape, weight, eps)
+        # (an eps of None resolves here to the value the derived op would give it)
+        reduced, eps = _check_inputs(x, normalized_shape, weight, eps)
         weight, = rowwise.stand_ins(x, reduced, (weight, 1.0))
         if weight is None:
             return None  # a constant the input's dtype does not hold

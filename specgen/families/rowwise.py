@@ -799,6 +799,11 @@ class RowwisePlan(CommonPlan):
         return "out_dtype" if self.dtype else f"{self.row_tensor}.dtype"
 
     @property
+    def checked(self) -> str:
+        """What ``_check_inputs`` returns: the reduced dims, then each optional eps resolved."""
+        return ", ".join(("reduced", *self.finfo_eps))
+
+    @property
     def row_shape_call(self) -> str:
         """The shape of a per-row output: without the reduced dims, or with them as 1s."""
         keepdim = f", {self.keepdim}" if self.keepdim else ""

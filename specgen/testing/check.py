@@ -6,7 +6,7 @@ result dtype and layout.
 from collections.abc import Mapping
 
 from specgen.runtime import OpInfo, override, replay
-from specgen.testing.core import Case, assert_matches, nudged, outputs, reference64, worst
+from specgen.testing.core import Case, assert_matches, nearby_errors, outputs, reference64
 
 
 def check_case(info: OpInfo, case: Case) -> None:
@@ -17,12 +17,9 @@ def check_case(info: OpInfo, case: Case) -> None:
     # torch's own result: its dtype and layout are the contract, its error bounds ill-conditioned
     # elements (see assert_matches)
     eager = outputs(info.reference(**case.args))
-    nearby = [None] * len(expected)
-    for seed in range(case.nearby):
-        theirs = outputs(info.reference(**nudged(case.args, seed)))
-        wants = outputs(reference64(info, nudged(case.reference_args or case.args, seed)))
-        nearby = worst(nearby, [(t.double().cpu() - w.double().cpu()).abs()
-                                for t, w in zip(theirs, wants)])
+    nearby = nearby_errors(case.nearby, len(expected), case.args, case.reference_args or case.args,
+                           lambda args, args64: (outputs(info.reference(**args)),
+                                                 outputs(reference64(info, args64))))
 
     with override(**case.overrides):
         with replay.record_at_once():

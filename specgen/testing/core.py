@@ -9,7 +9,7 @@ every specialization on small inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 from hypothesis import note
@@ -180,9 +180,23 @@ def draw_case(data, info: OpInfo) -> "Case":
     return case
 
 
-def nudged(args: dict[str, Any], seed: int) -> dict[str, Any]:
-    """``args`` with each floating tensor moved by 4 ulps of its dtype, relative to each element,
-    with random signs (``Case.nearby``)."""
+def nearby_errors(count: int, size: int, args: dict[str, Any], reference_args: dict[str, Any],
+                  results: Callable[[dict, dict], tuple[Sequence, Sequence]]) -> list:
+    """Torch's error at ``count`` nearby inputs (``Case.nearby``), element by element the worst,
+    for each of ``size`` results (None each where ``count`` is 0). Each nearby input is ``args``
+    with every floating tensor moved by 4 ulps of its dtype, relative to each element, with
+    random signs (``reference_args`` likewise); ``results(args, reference_args)`` gives torch's
+    results there and the float64 ones."""
+    errors: list = [None] * size
+    for seed in range(count):
+        theirs, wants = results(_nudged(args, seed), _nudged(reference_args, seed))
+        for i, (t, w) in enumerate(zip(theirs, wants)):
+            error = (t.double().cpu() - w.double().cpu()).abs()
+            errors[i] = error if errors[i] is None else torch.maximum(errors[i], error)
+    return errors
+
+
+def _nudged(args: dict[str, Any], seed: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     out = {}
     for k, v in args.items():
@@ -191,12 +205,6 @@ def nudged(args: dict[str, Any], seed: int) -> dict[str, Any]:
             v = (v.double() * (1 + 4 * torch.finfo(v.dtype).eps * signs)).to(v.dtype)
         out[k] = v
     return out
-
-
-def worst(errors: list[torch.Tensor | None], more: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Element-wise the larger of each pair of error tensors (None: none yet)."""
-    more = [e.double().cpu() for e in more]
-    return [m if e is None else torch.maximum(e, m) for e, m in zip(errors, more)]
 
 
 def reference64(info: OpInfo, args: dict[str, Any]) -> Any:

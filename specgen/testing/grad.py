@@ -10,8 +10,8 @@ import torch
 from hypothesis import assume
 
 from specgen.runtime import OpInfo, override
-from specgen.testing.core import (Case, Layout, Observe, assert_matches, make_tensor, nudged,
-                                  outputs, worst)
+from specgen.testing.core import (Case, Layout, Observe, assert_matches, make_tensor,
+                                  nearby_errors, outputs)
 
 PATHS = ("function", "op", "traced")
 
@@ -78,16 +78,14 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     # float64: the reference's arguments (a resolved eps, a dtype= cast) on upcast leaves
     reference_args = case.reference_args or case.args
     want = _reference_grads(info, case.args, reference_args, floating, cotangents, wide=True)
-    nearby = [None] * len(floating)
     # (an empty input has no element to bound; torch's CUDA layer_norm backward returns a
     # gradient of the wrong shape for an empty contiguous input)
     empty = any(case.args[k].numel() == 0 for k in floating)
-    for near in range(0 if empty else case.nearby):
-        args = nudged(case.args, near)
-        theirs = _reference_grads(info, args, args, floating, cotangents)
-        wants = _reference_grads(info, args, nudged(reference_args, near), floating, cotangents,
-                                 wide=True)
-        nearby = worst(nearby, [(t.double() - w).abs() for t, w in zip(theirs, wants)])
+    nearby = nearby_errors(
+        0 if empty else case.nearby, len(floating), case.args, reference_args,
+        lambda args, args64: (_reference_grads(info, args, args, floating, cotangents),
+                              _reference_grads(info, args, args64, floating, cotangents,
+                                               wide=True)))
 
     # torch's own gradient at the drawn dtypes bounds ill-conditioned elements. It has two paths,
     # autograd and torch.func (the one our backward takes), whose float16 CPU matmuls round
