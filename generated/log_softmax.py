@@ -899,7 +899,9 @@ def _backward(args, grads):
     """The gradients by the backward op derived from this spec, `log_softmax_backward` (None where it does
     not apply: the reference's gradient then serves)."""
     x, dim, dtype, = args
-    if dtype is not None:
-        return None  # the derived op computes without a dtype= cast
+    if dtype is not None and not rowwise.exact_cast(x.dtype, dtype):
+        # the derived op computes without the cast: it serves one that leaves x's values as they
+        # are (bfloat16 to float32), not one that rounds them
+        return None
     grad_x = rt.sibling(__name__, BACKWARD_OP)(x, grads[0], dim)
     return (grad_x, None, None,)

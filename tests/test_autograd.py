@@ -4,7 +4,8 @@ layouts and dtypes (the cases of tests/test_ops.py), and the autograd rules torc
 Ops without a backward kernel of their own differentiate their reference (runtime/autograd.py),
 so these cases check what reaches the backward: the saved inputs, the argument order, which
 inputs get a gradient, outputs left unused. Row-wise ops whose spec derives a backward op
-(softmax, log_softmax) run its kernel in eager backward passes, under the case's forced strategy.
+(softmax, log_softmax, the norms) run its kernel in eager backward passes, under the case's forced
+strategy.
 """
 
 import re
@@ -119,7 +120,20 @@ def test_a_derived_backward_runs_its_own_kernel(op):
     x64 = x.detach().double().requires_grad_()
     want, = torch.autograd.grad(getattr(torch, op)(x64, -1), x64, grad_y.double())
     testing.assert_matches(got, want, f"{op} grad x")
-    # with dtype= the derived op does not apply (it computes without a cast): the reference serves
+    # a dtype= cast that leaves x's values as they are (bfloat16 to float32): the derived op,
+    # given the output's gradient in float32, returns x's in bfloat16
+    x16 = _leaf(4, 7, dtype=torch.bfloat16, seed=2)
+    y = getattr(generated, op)(x16, -1, dtype=torch.float32)
+    with rt.record_launches() as launches:
+        got, = torch.autograd.grad(y, x16, grad_y)
+    assert [launch.op for launch in launches] == [f"{op}_backward"]
+    assert got.dtype == torch.bfloat16
+    x64 = x16.detach().double().requires_grad_()
+    want, = torch.autograd.grad(getattr(torch, op)(x64, -1), x64, grad_y.double())
+    testing.assert_matches(got, want, f"{op} grad x with dtype=float32")
+    # one that rounds x (float32 to float16) is not what the derived op computes: the reference
+    # serves
+    x64 = x.detach().double().requires_grad_()
     y = getattr(generated, op)(x, -1, dtype=torch.float16)
     with rt.record_launches() as launches:
         got, = torch.autograd.grad(y, x, grad_y.half())

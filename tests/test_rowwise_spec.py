@@ -274,6 +274,23 @@ def test_columns_launch_gives_every_multiprocessor_a_program():
     assert rowwise.columns_launch(5, cpu)[0] == (1,)
 
 
+def test_exact_cast_is_true_where_every_value_survives_the_round_trip():
+    import torch
+    # every finite value of each 16-bit dtype (all bit patterns), and float32 values from its
+    # extremes to random ones: the cast is exact where each comes back unchanged
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+    values = {d: bits.view(d) for d in (torch.float16, torch.bfloat16)}
+    info = torch.finfo(torch.float32)
+    values[torch.float32] = torch.cat([
+        torch.tensor([info.max, info.tiny, info.smallest_normal / 2**23, 1 + info.eps]),
+        torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 1e3])
+    for source, v in values.items():
+        v = v[v.isfinite()]
+        for target in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            survives = bool((v.to(target).to(source) == v).all())
+            assert rowwise.exact_cast(source, target) == survives, (source, target)
+
+
 def test_scaffold_parses_and_plans():
     text = family.scaffold("my_rms")
     plan = family.plan(parse(text))

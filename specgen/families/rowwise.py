@@ -517,7 +517,8 @@ class DerivedBackward:
     call: str                      # its arguments, in the forward's names
     results: tuple[str, ...]       # its results, the gradients of these forward tensors
     grads: tuple[str, ...]         # the gradient of every forward argument, or None
-    dtype: str | None              # the forward's dtype argument, which the derived op lacks
+    dtype: str | None              # the forward's dtype argument, which the derived op lacks:
+                                   # it serves casts that leave x's values exact (exact_cast)
     # the forward's optional tensors, which the derived op needs, each with the value it stands
     # for when omitted ([rows] absent): the derived op then reads a tensor of that value
     absent: tuple[tuple[str, float], ...] = ()

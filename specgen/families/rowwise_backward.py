@@ -24,9 +24,11 @@ A tensor read along the rows (a weight, a bias) has the same element-wise gradie
 the rows: the derived op's column outputs ([columns]), which its kernels sum as they go.
 
 Derived for the ops whose outputs are all element-wise and whose step scales read no step; others
-keep the backward by reference. The derived op takes every tensor (an omitted optional one makes
-the forward fall back to the reference's gradient), and leaves out a forward's dtype argument:
-it serves calls without a dtype cast.
+keep the backward by reference. The derived op takes every tensor (the forward passes an omitted
+optional one as the constant it stands for, where x's dtype holds it), and leaves out a forward's
+dtype argument: it serves calls whose dtype= cast leaves x's values as they are (bfloat16 x,
+dtype=float32, as attention code calls softmax), given the output's gradient in that dtype; a
+cast that rounds x (float32 to float16) takes the reference's gradient.
 """
 
 from __future__ import annotations

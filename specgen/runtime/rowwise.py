@@ -8,6 +8,7 @@ and ``COL_RANK`` reduced dims to split an index into. Nothing is copied.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -154,6 +155,20 @@ def stand_ins(x: torch.Tensor, reduced: tuple[int, ...],
             tensor = torch.full(column_shape(x, reduced), value, dtype=x.dtype, device=x.device)
         out.append(tensor)
     return tuple(out)
+
+
+@functools.cache
+def exact_cast(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether every value of dtype ``source`` is one of ``target`` (bfloat16 and float16 to
+    float32): a forward's dtype= cast to ``target`` then leaves x's values as they are, so its
+    derived backward op, which computes without the cast, serves the call."""
+    if source == target:
+        return True
+    wide, narrow = torch.finfo(target), torch.finfo(source)
+    # more significand bits, a larger max and a smaller least normal: every normal and
+    # subnormal value of the narrow dtype is a value of the wide one
+    return (wide.eps <= narrow.eps and wide.max >= narrow.max
+            and wide.smallest_normal <= narrow.smallest_normal)
 
 
 def empty_columns(x: torch.Tensor, reduced: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
