@@ -4,7 +4,11 @@ call's host time goes: its parts alone (the forward, the derived backward op), a
 autograd.Function (the floor of any Function), the call with every replayed launch skipped (its
 Python alone), and cProfile's functions of most own time (``--cprofile N``).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/probe_backward_host.py [--cprofile N]
+``--flushed``: each op's fwd+bwd (4096x4096) timed as bench/ times it (a 256 MB fill, then the
+call between CUDA events), with the host's own time of the call beside the events' span, and a
+count of the calls that synchronize with the device (torch's sync debug mode).
+
+Usage (GPU machine): PYTHONPATH=. python3 tools/probe_backward_host.py [--cprofile N] [--flushed]
 """
 
 import argparse
@@ -74,6 +78,20 @@ class Identity(torch.autograd.Function):
         return grad
 
 
+class Minimal(torch.autograd.Function):
+    """Our forward and derived backward op, replayed, in the least Python a Function needs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return generated.softmax(x, -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return generated.softmax_backward(x, grad, -1)
+
+
 def parts(x, g, calls: int = 50) -> None:
     """Our softmax fwd+bwd's parts, and the whole of it with no launches (64x64: host-bound)."""
     w = torch.randn(x.shape[-1], device=x.device, dtype=x.dtype, requires_grad=True)
@@ -88,6 +106,9 @@ def parts(x, g, calls: int = 50) -> None:
         "torch layer_norm fwd+bwd": lambda: torch.autograd.grad(
             torch.nn.functional.layer_norm(x, x.shape[-1:], w, b), (x, w, b), g),
         "empty Function fwd+bwd": lambda: torch.autograd.grad(Identity.apply(x), x, g),
+        "empty Function forward": lambda: Identity.apply(x),
+        "minimal Function fwd+bwd": lambda: torch.autograd.grad(Minimal.apply(x), x, g),
+        "minimal Function forward": lambda: Minimal.apply(x),
     }
     for name, fn in forms.items():
         host, wall = host_us(fn, calls)
@@ -102,10 +123,61 @@ def parts(x, g, calls: int = 50) -> None:
         replay._Launch.__call__ = launch
 
 
+def flushed(iterations: int = 60) -> None:
+    """bench/'s fwd+bwd rows, call by call: the events' span against the host's time of the call."""
+    import warnings
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(x)
+    w = torch.randn(4096, device="cuda", dtype=x.dtype, requires_grad=True)
+    b = torch.randn_like(w, requires_grad=True)
+    F = torch.nn.functional
+    forms = {
+        "softmax ours": lambda: torch.autograd.grad(generated.softmax(x, -1), x, g),
+        "softmax torch": lambda: torch.autograd.grad(torch.softmax(x, -1), x, g),
+        "layer_norm ours": lambda: torch.autograd.grad(generated.layer_norm(x, [4096], w, b), (x, w, b), g),
+        "layer_norm torch": lambda: torch.autograd.grad(F.layer_norm(x, [4096], w, b), (x, w, b), g),
+        "rms_norm ours": lambda: torch.autograd.grad(generated.rms_norm(x, [4096], w), (x, w), g),
+        "rms_norm torch": lambda: torch.autograd.grad(F.rms_norm(x, [4096], w), (x, w), g),
+    }
+    cache = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    for name, fn in forms.items():
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            fn()
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [str(c.message).splitlines()[0] for c in caught]
+        spans, hosts = [], []
+        for _ in range(iterations):
+            cache.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            fn()
+            hosts.append((time.perf_counter() - t0) * 1e6)
+            end.record()
+            spans.append((start, end))
+        torch.cuda.synchronize()
+        events = sorted(s.elapsed_time(e) * 1e3 for s, e in spans)
+        hosts.sort()
+        mid = iterations // 2
+        print(f"flushed {name:18s}: events {events[mid]:7.1f} us (p10 {events[iterations // 10]:7.1f}, "
+              f"p90 {events[-iterations // 10]:7.1f}); host {hosts[mid]:7.1f} us "
+              f"(p10 {hosts[iterations // 10]:7.1f}, p90 {hosts[-iterations // 10]:7.1f}); "
+              f"syncs {len(syncs)} {syncs[:2]}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cprofile", type=int, default=0)
+    parser.add_argument("--flushed", action="store_true")
     args = parser.parse_args()
+    if args.flushed:
+        flushed()
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn_like(x)
     small = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
