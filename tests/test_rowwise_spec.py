@@ -233,7 +233,10 @@ def test_online_pattern_is_recognized():
     (4096, 4096, True, "single"),
     (32768, 1024, False, "single"),
     (1024, 16384, True, "single"),      # still fits in registers, and 1024 rows fill the GPU
-    (1024, 32768, True, "online"),
+    # re-read from L2, a max pass costs less than the online update's exp and selects
+    (1024, 32768, True, "looped"),
+    (1024, 20000, True, "looped"),
+    (1024, 32769, True, "online"),
     (1024, 65536, True, "online"),
     (1024, 65536, False, "looped"),
     (8, 262144, False, "split"),

@@ -1,6 +1,7 @@
 """GPU sweep of the row-wise planner constants and strategies: one line per variant.
 
-For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in bench/rowwise.py:
+For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in bench/rowwise.py
+(``--only`` also takes log_softmax and logsumexp; ``--dtype`` another input dtype):
 
 - part ``single``: the single-tile kernel at 32768x1024 and 4096x4096 over
   ``TILE_TARGET`` x ``ELEMENTS_PER_THREAD`` (specgen.runtime.rowwise constants, patched here;
@@ -10,7 +11,10 @@ For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in ben
   single), the chunked kernels tuned (also on persistent grids of 1, 2, 4 programs per SM: fewer
   rows in flight keep the re-read rows in L2), then with each config of their space forced, then
   two wider chunks outside it;
-- part ``split``: 8x262144 split (tuned, then each config), looped/online for comparison.
+- part ``split``: 8x262144 split (tuned, then each config), looped/online for comparison;
+- part ``long``: looped against online (the ops that have it), each tuned, over rows from 32768
+  to 262144 elements and as many rows as fill the GPU or more: which ``auto`` should pick past
+  the single tile, and where the rows in flight stop fitting in L2.
 
 Columns: ``graph`` = do_bench median of a CUDA-graph replay of the op call (L2 flushed before each
 replay; the graph leaves out the host's launch path, so this is the kernels' device time);
@@ -45,17 +49,29 @@ from specgen.runtime import override, rowwise
 # the module (specgen.runtime exports its function launch under the same name)
 launch = importlib.import_module("specgen.runtime.launch")
 
-OPS = ("softmax", "layer_norm", "rms_norm")
-VECTORS = {"softmax": 0, "layer_norm": 2, "rms_norm": 1}   # weight, bias
+OPS = ("softmax", "layer_norm", "rms_norm", "log_softmax", "logsumexp")
+VECTORS = {"softmax": 0, "layer_norm": 2, "rms_norm": 1, "log_softmax": 0,
+           "logsumexp": 0}   # weight, bias
 DTYPE = torch.bfloat16
 TILE_TARGETS = (2048, 4096, 8192, 16384)
 ELEMENTS_PER_THREAD = (8, 16, 32)
 # persistent grids: programs per SM
 PERSISTENT_PER_SM = (1, 2, 4)
+# part long: (rows, N) past the single tile's 16384, from one wave of programs to many, and rows
+# whose programs in flight hold more than L2
+LONG_SHAPES = ((264, 32768), (1024, 32768), (4096, 32768), (512, 65536), (2048, 65536),
+               (256, 131072), (4096, 131072), (1024, 262144))
 # configs outside the spec's chunked space: wider chunks (num_stages is left at 1: these loops
 # have no load Triton's pipeliner takes, the TTGIR is the same at 3 stages)
 EXTRA_CHUNKED = ({"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 16},
-                 {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 32})
+                 {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 32},
+                 # several rows a program: each chunk of the weight and bias read from L2 serves
+                 # them all
+                 {"BLOCK_M": 2, "BLOCK_N": 4096, "num_warps": 16},
+                 {"BLOCK_M": 2, "BLOCK_N": 4096, "num_warps": 32},
+                 {"BLOCK_M": 2, "BLOCK_N": 8192, "num_warps": 32},
+                 {"BLOCK_M": 4, "BLOCK_N": 2048, "num_warps": 16},
+                 {"BLOCK_M": 4, "BLOCK_N": 4096, "num_warps": 32})
 
 
 def module(op: str):
@@ -64,7 +80,7 @@ def module(op: str):
 
 def call(op: str, x: torch.Tensor, vectors: list[torch.Tensor]):
     fn = getattr(module(op), op)
-    if op == "softmax":
+    if op in ("softmax", "log_softmax", "logsumexp"):
         return lambda: fn(x, -1)
     return lambda: fn(x, [x.shape[-1]], *vectors)
 
@@ -105,7 +121,9 @@ class Sweep:
     def run(self, op: str, rows: int, n: int, variant: str, knobs: dict, note: str = "") -> None:
         x = torch.randn(rows, n, device="cuda", dtype=DTYPE)
         vectors = [torch.randn(n, device="cuda", dtype=DTYPE) for _ in range(VECTORS[op])]
-        sol = DTYPE.itemsize * (2 * rows * n + len(vectors) * n) / (self.copy_gbps * 1e3)
+        # logsumexp writes a value a row
+        full = 1 if op == "logsumexp" else 2
+        sol = DTYPE.itemsize * (full * rows * n + len(vectors) * n) / (self.copy_gbps * 1e3)
         fn = call(op, x, vectors)
         rowwise._plans.clear()     # the single-tile config is part of the cached launch plan
         launch._tuned.clear()
@@ -177,14 +195,17 @@ class Sweep:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append", choices=OPS)
-    parser.add_argument("--part", action="append", choices=("single", "chunked", "split"))
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--part", action="append", choices=("single", "chunked", "split", "long"))
     args = parser.parse_args()
-    parts = args.part or ("single", "chunked", "split")
+    global DTYPE
+    DTYPE = getattr(torch, args.dtype)
+    parts = args.part or ("single", "chunked", "split", "long")
     copy = harness.measure_copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}, torch "
           f"{torch.__version__}, copy {copy:.0f} GB/s", flush=True)
     sweep = Sweep(copy)
-    for op in args.only or OPS:
+    for op in args.only or OPS[:3]:
         if "single" in parts:
             sweep.single(op)
         if "chunked" in parts:
@@ -195,6 +216,12 @@ def main() -> None:
             for strategy in ("looped", "online"):
                 if strategy in module(op).STRATEGIES:
                     sweep.run(op, 8, 262144, f"{strategy} tuned", {"strategy": strategy})
+        if "long" in parts:
+            for rows, n in LONG_SHAPES:
+                for strategy in ("looped", "online"):
+                    if strategy in module(op).STRATEGIES:
+                        sweep.run(op, rows, n, f"{strategy} tuned", {"strategy": strategy})
+                torch.cuda.empty_cache()
         torch.cuda.empty_cache()
 
 

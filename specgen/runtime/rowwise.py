@@ -33,6 +33,14 @@ SINGLE_MAX = 16384
 SINGLE_LIMIT = 1 << 16
 # auto: rows at least this long are split over several programs when there are few rows
 SPLIT_MIN = 16384
+# auto: past the single tile, rows up to this long (next power of two) take the looped strategy
+# even where the op has the online pattern. The looped max pass re-reads the row from L2, while
+# the online update's rescaling costs an exp and several selects an element: at 1024x32768 bf16
+# (H200) softmax took 42.9 us looped against 53.5 online, 4096x32768 144 against 193 (float32
+# 80.5 / 86, log_softmax and logsumexp alike). At 65536 they tie (bfloat16) or online wins
+# (float32, 5-11%), and past it the rows in flight outgrow L2, the re-reads go to memory and
+# online wins by 25-35% (tools/sweep_rowwise.py --part long)
+LOOPED_MAX = 32768
 # programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
 SPLIT_PROGRAMS_PER_SM = 4
 # single tile: elements a program moves when rows are short (several rows a program). Small
@@ -299,14 +307,16 @@ def choose_strategy(rows: int, n: int, online: bool, sms: int) -> str:
     """What ``strategy = "auto"`` runs for ``rows`` rows of ``n`` elements.
 
     Few long rows cannot fill the GPU one program per row: split them. Rows whose next power of
-    two fits in registers are read once (single). Longer rows are re-read in chunks, in one pass
-    when the op has the max-then-sum-of-exp pattern (online), else one pass per dependent step.
+    two fits in registers are read once (single). Longer rows are re-read in chunks: one pass per
+    dependent step (looped), or for the longest rows of an op with the max-then-sum-of-exp
+    pattern one pass for both (online), whose extra work an element pays only once the looped
+    re-reads no longer hit L2 (``LOOPED_MAX``).
     """
     if n >= SPLIT_MIN and rows < sms:
         return "split"
     if next_power_of_2(max(n, 1)) <= SINGLE_MAX:
         return "single"
-    return "online" if online else "looped"
+    return "online" if online and next_power_of_2(n) > LOOPED_MAX else "looped"
 
 
 def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n: int,
