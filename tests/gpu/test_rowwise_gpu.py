@@ -107,9 +107,15 @@ def test_int64_indexing_past_2_31_elements():
     x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
     with runtime.record_launches() as launches:
         out = generated.softmax(x, -1)
-    assert [(launch.kernel, launch.index_bits) for launch in launches] == [("online", 64)]
+    # auto reads rows of 32768 looped (rowwise.LOOPED_MAX); online is checked forced
+    assert [(launch.kernel, launch.index_bits) for launch in launches] == [("looped", 64)]
     close(out[-3:], torch.softmax(x[-3:].double(), -1))
     close(out[:2], torch.softmax(x[:2].double(), -1))
+    del out
+    with runtime.override(strategy="online"), runtime.record_launches() as launches:
+        out = generated.softmax(x, -1)
+    assert [(launch.kernel, launch.index_bits) for launch in launches] == [("online", 64)]
+    close(out[-3:], torch.softmax(x[-3:].double(), -1))
     del out
     with runtime.override(strategy="single"):
         out = generated.rms_norm(x, [n])
