@@ -37,9 +37,10 @@ SPLIT_MIN = 16384
 # even where the op has the online pattern. The looped max pass re-reads the row from L2, while
 # the online update's rescaling costs an exp and several selects an element: at 1024x32768 bf16
 # (H200) softmax took 42.9 us looped against 53.5 online, 4096x32768 144 against 193 (float32
-# 80.5 / 86, log_softmax and logsumexp alike). At 65536 they tie (bfloat16) or online wins
-# (float32, 5-11%), and past it the rows in flight outgrow L2, the re-reads go to memory and
-# online wins by 25-35% (tools/sweep_rowwise.py --part long)
+# 80.5 / 86, log_softmax alike; logsumexp, which has no output pass, 39.6 / 37.7 at 1024x32768
+# but 98.8 / 123.1 at 4096x32768). At 65536 they tie (bfloat16) or online wins (float32, 5-11%),
+# and past it the rows in flight outgrow L2, the re-reads go to memory and online wins by 25-35%
+# (tools/sweep_rowwise.py --part long; docs/performance.md, item 000p)
 LOOPED_MAX = 32768
 # programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
 SPLIT_PROGRAMS_PER_SM = 4
