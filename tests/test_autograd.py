@@ -55,6 +55,32 @@ def test_double_backward_matches_torch(op):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "logsumexp", "gelu"])
+def test_double_backward_through_a_gradient_that_reads_the_output(op):
+    # the first gradient's output gradient is computed from y ((y * y * c).sum()), so the second
+    # backward reaches x through that output gradient too, and through the op again: the
+    # recomputed reference must not run on into that path itself (it freed the op's saved
+    # tensors, and the second backward raised) - derived backward ops and by-reference ones alike
+    F = torch.nn.functional
+    calls = {"softmax": (lambda f, x, w: f(x, -1), generated.softmax, torch.softmax),
+             "layer_norm": (lambda f, x, w: f(x, [7], w), generated.layer_norm, F.layer_norm),
+             "logsumexp": (lambda f, x, w: f(x, -1, True), generated.logsumexp, torch.logsumexp),
+             "gelu": (lambda f, x, w: f(x), generated.gelu, F.gelu)}
+    call, ours, theirs = calls[op]
+    x, w = _leaf(4, 7), _leaf(7, seed=1)
+    c, r = _leaf(4, 7, seed=2).detach(), _leaf(4, 7, seed=3).detach()
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    results = []
+    for f, x_, w_ in ((ours, x, w), (theirs, x64, w64)):
+        y = call(f, x_, w_)
+        grad_x, = torch.autograd.grad((y * y * c.to(y.dtype)[..., :y.shape[-1]]).sum(), x_,
+                                      create_graph=True)
+        results.append(torch.autograd.grad((grad_x * r.to(grad_x.dtype)).sum(), (x_, w_),
+                                           allow_unused=True, materialize_grads=True))
+    for got, want in zip(*results):
+        testing.assert_matches(got, want, f"{op} second-order gradient")
+
+
 def test_saved_input_changed_in_place_raises():
     x = _leaf(3, 5)
     hidden = x * 2

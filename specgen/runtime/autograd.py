@@ -49,10 +49,17 @@ def reference_grads(reference: Callable, args: Sequence[object], wanted: Sequenc
 
 
 def _autograd_grads(reference, args, wanted, grads):
-    # the saved tensors are the inputs themselves: the recompute's graph hangs off them, so a
-    # backward under create_graph (grad mode on here) is differentiable again
     create_graph = torch.is_grad_enabled()
+    # the recompute reads fresh views of the wanted inputs: its graph hangs off the inputs
+    # through them, so a backward under create_graph (grad mode on here) is differentiable
+    # again, and autograd.grad stops at them. Given the inputs themselves it would run on into
+    # the graph that made them: a gradient input computed from the op's output (the grad of
+    # (y * y).sum()) leads back to x through the op, a path the outer backward takes itself,
+    # and whose saved tensors the nested call would free
+    args = list(args)
     with torch.enable_grad():
+        for i in wanted:
+            args[i] = args[i].view_as(args[i])
         outputs = reference(*args)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     used = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
