@@ -66,7 +66,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     """
     root = out_dir.resolve().parent
     specs = load_specs(paths, root)
-    wanted = {out_dir / f"{spec.name}.py": render_op(spec) for spec in specs}
+    wanted = {out_dir / f"{spec.name}.py": render_op(spec, out_dir.name) for spec in specs}
     built_from = {spec.source.path for spec in specs}
     removed = []
     if out_dir.is_dir():
@@ -78,7 +78,8 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
                 removed.append(module)
             else:
                 wanted[module] = module.read_text(encoding="utf-8")
-    wanted[out_dir / INDEX] = render_index([m.stem for m in wanted if m.name != INDEX])
+    wanted[out_dir / INDEX] = render_index([m.stem for m in wanted if m.name != INDEX],
+                                           out_dir.name)
 
     changes = []
     for path, text in sorted(wanted.items()):
@@ -93,6 +94,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
 def apply(changes: list[Change], out_dir: Path) -> None:
     """Writes every new file beside its target first, then renames them all into place."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    mode = _file_mode()
     staged: list[tuple[str, Path]] = []
     try:
         for change in changes:
@@ -101,6 +103,8 @@ def apply(changes: list[Change], out_dir: Path) -> None:
             fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{change.path.name}.", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as file:
                 file.write(change.text)
+            # mkstemp makes the file private (0600); a module is read like any other file
+            os.chmod(tmp, mode)
             staged.append((tmp, change.path))
     except BaseException:
         for tmp, _ in staged:
@@ -111,6 +115,13 @@ def apply(changes: list[Change], out_dir: Path) -> None:
     for change in changes:
         if change.text is None:
             change.path.unlink()
+
+
+def _file_mode() -> int:
+    """The mode a new file gets under the process's umask, as ``open`` would create it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def describe(change: Change, base: Path) -> str:

@@ -36,10 +36,11 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render_op(spec: OpSpec) -> str:
+def render_op(spec: OpSpec, out: str = "generated") -> str:
+    """The module of ``spec``, for the package folder ``out`` (its header's rebuild command)."""
     family = FAMILIES[spec.family]
     plan = family.module.plan(spec)
-    return _tidy(environment().get_template(family.template).render(plan=plan))
+    return _tidy(environment().get_template(family.template).render(plan=plan, out=out))
 
 
 def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
@@ -48,8 +49,9 @@ def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
     return derive(spec) if derive is not None else ()
 
 
-def render_index(modules: list[str]) -> str:
-    return _tidy(environment().get_template("__init__.py.jinja").render(modules=sorted(modules)))
+def render_index(modules: list[str], out: str = "generated") -> str:
+    return _tidy(environment().get_template("__init__.py.jinja").render(modules=sorted(modules),
+                                                                        out=out))
 
 
 def _tidy(text: str) -> str:

@@ -1,7 +1,9 @@
 """`specgen build`, `--check`, `list`, `show`, `new`: determinism, staleness, all-or-nothing writes."""
 
 import importlib
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -41,10 +43,28 @@ def test_checked_in_generated_is_current(monkeypatch):
 
 def test_build_is_deterministic(project):
     assert run("build", "specs", "--out", "a")[0] == 0
-    assert run("build", "specs", "--out", "b")[0] == 0
-    first, second = snapshot(project / "a"), snapshot(project / "b")
-    assert first == second and "add.py" in first and "__init__.py" in first
+    first = snapshot(project / "a")
+    shutil.rmtree(project / "a")
+    assert run("build", "specs", "--out", "a")[0] == 0
+    assert snapshot(project / "a") == first and "add.py" in first and "__init__.py" in first
     assert run("build", "specs", "--out", "a") == (0, "nothing to do: up to date\n")
+    # another package differs only in the rebuild command its headers name
+    assert run("build", "specs", "--out", "b")[0] == 0
+    second = {name: text.replace(b"--out b`", b"--out a`")
+              for name, text in snapshot(project / "b").items()}
+    assert second == first
+    assert b"run `specgen build specs/add.toml --out b`" in snapshot(project / "b")["add.py"]
+
+
+def test_modules_are_written_with_the_umask_mode(project):
+    # written through a private temporary file, then renamed: readable as any new file would be
+    previous = os.umask(0o022)
+    try:
+        assert run("build", "specs/relu.toml", "--out", "ops")[0] == 0
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (project / "ops").glob("*.py")}
+    assert modes == {"__init__.py": 0o644, "relu.py": 0o644}
 
 
 def test_header_names_spec_and_hash(project):

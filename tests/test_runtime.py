@@ -2,6 +2,7 @@
 
 import importlib
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,3 +263,16 @@ def test_stand_ins_copy_each_layout_and_keep_one_tensor_one():
     # nothing to tune on where the launch cannot be repeated on a GPU
     kernel = importlib.import_module("generated.sum").inner_kernel
     assert not launch_module.tune_on_stand_ins(kernel, (1,), reals, {}, ("key",))
+
+
+def test_an_op_named_as_a_shipped_one_is_refused_at_import(authored):
+    # authored packages share the specgen:: namespace with generated/: a second registration of
+    # specgen::relu would replace the shipped one in silence (torch.compile calls it)
+    text = open(Path(__file__).parents[1] / "specs" / "relu.toml").read()
+    text = text.replace('reference = "torch.relu(x)"', 'reference = "torch.relu(x) * 2"')
+    text = text.replace('out = "relu(x)"', 'out = "relu(x) * 2"')
+    with pytest.raises(ImportError, match=r"relu: the operator specgen::relu is already "
+                                          r"registered by generated\.relu"):
+        authored(text)
+    x = _x(3, 5)
+    torch.testing.assert_close(torch.ops.specgen.relu(x), torch.relu(x))

@@ -1,4 +1,5 @@
-"""What ``generated.REGISTRY`` holds about each op: enough for tests and tools to call it."""
+"""What ``generated.REGISTRY`` holds about each op (enough for tests and tools to call it), and the
+registration of each op's torch operator."""
 
 from __future__ import annotations
 
@@ -37,3 +38,25 @@ class OpInfo:
     op: Callable                    # torch.ops.specgen.<name>, the registered op
     reference: Callable
     replays: object                 # the generated module's runtime.Replays (tests, tools)
+
+
+# the module that registered each operator name (specgen::<op>), in this process
+_owners: dict[str, str] = {}
+
+
+def triton_op(name: str, mutates_args):
+    """``torch.library.triton_op``, refusing a name another generated module registered first.
+
+    Every package of generated ops registers under one namespace, ``specgen::``: an authored op
+    named as a shipped one (a spec named ``gelu``), imported beside ``generated``, would replace
+    the first registration in silence, and ``torch.ops.specgen.gelu`` (what torch.compile calls)
+    would take the other op's arguments. The same module registering again (a reload) is its own
+    name."""
+    def register(fn):
+        owner = _owners.setdefault(name, fn.__module__)
+        if owner != fn.__module__:
+            raise ImportError(f"{fn.__module__}: the operator {name} is already registered by "
+                              f"{owner}; generated ops share the specgen:: namespace, so this "
+                              f"op's spec needs another [op] name")
+        return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+    return register
