@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from specgen.errors import SpecError, Where, describe
@@ -31,7 +32,8 @@ class Table:
         self._known.append(key)
         if key not in self._data:
             if default is _MISSING:
-                raise self.where.error(f"missing required key '{key}' ({_TYPE_NAMES[kind]})")
+                raise self.where.error(f"missing required key '{key}' ({_TYPE_NAMES[kind]})"
+                                       f"{self.misspelling(key)}")
             return default
         value = self._data.pop(key)
         return check_type(value, kind, self.where.child(key))
@@ -53,7 +55,8 @@ class Table:
         self._known.append(key)
         if key not in self._data:
             if required:
-                raise self.where.error(f"missing required table [{self._qualified(key)}]")
+                raise self.where.error(f"missing required table [{self._qualified(key)}]"
+                                       f"{self.misspelling(key)}")
             return None
         value = self._data.pop(key)
         where = self.where.child(key)
@@ -65,6 +68,15 @@ class Table:
         """Takes the next key in file order, for tables whose keys are user names."""
         key = next(iter(self._data))
         return key, self._data.pop(key), self.where.child(key)
+
+    def misspelling(self, *keys: str) -> str:
+        """For an error about missing ``keys``: a key left in the table that looks like one of
+        them (``refrence`` for ``reference``), named, else nothing."""
+        for key in keys:
+            close = difflib.get_close_matches(key, list(self._data), n=1, cutoff=0.6)
+            if close:
+                return f"; found '{close[0]}' (a misspelling of '{key}'?)"
+        return ""
 
     def finish(self) -> None:
         if self._data:

@@ -46,6 +46,12 @@ CASES = [
     ("unknown table", "[compute]", "[extras]\nk = 1\n[compute]", "extras", "unknown table 'extras'"),
     ("wrong type", 'name = "scaled_add"', "name = 3", "op.name", "expected a string, got an integer 3"),
     ("missing field", 'reference = "x + alpha * y"', "", "op", "missing required key 'reference'"),
+    # a misspelled required key is named with the key it is missing for
+    ("misspelled field", 'reference = "x + alpha * y"', 'refrence = "x + alpha * y"', "op",
+     "missing required key 'reference' (a string); found 'refrence' (a misspelling of "
+     "'reference'?)"),
+    ("misspelled table", '[compute]', '[computes]', "",
+     "missing required table [compute]; found 'computes' (a misspelling of 'compute'?)"),
     ("missing table", '[compute]\nout = "x + alpha * y"', "", "",
      "missing required table [compute]"),
     ("block not a power of two", "[compute]", "[tuning]\nBLOCK = [1000]\n[compute]", "tuning.BLOCK",
@@ -70,6 +76,9 @@ CASES = [
      "name 'beta' is used but not declared (declared: alpha, x, y)"),
     ("non-integer power", 'out = "x + alpha * y"', 'out = "x ** 0.5"', "compute.out",
      "only integer constant powers"),
+    ("unknown torch function in reference", 'reference = "x + alpha * y"',
+     'reference = "F.gelux(x + alpha * y)"', "op.reference",
+     "'F.gelux' does not exist (F is torch.nn.functional; it has no attribute 'gelux')"),
     ("undeclared in reference", 'reference = "x + alpha * y"', 'reference = "np.add(x, y)"',
      "op.reference", "name 'np' is used but not declared"),
     ("unknown arg kind", 'y = "tensor"', 'y = "matrix"', "args.y.kind", "unknown kind 'matrix'"),

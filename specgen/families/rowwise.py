@@ -175,7 +175,8 @@ def _parse_axis(rows: Table, args: dict) -> tuple[str | int | None, str | None]:
     shape = rows.pop("normalized_shape", str, None)
     if (raw_dim is None) == (shape is None):
         raise rows.where.error("give exactly one of 'dim' (an int argument or an integer) and "
-                               "'normalized_shape' (a shape argument)")
+                               "'normalized_shape' (a shape argument)"
+                               f"{rows.misspelling('dim', 'normalized_shape')}")
     if shape is not None:
         arg = args.get(shape)
         if not (isinstance(arg, ScalarArg) and arg.type == "shape"):
