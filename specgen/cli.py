@@ -64,8 +64,14 @@ def build(paths: tuple[Path, ...], out_dir: Path, check: bool) -> None:
 @_fail_on_spec_error
 def list_ops(paths: tuple[Path, ...]) -> None:
     """List the ops the specs in PATHS define (default: specs/)."""
-    for spec in builder.load_specs(paths or (DEFAULT_SPECS,), Path.cwd()):
-        click.echo(f"{spec.name:<20} {spec.family:<10} {spec.source.path:<32} {spec.doc}")
+    specs = builder.load_specs(paths or (DEFAULT_SPECS,), Path.cwd())
+    # columns as wide as their longest entry (derived ops have long names)
+    widths = [max((len(text) for text in column), default=0)
+              for column in zip(*((s.name, s.family, s.source.path) for s in specs))]
+    for spec in specs:
+        cells = (spec.name, spec.family, spec.source.path)
+        click.echo(" ".join(f"{cell:<{width}}" for cell, width in zip(cells, widths))
+                   + f" {spec.doc}")
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""Hypothesis profiles for the two tiers (pick one with SPECGEN_PROFILE; default: by tier), the
+"""The hypothesis profile (specgen.testing.use_profile: SPECGEN_PROFILE, default by tier), the
 GPU marker's skip on the CPU tier, one big_memory test at a time under pytest-xdist, each test's
 launches finished in its own teardown, and the `authored` fixture (the module of a spec written in a test)."""
 
@@ -8,27 +8,12 @@ import os
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
+from specgen import testing
 from specgen.runtime import interpreting
 
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
-
-# CPU tier: the interpreter runs every program in numpy, so few, small examples per op
-settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK,
-                          print_blob=True)
-# GPU tier: real compilation, many more examples
-settings.register_profile("gpu", max_examples=50, deadline=None, suppress_health_check=_SLOW_OK,
-                          print_blob=True)
-# hunting a rare failure: many examples (SPECGEN_EXAMPLES), no shrinking, which on a GPU can
-# outlast a device call; the failing example is reported as drawn
-settings.register_profile("hunt", max_examples=int(os.environ.get("SPECGEN_EXAMPLES", "500")),
-                          deadline=None, suppress_health_check=_SLOW_OK, print_blob=True,
-                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
-# a quick look while editing
-settings.register_profile("dev", max_examples=5, deadline=None, suppress_health_check=_SLOW_OK)
-
-settings.load_profile(os.environ.get("SPECGEN_PROFILE", "ci" if interpreting() else "gpu"))
+# the hypothesis profiles an author's tests load too (specgen/testing/profiles.py)
+testing.use_profile()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,6 +19,7 @@ from specgen.testing.cross_entropy import cross_entropy_cases
 from specgen.testing.grad import PATHS, check_grad
 from specgen.testing.matmul import matmul_cases
 from specgen.testing.pointwise import pointwise_cases
+from specgen.testing.profiles import use_profile
 from specgen.testing.reduce import reduce_cases
 from specgen.testing.rowwise import rowwise_cases
 
@@ -33,5 +34,5 @@ CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
 __all__ = [
     "CASES", "Case", "Layout", "Observe", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",
     "check_case", "check_grad", "device", "draw_case", "knobs", "layouts", "make_tensor", "max_numel", "reference64",
-    "PATHS", "scalar_value", "shapes", "sizes",
+    "PATHS", "scalar_value", "shapes", "sizes", "use_profile",
 ]
