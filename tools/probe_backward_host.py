@@ -20,6 +20,7 @@ import torch
 
 import generated
 from specgen.runtime import replay
+from tools.probe_function_forms import Launch
 
 
 def host_us(fn, calls=50):
@@ -78,20 +79,6 @@ class Identity(torch.autograd.Function):
         return grad
 
 
-class Minimal(torch.autograd.Function):
-    """Our forward and derived backward op, replayed, in the least Python a Function needs."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return generated.softmax(x, -1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, = ctx.saved_tensors
-        return generated.softmax_backward(x, grad, -1)
-
-
 def parts(x, g, calls: int = 50) -> None:
     """Our softmax fwd+bwd's parts, and the whole of it with no launches (64x64: host-bound)."""
     w = torch.randn(x.shape[-1], device=x.device, dtype=x.dtype, requires_grad=True)
@@ -107,8 +94,8 @@ def parts(x, g, calls: int = 50) -> None:
             torch.nn.functional.layer_norm(x, x.shape[-1:], w, b), (x, w, b), g),
         "empty Function fwd+bwd": lambda: torch.autograd.grad(Identity.apply(x), x, g),
         "empty Function forward": lambda: Identity.apply(x),
-        "minimal Function fwd+bwd": lambda: torch.autograd.grad(Minimal.apply(x), x, g),
-        "minimal Function forward": lambda: Minimal.apply(x),
+        "minimal Function fwd+bwd": lambda: torch.autograd.grad(Launch.apply(x), x, g),
+        "minimal Function forward": lambda: Launch.apply(x),
     }
     for name, fn in forms.items():
         host, wall = host_us(fn, calls)

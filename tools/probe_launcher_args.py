@@ -5,12 +5,12 @@ compiled kernel's launcher as a replay starts it, and through JITFunction's own 
 Usage (GPU machine): PYTHONPATH=. python3 tools/probe_launcher_args.py
 """
 
-import time
-
 import torch
 import triton
 import triton.language as tl
 from triton.runtime import driver
+
+from tools.probe_function_forms import host_us
 
 
 @triton.jit
@@ -30,20 +30,6 @@ def _many(x_ptr, w_ptr, b_ptr, out_ptr, n, a1, a2, a3, a4, a5, a6, a7, a8, a9, a
     value = tl.load(x_ptr + offs, mask=offs < n) + tl.load(w_ptr + offs, mask=offs < n) \
         + tl.load(b_ptr + offs, mask=offs < n)
     tl.store(out_ptr + offs, value + total, mask=offs < n)
-
-
-def host_us(fn, calls=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return min(best)
 
 
 def main():

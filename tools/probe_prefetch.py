@@ -16,7 +16,8 @@ import itertools
 import torch
 import triton
 import triton.language as tl
-import triton.testing
+
+from tools.sweep_rowwise import graph_us
 
 
 @triton.jit
@@ -111,15 +112,6 @@ def _softmax(x_ptr, out_ptr, N, stride, BLOCK_N: tl.constexpr, PREFETCH: tl.cons
             cols = start + offs
             x = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
             tl.store(out_row + cols, (tl.exp(x - shift) * inv).to(out_ptr.dtype.element_ty), mask=cols < N)
-
-
-def graph_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=40, return_mode="median") * 1e3
 
 
 def main():
