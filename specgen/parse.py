@@ -168,31 +168,32 @@ def _check_reference(reference: str, where: Where, args: tuple[Arg, ...],
         if isinstance(node, ast.Name) and node.id not in known:
             raise where.error(f"name '{node.id}' is used but not declared; a reference may use "
                               f"the arguments and {', '.join(REFERENCE_NAMES)}")
-    _check_attributes(tree, where, known - {a.name for a in args})
+    _check_attributes(tree, where, shadowed={a.name for a in args})
 
 
-# the modules a reference's names stand for (an argument of the same name shadows one)
+# the modules a reference's names stand for
 _REFERENCE_MODULES = {"torch": "torch", "F": "torch.nn.functional", "math": "math"}
 
 
-def _check_attributes(tree: ast.expr, where: Where, modules: set[str]) -> None:
-    """Each attribute a reference takes from torch, F or math exists: a misspelled function
-    (``F.gelux``) is a spec error at build time rather than an AttributeError at the first
-    backward or test."""
+def _check_attributes(tree: ast.expr, where: Where, shadowed: set[str]) -> None:
+    """Each attribute a reference takes from torch, F or math exists (an argument of the same
+    name shadows the module): a misspelled function (``F.gelux``) is a spec error at build time
+    rather than an AttributeError at the first backward or test."""
     for node in ast.walk(tree):
         chain, root = [], node
         while isinstance(root, ast.Attribute):
             chain.append(root.attr)
             root = root.value
-        if not chain or not isinstance(root, ast.Name) or root.id not in _REFERENCE_MODULES:
+        if (not chain or not isinstance(root, ast.Name) or root.id not in _REFERENCE_MODULES
+                or root.id in shadowed):
             continue
-        if root.id not in modules:
-            continue
-        value, path = importlib.import_module(_REFERENCE_MODULES[root.id]), root.id
+        module = _REFERENCE_MODULES[root.id]
+        value, path = importlib.import_module(module), root.id
         for attr in reversed(chain):
             if not hasattr(value, attr):
-                raise where.error(f"'{path}.{attr}' does not exist ({path} is "
-                                  f"{_REFERENCE_MODULES.get(path, path)}; it has no attribute "
+                # an alias is named with the module it stands for (F is torch.nn.functional)
+                alias = f"{path} is {module}; it" if path == root.id != module else path
+                raise where.error(f"'{path}.{attr}' does not exist ({alias} has no attribute "
                                   f"'{attr}')")
             value, path = getattr(value, attr), f"{path}.{attr}"
 

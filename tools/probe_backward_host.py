@@ -20,7 +20,9 @@ import torch
 
 import generated
 from specgen.runtime import replay
-from tools.probe_function_forms import Launch
+# torch's softmax kernels in a Function (backward by its formula, no nested engine call), an
+# empty Function and ours in the least Python a Function needs
+from tools.probe_function_forms import Launch, TorchOps, View
 
 
 def host_us(fn, calls=50):
@@ -52,33 +54,6 @@ class Nested(torch.autograd.Function):
         return torch.autograd.grad(y, x, grad)[0]
 
 
-class Direct(torch.autograd.Function):
-    """torch's softmax forward; backward by its formula, no nested engine call."""
-
-    @staticmethod
-    def forward(ctx, x):
-        y = torch.softmax(x, -1)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        y, = ctx.saved_tensors
-        return torch._softmax_backward_data(grad, y, -1, y.dtype)
-
-
-class Identity(torch.autograd.Function):
-    """No work: what any autograd.Function's forward and backward cost the host."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
 def parts(x, g, calls: int = 50) -> None:
     """Our softmax fwd+bwd's parts, and the whole of it with no launches (64x64: host-bound)."""
     w = torch.randn(x.shape[-1], device=x.device, dtype=x.dtype, requires_grad=True)
@@ -92,8 +67,8 @@ def parts(x, g, calls: int = 50) -> None:
             generated.layer_norm(x, x.shape[-1:], w, b), (x, w, b), g),
         "torch layer_norm fwd+bwd": lambda: torch.autograd.grad(
             torch.nn.functional.layer_norm(x, x.shape[-1:], w, b), (x, w, b), g),
-        "empty Function fwd+bwd": lambda: torch.autograd.grad(Identity.apply(x), x, g),
-        "empty Function forward": lambda: Identity.apply(x),
+        "empty Function fwd+bwd": lambda: torch.autograd.grad(View.apply(x), x, g),
+        "empty Function forward": lambda: View.apply(x),
         "minimal Function fwd+bwd": lambda: torch.autograd.grad(Launch.apply(x), x, g),
         "minimal Function forward": lambda: Launch.apply(x),
     }
@@ -175,7 +150,7 @@ def main():
         "ours forward only": lambda x, g: generated.softmax(x, -1),
         "ours via torch.ops": lambda x, g: torch.autograd.grad(torch.ops.specgen.softmax(x, -1, None), x, g),
         "Function, nested grad": lambda x, g: torch.autograd.grad(Nested.apply(x), x, g),
-        "Function, direct": lambda x, g: torch.autograd.grad(Direct.apply(x), x, g),
+        "Function, direct": lambda x, g: torch.autograd.grad(TorchOps.apply(x), x, g),
     }
     for rnd in range(2):
         for name, fn in forms.items():

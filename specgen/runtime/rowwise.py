@@ -160,10 +160,17 @@ def stand_ins(x: torch.Tensor, reduced: tuple[int, ...],
     that dtype does not hold the value exactly (the forward computes with it in float32)."""
     out = []
     for tensor, value in tensors:
-        if tensor is None and torch.tensor(value, dtype=x.dtype).item() == value:
+        if tensor is None and _holds(x.dtype, value):
             tensor = torch.full(column_shape(x, reduced), value, dtype=x.dtype, device=x.device)
         out.append(tensor)
     return tuple(out)
+
+
+@functools.cache
+def _holds(dtype: torch.dtype, value: float) -> bool:
+    """Whether ``dtype`` holds ``value`` exactly (asked by every eager backward that stands in
+    for an omitted tensor: answered once)."""
+    return torch.tensor(value, dtype=dtype).item() == value
 
 
 @functools.cache
