@@ -134,6 +134,15 @@ def test_an_unused_output_gets_a_zero_gradient():
         testing.assert_matches(g, w, "add_rms_norm grad through the norm")
 
 
+def test_an_eager_output_names_its_op_in_grad_fn():
+    # each op applies its own autograd.Function, as torch's ops have their own nodes
+    x, residual, weight = _leaf(3, 6), _leaf(3, 6, seed=1), _leaf(6, seed=2)
+    names = {type(generated.softmax(x, -1).grad_fn).__name__,
+             type(generated.gelu(x).grad_fn).__name__,
+             type(generated.add_rms_norm(x, residual, weight)[1].grad_fn).__name__}
+    assert names == {"SpecgenSoftmaxBackward", "SpecgenGeluBackward", "SpecgenAddRmsNormBackward"}
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_a_derived_backward_runs_its_own_kernel(op):
     # an eager backward of an op whose spec derives a backward op launches that op's kernel (the
