@@ -656,8 +656,10 @@ def _check_inputs(x, normalized_shape, weight, eps):
     rt.check_tensors(NAME, tensors, DTYPES)
     rt.check_scalar(NAME, "eps", eps, float, optional=True)
     if eps is None:
-        # None means the machine epsilon of the input's dtype, as torch does
-        eps = torch.finfo(x.dtype).eps
+        # None means the machine epsilon of the math dtype, float32, whatever the input's: torch's
+        # kernels take their opmath type's (its docs say the input's, which a 16-bit x would
+        # make 8000x larger)
+        eps = torch.finfo(torch.float32).eps
     shape = rowwise.as_shape(NAME, "normalized_shape", normalized_shape)
     reduced = rowwise.reduced_by_shape(NAME, "normalized_shape", x, shape)
     rowwise.check_like(NAME, "x", x, {})

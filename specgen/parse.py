@@ -17,7 +17,7 @@ from specgen.table import Table, check_type, parse_list
 ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape", "dtype")
 _SCALAR_TYPES = {"float": float, "int": int, "bool": bool, "shape": list}
 # names a reference expression may use besides the op's arguments
-REFERENCE_NAMES = ("torch", "F", "math")
+REFERENCE_NAMES = ("torch", "F", "math", "ref")
 
 
 def relative_path(path: Path, root: Path) -> str:
@@ -167,16 +167,17 @@ def _check_reference(reference: str, where: Where, args: tuple[Arg, ...],
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in known:
             raise where.error(f"name '{node.id}' is used but not declared; a reference may use "
-                              f"the arguments and {', '.join(REFERENCE_NAMES)}")
+                              f"the arguments and {', '.join((*family_names, *REFERENCE_NAMES))}")
     _check_attributes(tree, where, shadowed={a.name for a in args})
 
 
 # the modules a reference's names stand for
-_REFERENCE_MODULES = {"torch": "torch", "F": "torch.nn.functional", "math": "math"}
+_REFERENCE_MODULES = {"torch": "torch", "F": "torch.nn.functional", "math": "math",
+                      "ref": "specgen.references"}
 
 
 def _check_attributes(tree: ast.expr, where: Where, shadowed: set[str]) -> None:
-    """Each attribute a reference takes from torch, F or math exists (an argument of the same
+    """Each attribute a reference takes from torch, F, math or ref exists (an argument of the same
     name shadows the module): a misspelled function (``F.gelux``) is a spec error at build time
     rather than an AttributeError at the first backward or test."""
     for node in ast.walk(tree):

@@ -49,7 +49,8 @@ def parse(text):
     ('map = "x * x"', 'map = "x"\n[tuning]\nINNER = [[3, 64]]', "tuning.INNER",
      "expected [kept, reduced] pairs of powers of two"),
     ('reference = "torch.sum(x * x, dim=dim, keepdim=keepdim)"', 'reference = "torch.sum(x, dims)"',
-     "op.reference", "name 'dims' is used but not declared"),
+     "op.reference", "name 'dims' is used but not declared; a reference may use the arguments "
+     "and dim, keepdim, torch, F, math, ref"),
     ('name = "sumsq"', 'name = "strided_offsets"', "op.name",
      "'strided_offsets' is the name of a reduce_lib helper"),
     ('name = "sumsq"', 'name = "sum_combine_f32"', "op.name", "reduce_lib helper"),
@@ -213,6 +214,26 @@ def test_prod_of_signed_values_matches_torch(strategy):
         for dim in (0, 1):
             torch.testing.assert_close(generated.prod(x, dim), torch.prod(x.double(), dim).float(),
                                        rtol=1e-4, atol=1e-30)
+
+
+@pytest.mark.parametrize("dim", [1, (0, 2), None, []])
+def test_prod_gradient_at_zeros_and_negative_values_matches_torch(dim):
+    # the property suite draws prod's x near 1 (its products must stay finite in float16);
+    # here signed values and exact zeros, one or two in a slice, whose gradients torch.prod
+    # gives exactly (0 except at a lone zero, whose gradient is the product of the others)
+    generator = torch.Generator().manual_seed(0)
+    x64 = torch.rand(3, 4, 2, generator=generator, dtype=torch.float64) * 3 - 1.5
+    x64[0, 1, 0] = x64[1, 2, 1] = x64[1, 3, 1] = 0.0
+    x = x64.float().to(testing.device()).requires_grad_()
+    grad_out = torch.randn(generated.prod(x.detach(), dim).shape, generator=generator,
+                           dtype=torch.float64)
+    got, = torch.autograd.grad(generated.prod(x, dim), x, grad_out.float().to(testing.device()))
+    # torch.prod takes one dim: the reduced dims moved last and flattened into one
+    dims = (0, 1, 2) if dim in (None, []) else (dim,) if isinstance(dim, int) else dim
+    leaf = x64.clone().requires_grad_()
+    rows = leaf.movedim(dims, tuple(range(3 - len(dims), 3))).flatten(3 - len(dims))
+    want, = torch.autograd.grad(torch.prod(rows, -1), leaf, grad_out)
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [

@@ -313,6 +313,25 @@ def test_rms_norm_keeps_channels_last_as_torch_does():
         assert generated.layer_norm(x, (x.shape[-1],)).is_contiguous()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_eps_none_is_what_torch_computes(dtype):
+    """torch's docs say eps=None is finfo(x.dtype).eps; its kernels take float32's for 16-bit
+    inputs too (their math type). Rows of small values, where the two differ by 2x or more,
+    against torch's own function at the same dtype, forward and backward."""
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 16, generator=generator) * 1e-3).to(dtype).to(device())
+    weight = torch.rand(16, generator=generator).to(dtype).to(device())
+    grad_out = torch.randn(4, 16, generator=generator).to(dtype).to(device())
+    results = []
+    for f in (generated.rms_norm, F.rms_norm):
+        leaf, w = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = f(leaf, [16], w)
+        results.append((out, *torch.autograd.grad(out, (leaf, w), grad_out)))
+    tolerance = {torch.float32: 1e-5}.get(dtype, 2e-2)
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
 def test_repeated_calls_reuse_the_launch_plan_and_the_tuned_config():
     x = randn(5, 40)
     for strategy in ["looped", "split"]:

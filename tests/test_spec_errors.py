@@ -80,7 +80,11 @@ CASES = [
      'reference = "F.gelux(x + alpha * y)"', "op.reference",
      "'F.gelux' does not exist (F is torch.nn.functional; it has no attribute 'gelux')"),
     ("undeclared in reference", 'reference = "x + alpha * y"', 'reference = "np.add(x, y)"',
-     "op.reference", "name 'np' is used but not declared"),
+     "op.reference", "name 'np' is used but not declared; a reference may use the arguments and "
+     "torch, F, math, ref"),
+    ("ref function that does not exist", 'reference = "x + alpha * y"',
+     'reference = "ref.sum(x, y)"', "op.reference",
+     "'ref.sum' does not exist (ref is specgen.references; it has no attribute 'sum')"),
     ("unknown arg kind", 'y = "tensor"', 'y = "matrix"', "args.y.kind", "unknown kind 'matrix'"),
     ("choice default", 'alpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "choice", values = ["a", "b"], default = "c" }', "args.alpha.default",

@@ -176,7 +176,8 @@ class CommonPlan:
         names = {n.id for n in ast.walk(ast.parse(self.reference, mode="eval"))
                  if isinstance(n, ast.Name)}
         return tuple(line for name, line in (("math", "import math"),
-                                              ("F", "import torch.nn.functional as F"))
+                                              ("F", "import torch.nn.functional as F"),
+                                              ("ref", "from specgen import references as ref"))
                      if name in names)
 
     @property

@@ -65,7 +65,7 @@ class RowwiseBody:
     normalized_shape: str | None         # a shape argument: reduce over the trailing dims
     along: tuple[str, ...]               # tensors of the reduced shape, read along each row
     absent: tuple[tuple[str, float], ...]  # the value an omitted optional tensor stands for
-    finfo_eps: tuple[str, ...]           # optional floats that mean finfo(x.dtype).eps when None
+    finfo_eps: tuple[str, ...]           # optional floats that mean finfo(float32).eps when None
     keepdim: str | None                  # a bool argument: per-row outputs keep the reduced dims
     dtype: str | None                    # a dtype argument: the row tensor is cast to it first
     steps: tuple[Step, ...]

@@ -126,8 +126,9 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     none_floats = [a.name for a in info.args if a.kind == "float" and a.optional
                    and args[a.name] is None]
     if none_floats:
-        # torch reads None as finfo(x.dtype).eps; the float64 reference would take float64's
-        reference_args = {**args, **{n: torch.finfo(dtype).eps for n in none_floats}}
+        # torch reads None as the eps of its math type, float32 for every dtype drawn here; the
+        # float64 reference would take float64's
+        reference_args = {**args, **{n: torch.finfo(torch.float32).eps for n in none_floats}}
     cast = [a.name for a in info.args if a.kind == "dtype" and args[a.name] is not None]
     if cast:
         notes.append(f"{cast[0]}={args[cast[0]]}")
