@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 from pathlib import Path
 
 import jinja2
@@ -33,6 +34,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["pytuple"] = pytuple
+    env.filters["shell"] = shlex.quote   # a path in a command line (a folder name with a space)
     return env
 
 

@@ -111,6 +111,31 @@ def test_removed_spec_removes_its_module(project):
     assert "tanh" not in (project / "generated" / "__init__.py").read_text()
 
 
+def test_a_module_specgen_did_not_write_stops_the_build_and_stays(project):
+    run("build", "specs")
+    mine = project / "generated" / "helpers.py"
+    mine.write_text("def helper():\n    return 1\n")
+    before = snapshot(project / "generated")
+    code, output = run("build", "specs")
+    assert code == 1
+    assert "generated/helpers.py: not written by specgen" in output
+    assert snapshot(project / "generated") == before
+
+
+def test_a_spec_path_with_a_space_keeps_its_module(project):
+    # the header names the spec by its path; a later build of other specs reads it back
+    (project / "my specs").mkdir()
+    shutil.copy(project / "specs" / "relu.toml", project / "my specs" / "relu.toml")
+    shutil.move(project / "specs" / "relu.toml", project / "relu.toml.away")
+    code, _ = run("build", "my specs/relu.toml")
+    assert code == 0
+    header = (project / "generated" / "relu.py").read_text().splitlines()[1]
+    assert "`specgen build 'my specs/relu.toml' --out generated`" in header
+    code, output = run("build", "specs/tanh.toml")
+    assert code == 0 and "relu" not in output
+    assert (project / "generated" / "relu.py").exists()
+
+
 def test_building_one_spec_keeps_the_others(project):
     run("build", "specs")
     code, output = run("build", "specs/add.toml")
