@@ -243,7 +243,7 @@ def _cross_entropy_backward_kernel(
 
 def _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothing):
     device = rt.check_tensors(NAME, {"logits": logits}, DTYPES)
-    rt.check_tensor_types(NAME, {"target": target, "weight": weight})
+    rt.check_tensor_types(NAME, {"target": target, "weight": weight}, optional=('weight',))
     rt.check_scalar(NAME, "ignore_index", ignore_index, int)
     rt.check_scalar(NAME, "label_smoothing", label_smoothing, float)
     rt.check_choice(NAME, "reduction", reduction, ('none', 'mean', 'sum'))
@@ -448,7 +448,7 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mea
         # a repeated eager call: the recorded forward replayed, its targets checked
         return _eager_forward(logits, target, weight, ignore_index, reduction, label_smoothing,
                               found=(key, replay))[0]
-    rt.check_tensor_types(NAME, {"logits": logits, "target": target, "weight": weight})
+    rt.check_tensor_types(NAME, {"logits": logits, "target": target, "weight": weight}, optional=('weight',))
     rt.check_no_grad(NAME, {"weight": weight},
                      "the loss is differentiable in logits only (as torch's nll_loss)")
     # scalars are checked here too, so that a traced call raises the eager error (the

@@ -767,7 +767,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
     if replay is not None:
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x, weight, bias))
-    rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
+    rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias}, optional=('weight', 'bias'))
     # scalars are checked here too, so that a traced call raises the eager error (the
     # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "eps", eps, float)

@@ -468,7 +468,7 @@ def linear_gelu(x, weight, bias=None):
     if replay is not None:
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x, weight, bias))
-    rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias})
+    rt.check_tensor_types(NAME, {"x": x, "weight": weight, "bias": bias}, optional=('bias',))
     # eager calls run the implementation directly; traced ones (torch.compile, autograd, modes)
     # go through the registered op
     if rt.runs_eagerly(x, weight, bias):

@@ -688,7 +688,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if replay is not None:
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x, weight))
-    rt.check_tensor_types(NAME, {"x": x, "weight": weight})
+    rt.check_tensor_types(NAME, {"x": x, "weight": weight}, optional=('weight',))
     # scalars are checked here too, so that a traced call raises the eager error (the
     # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "eps", eps, float, optional=True)

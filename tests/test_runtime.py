@@ -90,6 +90,16 @@ def _x(*shape, dtype=torch.float32, device=None):
 
 @pytest.mark.parametrize("call, error, words", [
     (lambda: generated.add(_x(3), 2.0), TypeError, "add: argument 'y' must be a torch.Tensor, got float"),
+    # None omits an optional tensor only (torch: "argument 'input' must be Tensor, not NoneType")
+    (lambda: generated.add(_x(3), None), TypeError, "add: argument 'y' must be a torch.Tensor, got NoneType"),
+    (lambda: generated.softmax(None), TypeError, "softmax: argument 'x' must be a torch.Tensor, got NoneType"),
+    (lambda: generated.addmm(None, _x(2, 3), _x(3, 4)), TypeError,
+     "addmm: argument 'c' must be a torch.Tensor, got NoneType"),
+    (lambda: generated.linear_residual(_x(2, 3), _x(4, 3), None, _x(2, 4)), TypeError,
+     "linear_residual: argument 'bias' must be a torch.Tensor, got NoneType"),
+    (lambda: generated.amax(None, 0), TypeError, "amax: argument 'x' must be a torch.Tensor, got NoneType"),
+    (lambda: generated.cross_entropy(_x(2, 3), None), TypeError,
+     "cross_entropy: argument 'target' must be a torch.Tensor, got NoneType"),
     (lambda: generated.add(_x(3), _x(3, dtype=torch.float64)), TypeError,
      "add: argument 'y' has dtype torch.float64; supported: float16, bfloat16, float32"),
     (lambda: generated.add(_x(3), _x(4)), ValueError, "add: shapes do not broadcast: 'x' (3,), 'y' (4,)"),

@@ -274,6 +274,11 @@ class CommonPlan:
         return _tuple_code(a.name for a in self.args if a.kind == "tensor")
 
     @property
+    def optional_tensor_names(self) -> tuple[str, ...]:
+        """The tensor arguments that may be None (omitted); None elsewhere is a TypeError."""
+        return tuple(a.name for a in self.args if a.kind == "tensor" and a.default_code == "None")
+
+    @property
     def other_args(self) -> str:
         """The other arguments as a tuple expression (with the tensors' layouts, a call's
         signature for replays)."""

@@ -16,10 +16,11 @@ def _dtype_list(dtypes: Sequence[torch.dtype]) -> str:
     return ", ".join(DTYPE_NAMES.get(d, str(d)) for d in dtypes)
 
 
-def check_tensor_types(op: str, tensors: Mapping[str, object]) -> None:
-    """TypeError for a non-tensor where a tensor is required (``None`` marks an omitted optional)."""
+def check_tensor_types(op: str, tensors: Mapping[str, object],
+                       optional: Sequence[str] = ()) -> None:
+    """TypeError for a non-tensor where a tensor is required (``None`` omits an ``optional``)."""
     for name, value in tensors.items():
-        if value is not None and not isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.Tensor) and not (value is None and name in optional):
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, "
                             f"got {type(value).__name__}")
 
