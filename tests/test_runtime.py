@@ -286,3 +286,38 @@ def test_an_op_named_as_a_shipped_one_is_refused_at_import(authored):
         authored(text)
     x = _x(3, 5)
     torch.testing.assert_close(torch.ops.specgen.relu(x), torch.relu(x))
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("name, call", [
+    ("add", lambda f, m: f(m(3, 4), m(4))),
+    ("gelu", lambda f, m: f(m(3, 4).t())),
+    ("sum", lambda f, m: f(m(3, 4, 5), (0, 2))),
+    ("argmax", lambda f, m: f(m(3, 4), 1)),
+    ("softmax", lambda f, m: f(m(4, 3), 0)),
+    ("softmax", lambda f, m: f(m(2, 300000), -1)),     # the split strategy's two launches
+    ("logsumexp", lambda f, m: f(m(3, 4), 1)),
+    ("layer_norm", lambda f, m: f(m(3, 4), [4], m(4), m(4))),
+    ("rms_norm", lambda f, m: f(m(3, 4).t(), [3])),
+    ("cross_entropy", lambda f, m: f(m(3, 4), m(3, dtype=torch.long))),
+    ("mm", lambda f, m: f(m(3, 4), m(4, 5))),
+    ("matmul", lambda f, m: f(m(2, 3, 4), m(4, 5))),
+    ("bmm", lambda f, m: f(m(2, 3, 4), m(2, 4, 5))),
+])
+def test_meta_tensors_give_meta_results_as_torch_does(name, call):
+    # nothing launches: the outputs' shapes, dtypes and strides are the call's result, as from
+    # torch's meta kernels (the third call is a replay of the second's recording)
+    torch_functions = {"add": torch.add, "gelu": torch.nn.functional.gelu, "sum": torch.sum,
+                       "argmax": torch.argmax, "softmax": torch.softmax,
+                       "logsumexp": torch.logsumexp, "layer_norm": torch.nn.functional.layer_norm,
+                       "rms_norm": torch.nn.functional.rms_norm,
+                       "cross_entropy": torch.nn.functional.cross_entropy, "mm": torch.mm,
+                       "matmul": torch.matmul, "bmm": torch.bmm}
+    want = call(torch_functions[name], _meta)
+    for _ in range(3):
+        got = call(getattr(generated, name), _meta)
+        assert (got.device.type, got.shape, got.dtype, got.stride()) == \
+            ("meta", want.shape, want.dtype, want.stride())

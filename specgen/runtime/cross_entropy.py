@@ -66,7 +66,8 @@ class TargetVerdict:
     def __init__(self, error: torch.Tensor) -> None:
         self.event = None
         if error.device.type != "cuda":
-            self.host = error
+            # meta tensors hold no targets to check (None), the interpreter's are on the host
+            self.host = None if error.device.type == "meta" else error
             return
         buffers = self._local.__dict__.setdefault("buffers", {})
         if error.device not in buffers:
@@ -79,6 +80,8 @@ class TargetVerdict:
 
     def check(self, op: str, n_classes: int, ignore_index: int) -> None:
         """Raises for the first row whose target is neither a class nor ignore_index."""
+        if self.host is None:
+            return
         if self.event is not None:
             self.event.synchronize()
         row, value = self.host.tolist()

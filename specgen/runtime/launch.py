@@ -196,6 +196,7 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Global memory a kernel asks Triton for at launch (the TMA matmul's device-side
     descriptors): triton's allocator protocol, served by torch's caching allocator, whose 512-byte
     alignment covers any asked for."""
+    # the current device: launch() makes it the launch's tensors' own
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
@@ -229,8 +230,21 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     ``fp_fusion=False`` compiles a direct launch without contracting a multiply and an add into
     an FMA: a derived gradient subtracts terms that cancel (layer_norm's ``g * w - sum(g * w) /
     N``), and an FMA rounds only one of them. Traced launches compile as Inductor does.
+
+    A launch runs on its tensors' GPU, whichever is current (Triton launches on the current one;
+    torch's ops switch to their inputs'), and launches nothing for meta tensors: a call on them
+    computes its outputs' shapes, dtypes and strides, as torch's meta kernels do.
     """
-    direct = untraced([a for a in args if isinstance(a, torch.Tensor)])
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    direct = untraced(tensors)
+    if direct and tensors:
+        device = tensors[0].device
+        if device.type == "meta":
+            return
+        if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
+            with torch.cuda.device(device):
+                return launch(kernel, grid, *args, tune_key=tune_key, fp_fusion=fp_fusion,
+                              **kwargs)
     ensure_allocator()
     # compile options: not part of any tuning key (traced launches leave them to Inductor)
     options = {} if fp_fusion or not direct else {"enable_fp_fusion": False}

@@ -191,6 +191,11 @@ class _Launch:
             compiled.run(*self.grid, self.stream(self.device), compiled.function,
                          compiled.packed_metadata, None, None, None, *args)
             return
+        if self.device is not None and torch._C._cuda_getDevice() != self.device:
+            # recorded on another GPU than the current one: launch there, as the recording did
+            with torch.cuda.device(self.device):
+                self.fn[self.grid](*args, **dict(self.options))
+            return
         self.fn[self.grid](*args, **dict(self.options))
 
 

@@ -1,0 +1,65 @@
+"""Inputs on a GPU other than the current one: the kernels run on the inputs' GPU, as torch's ops
+do (Triton launches on the current device; specgen's launch switches to the tensors'), in full
+calls, replays, backward passes and compiled graphs. Needs two GPUs."""
+
+import pytest
+import torch
+
+import generated
+from tests.gpu.test_replay_gpu import CASES
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs two GPUs (the GPU tier's second machine kind)")]
+
+
+def _on_second_gpu(make):
+    with torch.cuda.device(1):
+        return make()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_calls_on_the_second_gpu_match_torch(name):
+    make, call, expected, tolerance = CASES[name]
+    torch.cuda.set_device(0)
+    op = generated.REGISTRY[name.split("(")[0].split()[0]]
+    before = op.replays.replayed
+    for _ in range(4):  # seen, recorded (or tuned, then recorded), then replayed
+        inputs = _on_second_gpu(make)
+        out, want = call(*inputs), expected(*inputs)
+        assert torch.cuda.current_device() == 0
+        assert out.device == torch.device("cuda", 1)
+        if tolerance == 0:
+            assert torch.equal(out, want)
+        else:
+            error = (out.double() - want).norm() / want.norm()
+            assert error < tolerance, f"{name}: relative error {error:.2e}"
+    assert op.replays.replayed > before, f"{name}: never replayed ({op.replays.failures})"
+
+
+def test_mm_through_tma_on_the_second_gpu():
+    # the TMA kernel asks Triton for global memory at launch (its descriptors): on the launch's GPU
+    a, b = _on_second_gpu(lambda: (torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16),
+                                   torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)))
+    for _ in range(3):
+        out = generated.mm(a, b)
+        error = (out.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm()
+        assert error < 1e-2
+
+
+def test_backward_and_compile_on_the_second_gpu():
+    x, w = _on_second_gpu(lambda: (torch.randn(64, 1000, device="cuda", requires_grad=True),
+                                   torch.randn(1000, device="cuda", requires_grad=True)))
+    grad = _on_second_gpu(lambda: torch.randn(64, 1000, device="cuda"))
+
+    def f(x, w):
+        return generated.layer_norm(generated.softmax(x, -1), [1000], w)
+
+    def g(x, w):
+        return torch.nn.functional.layer_norm(torch.softmax(x.double(), -1), [1000], w.double())
+
+    want = torch.autograd.grad(g(x, w), (x, w), grad.double())
+    for run in (f, torch.compile(f)):
+        got = torch.autograd.grad(run(x, w), (x, w), grad)
+        for a, b in zip(got, want):
+            assert a.device == torch.device("cuda", 1)
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
