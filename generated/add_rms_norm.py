@@ -689,10 +689,14 @@ SPLIT_KERNELS = (_add_rms_norm_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _add_rms_norm_looped_kernel}
 
 
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = ('hidden', 'out', 'x', 'residual', 'weight')
+
+
 def _launch(x, residual, weight, eps, hidden, out, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
-        [hidden, out, x, residual], [weight], [])
+        [hidden, out, x, residual], [weight], [], LAUNCH_TENSORS)
     if plan is None:
         return
     space = plan.space

@@ -880,10 +880,23 @@ CHUNKED_KERNELS = {"looped": _add_rms_norm_backward_looped_kernel}
 
 # fp_fusion=False: no multiply-add contracted into an FMA, which would round one of two terms
 # that cancel (specgen/polynomial.py)
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = (
+    'grad_x',
+    'grad_residual',
+    'x',
+    'residual',
+    'grad_hidden',
+    'grad_out',
+    'weight',
+    'grad_weight',
+)
+
+
 def _launch(x, residual, weight, grad_hidden, grad_out, eps, grad_x, grad_residual, grad_weight, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
-        [grad_x, grad_residual, x, residual, grad_hidden, grad_out], [weight, grad_weight], [], columns=True)
+        [grad_x, grad_residual, x, residual, grad_hidden, grad_out], [weight, grad_weight], [], LAUNCH_TENSORS, columns=True)
     if plan is None:
         return
     space = plan.space

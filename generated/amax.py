@@ -182,7 +182,7 @@ KERNELS = {"inner": inner_kernel, "outer": outer_kernel}
 
 def _launch(x, dims, keepdim, out):
     plan = reduction.plan_launch(NAME, INDEXING, LAUNCH, COMBINE, False, SPLIT_BLOCK_K,
-                                 MAX_TILE, x, out, dims, keepdim)
+                                 MAX_TILE, "x", x, out, dims, keepdim)
     if plan is None:
         return  # the output is empty: nothing to compute
     strategy = plan.strategy
@@ -216,7 +216,7 @@ def _check_inputs(x, dim, keepdim):
     device = rt.check_tensors(NAME, {"x": x}, DTYPES)
     rt.check_scalar(NAME, "keepdim", keepdim, bool)
     dims = reduction.normalize_dims(NAME, dim, x.dim())
-    reduction.check_nonempty(NAME, x, dims)
+    reduction.check_nonempty(NAME, "x", x, dims)
     return device, dims
 
 

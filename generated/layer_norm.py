@@ -701,10 +701,14 @@ SPLIT_KERNELS = (_layer_norm_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _layer_norm_looped_kernel}
 
 
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = ('out', 'x', 'weight', 'bias')
+
+
 def _launch(x, weight, bias, eps, out, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
-        [out, x], [weight, bias], [])
+        [out, x], [weight, bias], [], LAUNCH_TENSORS)
     if plan is None:
         return
     space = plan.space

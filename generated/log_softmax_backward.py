@@ -991,10 +991,14 @@ CHUNKED_KERNELS = {"looped": _log_softmax_backward_looped_kernel, "online": _log
 
 # fp_fusion=False: no multiply-add contracted into an FMA, which would round one of two terms
 # that cancel (specgen/polynomial.py)
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = ('grad_x', 'x', 'grad_out')
+
+
 def _launch(x, grad_out, grad_x, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
-        [grad_x, x, grad_out], [], [])
+        [grad_x, x, grad_out], [], [], LAUNCH_TENSORS)
     if plan is None:
         return
     space = plan.space

@@ -699,10 +699,14 @@ SPLIT_KERNELS = (_logsumexp_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _logsumexp_looped_kernel, "online": _logsumexp_online_kernel}
 
 
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = ('x', 'out')
+
+
 def _launch(x, out, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, True, x, reduced,
-        [x], [], [out])
+        [x], [], [out], LAUNCH_TENSORS)
     if plan is None:
         return
     space = plan.space

@@ -617,10 +617,14 @@ SPLIT_KERNELS = (_rms_norm_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _rms_norm_looped_kernel}
 
 
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = ('out', 'x', 'weight')
+
+
 def _launch(x, weight, eps, out, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
-        [out, x], [weight], [])
+        [out, x], [weight], [], LAUNCH_TENSORS)
     if plan is None:
         return
     space = plan.space

@@ -804,10 +804,14 @@ SPLIT_KERNELS = (_softmax_split0_kernel, )
 CHUNKED_KERNELS = {"looped": _softmax_looped_kernel, "online": _softmax_online_kernel}
 
 
+# the tensors of launch_plan's lists, by name, in their order (its errors name them)
+LAUNCH_TENSORS = ('out', 'x')
+
+
 def _launch(x, out, reduced):
     plan = rowwise.launch_plan(
         NAME, STRATEGY, STRATEGIES, INDEXING, MAX_BLOCK, MAX_CHUNK, False, x, reduced,
-        [out, x], [], [])
+        [out, x], [], [], LAUNCH_TENSORS)
     if plan is None:
         return
     space = plan.space

@@ -197,7 +197,7 @@ ATOMIC_KERNELS = {
 
 def _launch(x, dims, keepdim, out):
     plan = reduction.plan_launch(NAME, INDEXING, LAUNCH, COMBINE, False, SPLIT_BLOCK_K,
-                                 MAX_TILE, x, out, dims, keepdim)
+                                 MAX_TILE, "x", x, out, dims, keepdim)
     if plan is None:
         return  # the output is empty: nothing to compute
     strategy = plan.strategy

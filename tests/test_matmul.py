@@ -232,7 +232,7 @@ def _space(op, *tensors):
     dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
     problem = matmul.problem(op, dict(zip(dims, tensors)), dims)
     out = empty(problem.shape)
-    return problem, problem.space({"out": out}, 3 if "..." in sum(dims.values(), ()) else 1)
+    return problem, problem.space("op", {"out": out}, 3 if "..." in sum(dims.values(), ()) else 1)
 
 
 def test_batch_dims_fold_into_m_when_strides_allow():
@@ -277,6 +277,9 @@ def test_matmul_vectors_drop_their_dim():
      TypeError, "argument 'beta' must be float"),
     (lambda: generated.mm(randn(3, 4), [[1.0]]), TypeError, "must be a torch.Tensor"),
     (lambda: generated.matmul(torch.tensor(1.0, device=testing.device()), randn(3)), ValueError, "at least 1 dim"),
+    (lambda: generated.matmul(randn(*(3,) * 5, 4, 5)[(slice(None, None, 2),) * 5], randn(5, 2)),
+     ValueError, "matmul: the batch dims (2, 2, 2, 2, 2) cannot be merged into 3 or fewer for the "
+     "strides of 'a'"),
 ])
 def test_bad_input_is_refused_before_launch(call, error, words):
     with runtime.record_launches() as log, pytest.raises(error, match=words.replace("(", r"\(")

@@ -190,8 +190,13 @@ def test_argument_errors():
         generated.argmax(x, (0, 1))
     with pytest.raises(TypeError, match="'x' has dtype"):
         generated.sum(x.to(torch.int32))
-    with pytest.raises(ValueError, match="size 0 in reduced dim 0"):
+    with pytest.raises(ValueError, match="amax: argument 'x' has size 0 in reduced dim 0"):
         generated.amax(torch.randn(0, 3), 0)
+    # every other element of a 6-D tensor: 5 kept dims that do not merge
+    sparse = torch.randn(*(3,) * 6)[(slice(None, None, 2),) * 6]
+    with pytest.raises(ValueError, match=r"sum: argument 'x' has 5 kept dims that do not merge.*"
+                                         r"pass x.contiguous\(\)"):
+        generated.sum(sparse, 0)
     assert torch.isnan(generated.mean(torch.randn(0, 3), 0)).all()
     assert (generated.sum(torch.randn(0, 3), 0) == 0).all()
 
@@ -312,7 +317,7 @@ def test_without_a_gpu_splits_are_planned_for_an_h100():
     x = torch.empty(1024, dtype=torch.bfloat16, device="meta")
     out = torch.empty((), dtype=torch.bfloat16, device="meta")
     plan = reduction.plan_launch("sum", "auto", "flat", "sum", False, module.SPLIT_BLOCK_K,
-                                 module.MAX_TILE, x, out, (0,), False)
+                                 module.MAX_TILE, "x", x, out, (0,), False)
     assert plan.strategy.name == "last" and plan.strategy.splits == 16
 
 
@@ -326,7 +331,7 @@ def test_split_fills_the_gpu_with_the_narrowest_tile():
     out = torch.empty(1024, dtype=torch.bfloat16, device="meta")
     with runtime.override(max_programs=528):
         plan = reduction.plan_launch("sum", "auto", "flat", "sum", False, module.SPLIT_BLOCK_K,
-                                     module.MAX_TILE, x, out, (0,), False)
+                                     module.MAX_TILE, "x", x, out, (0,), False)
     strategy = plan.strategy
     assert (strategy.tiles, strategy.splits, strategy.split_size) == ("outer", 33, 1008)
 

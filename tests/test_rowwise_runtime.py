@@ -115,6 +115,13 @@ def test_auto_strategy_and_int64():
     torch.testing.assert_close(out, F.rms_norm(x, [33]))
 
 
+def test_forced_int32_names_the_tensor_too_large_for_it():
+    x = torch.empty(2**16, 2**16, dtype=torch.bfloat16, device="meta")
+    with runtime.override(indexing="int32"), pytest.raises(
+            ValueError, match=r"softmax: indexing is forced to int32, but 'out' spans 4,294,967,296"):
+        generated.softmax(x, -1)
+
+
 @pytest.mark.parametrize("dtype", [
     torch.float16,
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(

@@ -120,7 +120,7 @@ def main() -> None:
     module = importlib.import_module("generated.layer_norm")
     plan = rowwise.launch_plan("layer_norm", "auto", module.STRATEGIES, "auto", module.MAX_BLOCK,
                                module.MAX_CHUNK, False, sets[0][0], (1,),
-                               [sets[0][1], sets[0][0]], [w, b], [])
+                               [sets[0][1], sets[0][0]], [w, b], [], module.LAUNCH_TENSORS)
     print("plan:", plan.strategy, plan.single, plan.masks, "grid", plan.grid(plan.single),
           flush=True)
     space = plan.space

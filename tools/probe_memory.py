@@ -566,7 +566,8 @@ def main() -> None:
         module = importlib.import_module("generated.rms_norm")
         plan = rowwise.launch_plan("rms_norm", "auto", module.STRATEGIES, "auto", module.MAX_BLOCK,
                                    module.MAX_CHUNK, False, long_sets[0][0], (1,),
-                                   [long_sets[0][1], long_sets[0][0]], [weight], [])
+                                   [long_sets[0][1], long_sets[0][0]], [weight], [],
+                                   module.LAUNCH_TENSORS)
         space = plan.space
         for block, warps in ((16384, 32), (8192, 32), (4096, 16)):
             def direct(x, o, block=block, warps=warps):

@@ -736,10 +736,6 @@ class RowwisePlan(CommonPlan):
         return self._dict(self.along_names)
 
     @property
-    def tensor_dict(self) -> str:
-        return self._dict(t.name for t in self.tensors)
-
-    @property
     def elem_list(self) -> str:
         return ", ".join(t.name for t in self.elem_tensors)
 
@@ -751,6 +747,12 @@ class RowwisePlan(CommonPlan):
     @property
     def row_out_list(self) -> str:
         return ", ".join(t.name for t in self.of_role("row_out"))
+
+    @property
+    def launch_tensor_names(self) -> tuple[str, ...]:
+        """The names of elem_list, along_list and row_out_list's tensors, in that order."""
+        return tuple(t.name for t in (*self.elem_tensors, *self.of_role("along", "col_out"),
+                                      *self.of_role("row_out")))
 
     @property
     def pointer_args(self) -> str:

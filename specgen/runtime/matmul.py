@@ -93,8 +93,9 @@ class Problem:
     views: Mapping[str, View]
     m_operands: frozenset[str]      # the inputs indexed by M (A, column vectors, residuals)
 
-    def space(self, outputs: Mapping[str, torch.Tensor], rank: int) -> Space:
-        """Folds batch dims into M where every operand allows it, collapses the rest to ``rank``."""
+    def space(self, op: str, outputs: Mapping[str, torch.Tensor], rank: int) -> Space:
+        """Folds batch dims into M where every operand allows it, collapses the rest to ``rank``
+        (a ValueError naming ``op`` and the operands where they do not collapse that far)."""
         views = dict(self.views)
         for name, out in outputs.items():
             views[name] = _view(out, ("...", "M", "N"), self.batch, self.m, self.n, self.keeps)
@@ -115,9 +116,10 @@ class Problem:
         names = list(views)
         collapsed = collapse(tuple(batch), [views[name].batch for name in names])
         if len(collapsed.sizes) > rank:
+            batched = ", ".join(f"'{name}'" for name in self.views if any(self.views[name].batch))
             raise ValueError(
-                f"the batch dims {tuple(batch)} cannot be merged into {rank} or fewer for these "
-                f"operand strides; make some operands contiguous")
+                f"{op}: the batch dims {tuple(batch)} cannot be merged into {rank} or fewer for "
+                f"the strides of {batched}; make some of them contiguous")
         pad = rank - len(collapsed.sizes)
         views = {name: View((0,) * pad + strides, views[name].m, views[name].n, views[name].k)
                  for name, strides in zip(names, collapsed.strides)}
@@ -576,7 +578,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     prob = problem(op.name, named, dims)
     # outputs are allocated contiguous, as torch allocates matmul results
     stand_in = torch.empty(prob.shape, device="meta")
-    space = prob.space({name: stand_in for name in op.outputs}, op.rank)
+    space = prob.space(op.name, {name: stand_in for name in op.outputs}, op.rank)
     batch = space.batch_count
     forced = overrides()
     tma = tma_layout(space, op.a, op.b, dtype.itemsize)

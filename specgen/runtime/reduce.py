@@ -82,10 +82,8 @@ class Space:
         return math.prod(self.sizes)
 
     def padded(self) -> "Space":
-        """Exactly MAX_DIMS dims: size-1 dims in front, which the kernel never decomposes."""
-        if len(self.sizes) > MAX_DIMS:
-            raise ValueError(f"the tensor has {len(self.sizes)} dims that cannot be merged; "
-                             f"at most {MAX_DIMS} kept and {MAX_DIMS} reduced are supported")
+        """Exactly MAX_DIMS dims (at most that many: ``_plan`` checks): size-1 dims in front,
+        which the kernel never decomposes."""
         pad = MAX_DIMS - len(self.sizes)
         return Space((1,) * pad + self.sizes, tuple((0,) * pad + s for s in self.strides))
 
@@ -195,14 +193,14 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     return Strategy(forced, tiles, math.ceil(num_red / split_size) if num_red else 1, split_size)
 
 
-def check_nonempty(op: str, x: torch.Tensor, dims: Sequence[int]) -> None:
+def check_nonempty(op: str, name: str, x: torch.Tensor, dims: Sequence[int]) -> None:
     """max, min and the arg reductions have no identity to return for an empty reduction."""
     for d in dims:
         if x.shape[d] == 0:
-            raise ValueError(f"{op}: argument 'x' has size 0 in reduced dim {d}; this reduction "
-                             f"has no identity (torch raises IndexError)")
+            raise ValueError(f"{op}: argument '{name}' has size 0 in reduced dim {d}; this "
+                             f"reduction has no identity (torch raises IndexError)")
     if not dims and x.dim() > 0 and x.numel() == 0:
-        raise ValueError(f"{op}: argument 'x' is empty; this reduction has no identity")
+        raise ValueError(f"{op}: argument '{name}' is empty; this reduction has no identity")
 
 
 def kept_args(kept: Space) -> list[int]:
@@ -266,15 +264,16 @@ class ReduceLaunch:
 
 
 def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool,
-                split_block_k: dict[str, int], max_tile: int, x: torch.Tensor, out: torch.Tensor,
-                dims: tuple[int, ...], keepdim: bool) -> ReduceLaunch | None:
-    """The launches of a reduction of ``x`` into ``out`` (None: the output is empty).
+                split_block_k: dict[str, int], max_tile: int, name: str, x: torch.Tensor,
+                out: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> ReduceLaunch | None:
+    """The launches of a reduction of ``x`` (the argument ``name``) into ``out`` (None: the
+    output is empty).
 
     Cached on sizes and strides (and the test suite's overrides), so repeated calls on one layout
     skip collapsing, the strategy choice and the index-width arithmetic.
     """
     key = (op, indexing, launch, combine, logical, tuple(sorted(split_block_k.items())), max_tile,
-           tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
+           name, tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
            overrides(), x.device)
     try:
         return _cached_plan(key)
@@ -282,9 +281,14 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
         return _plan(*key)
 
 
-def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape, strides,
+def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name, shape, strides,
           out_shape, out_strides, dims, keepdim, _overrides, device) -> ReduceLaunch | None:
     prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
+    for space, what in ((prob.kept, "kept"), (prob.reduced, "reduced")):
+        if len(space.sizes) > MAX_DIMS:
+            raise ValueError(f"{op}: argument '{name}' has {len(space.sizes)} {what} dims that do "
+                             f"not merge (their strides skip elements); at most {MAX_DIMS} kept "
+                             f"and {MAX_DIMS} reduced are supported: pass {name}.contiguous()")
     num_kept, num_red = prob.kept.numel, prob.reduced.numel
     if num_kept == 0:
         return None
@@ -293,7 +297,7 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, shape
     count = num_red
     strategy = choose(op, prob, device, launch, combine, dict(split_block_k))
     cap = max_programs(device, launch)
-    spans = {"x": span(shape, strides), "out": span(out_shape, out_strides)}
+    spans = {name: span(shape, strides), "out": span(out_shape, out_strides)}
 
     def level(problem: Problem, tiles: str, splits: int, split_size: int, stage: int,
               number: int) -> Level:

@@ -421,11 +421,13 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
                 max_block: int, max_chunk: int, row_outputs_only_need_rows: bool,
                 x: torch.Tensor, reduced: tuple[int, ...], elements: Sequence[torch.Tensor],
                 along: Sequence[torch.Tensor | None],
-                row_outputs: Sequence[torch.Tensor], columns: bool = False) -> LaunchPlan | None:
+                row_outputs: Sequence[torch.Tensor], names: Sequence[str],
+                columns: bool = False) -> LaunchPlan | None:
     """The launch of one call, or None when there is nothing to compute. Cached on plain tensors
-    by everything it reads, so repeated calls skip the collapsing and the checks. ``columns``:
-    the op has column outputs (in ``along``), so its single and chunked grids are persistent,
-    a few programs a multiprocessor, each summing many rows."""
+    by everything it reads, so repeated calls skip the collapsing and the checks. ``names``: the
+    arguments' names of ``elements``, ``along`` and ``row_outputs`` in that order (for errors).
+    ``columns``: the op has column outputs (in ``along``), so its single and chunked grids are
+    persistent, a few programs a multiprocessor, each summing many rows."""
     tensors = [*elements, *along, *row_outputs]
     key = None
     if untraced(tensors):
@@ -442,7 +444,7 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
     if space.rows and (space.n or row_outputs_only_need_rows):
         chosen = strategy(op, spec_strategy, available, space.rows, space.n, x.device)
         # int64 when any offset may pass 2**31 - 1: a tensor's span plus a tile of masked columns
-        spans = {f"#{i}": t for i, t in enumerate(tensors) if t is not None}
+        spans = {name: t for name, t in zip(names, tensors) if t is not None}
         index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
         single = single_config(space.rows, space.n) if chosen == "single" else None
         splits = split_count(space.rows, space.n, max_chunk, x.device) if chosen == "split" else 1
