@@ -260,6 +260,10 @@ def _check_inputs(logits, target, weight, ignore_index, reduction, label_smoothi
         raise ValueError(f"{NAME}: 'target' is on {target.device}, 'logits' on {device}")
     if weight is not None:
         rt.check_tensors(NAME, {"logits": logits, "weight": weight}, DTYPES)
+        if weight.dtype != logits.dtype:
+            # torch raises too (expected scalar type ... but found ...)
+            raise TypeError(f"{NAME}: argument 'weight' has dtype {weight.dtype}, 'logits' "
+                            f"{logits.dtype}; they must match")
         if weight.shape != logits.shape[1:]:
             raise ValueError(f"{NAME}: argument 'weight' must have shape ({logits.shape[1]},), "
                              f"got {tuple(weight.shape)}")

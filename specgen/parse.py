@@ -8,11 +8,11 @@ import importlib
 import tomllib
 from pathlib import Path
 
-from specgen.errors import SpecError, Where, describe
+from specgen.errors import Where, describe
 from specgen.families import FAMILIES
 from specgen.families.common import check_name
 from specgen.model import DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
-from specgen.table import Table, check_type, parse_list
+from specgen.table import Table, parse_list
 
 ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape", "dtype")
 _SCALAR_TYPES = {"float": float, "int": int, "bool": bool, "shape": list}
@@ -199,4 +199,4 @@ def _check_attributes(tree: ast.expr, where: Where, shadowed: set[str]) -> None:
             value, path = getattr(value, attr), f"{path}.{attr}"
 
 
-__all__ = ["load_spec", "parse_spec", "SpecError", "check_type"]
+__all__ = ["load_spec", "parse_spec", "relative_path"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from specgen.errors import SpecError, Where, describe
+from specgen.errors import Where, describe
 
 _MISSING = object()
 
@@ -106,4 +106,4 @@ def parse_list(value: Any, kind: type, where: Where) -> tuple:
     return tuple(check_type(item, kind, where) for item in items)
 
 
-__all__ = ["Table", "check_type", "parse_list", "SpecError"]
+__all__ = ["Table", "check_type", "parse_list"]

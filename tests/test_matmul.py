@@ -4,6 +4,7 @@ Values are checked by tests/test_ops.py (the property suite); this file pins the
 the property suite forces or cannot see: auto split-K, batch folding, precision, config pruning.
 """
 
+import math
 import sys
 
 import pytest
@@ -288,6 +289,24 @@ def test_bad_input_is_refused_before_launch(call, error, words):
     assert log == []
 
 
+@pytest.mark.parametrize("strategy", [None, "two_stage:2"])
+def test_addmm_ignores_a_zero_scaled_term_as_torch_does(strategy):
+    # beta = 0: NaN and inf in c do not reach the result (torch's docs); alpha = 0: nor do those
+    # in a and b (BLAS reads neither). Compared with torch's own addmm on the tier's device.
+    c, a, b = randn(16, 32), randn(16, 24), randn(24, 32)
+    poisoned = a.clone()
+    poisoned[3, 5] = math.inf
+    bad_c = c.clone()
+    bad_c[2] = math.nan
+    with runtime.override(strategy=strategy):
+        for args, kwargs in [((c, poisoned, b), {"alpha": 0.0, "beta": 0.5}),
+                             ((bad_c, a, b), {"beta": 0.0}),
+                             ((bad_c, poisoned, b), {"alpha": 0.0, "beta": 0.0})]:
+            got, want = generated.addmm(*args, **kwargs), torch.addmm(*args, **kwargs)
+            assert not want.isnan().any(), "torch's rule this test stands on"
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_launch_records_strategy_layout_and_index_width():
     a, b = randn(40, 33), randn(20, 33).t()     # b read K-major through its strides
     with runtime.record_launches() as log, runtime.override(indexing="int64"):
@@ -450,3 +469,7 @@ def test_forced_config_number_is_fitted_and_mapping_filtered():
              "num_stages": 2}
     config = forced_config(module._mm_reduce_kernel, (), {}, tiles)
     assert config.kwargs == {"BLOCK_M": 16, "BLOCK_N": 32} and config.num_warps == 2
+
+
+def test_the_generator_and_the_runtime_agree_on_the_smallest_dot_block():
+    assert family.MIN_BLOCK == matmul.MIN_DOT_BLOCK

@@ -73,8 +73,12 @@ def test_index_reductions_take_no_dtype():
 
 def test_cross_entropy_spec_checks_signature():
     text = (Path(__file__).resolve().parent.parent / "specs" / "cross_entropy.toml").read_text()
-    with pytest.raises(SpecError, match=r"\[args\]: expected logits \(tensor\)"):
+    with pytest.raises(SpecError, match=r"\[args.ignore_index\]: expected an int, default -100"):
         parse(text.replace("default = -100", "default = -1"))
+    with pytest.raises(SpecError, match=r"\[args\]: a cross_entropy op takes exactly logits, "
+                                        r"target, weight, ignore_index, reduction, "
+                                        r"label_smoothing, in this order; got logits, target"):
+        parse(text.replace("weight", "w"))
 
 
 def _problem(shape, dims, strides=None):
@@ -197,8 +201,22 @@ def test_argument_errors():
     with pytest.raises(ValueError, match=r"sum: argument 'x' has 5 kept dims that do not merge.*"
                                          r"pass x.contiguous\(\)"):
         generated.sum(sparse, 0)
+    # dim defaults to None (the flattened index), as torch.argmax's
+    assert generated.argmax(x).item() == torch.argmax(x).item()
+    assert generated.argmin(x, keepdim=True).shape == torch.argmin(x, keepdim=True).shape
     assert torch.isnan(generated.mean(torch.randn(0, 3), 0)).all()
     assert (generated.sum(torch.randn(0, 3), 0) == 0).all()
+
+
+def test_a_required_dim_has_no_default(authored):
+    # [reduce] dim = "required": the function takes dim positionally, None still reduces every dim
+    module = authored(SUM.replace('name = "sumsq"', 'name = "sumsq_over"')
+                      .replace('combine = "sum"', 'combine = "sum"\ndim = "required"'))
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'dim'"):
+        module.sumsq_over(x)
+    torch.testing.assert_close(module.sumsq_over(x, 1), (x.double() ** 2).sum(1).float())
+    torch.testing.assert_close(module.sumsq_over(x, None), (x.double() ** 2).sum().float())
 
 
 def test_dim_as_int_tuple_or_list():

@@ -368,3 +368,9 @@ def test_chunk_loops_reduce_nothing_block_wide(name):
 def _over_rows(call: ast.Call) -> bool:
     return ast.unparse(call.func) == "tl.sum" and any(
         k.arg == "axis" and ast.unparse(k.value) == "0" for k in call.keywords)
+
+
+def test_the_generator_and_the_runtime_agree_on_the_kernels_ranks():
+    # the kernels split row ids and column indices into these many dims; the runtime collapses
+    # every layout to at most that many
+    assert (family.ROW_RANK, family.COL_RANK) == (rowwise.ROW_RANK, rowwise.COL_RANK)

@@ -182,8 +182,9 @@ class CommonPlan:
 
     @property
     def backward_by_reference(self) -> bool:
-        """Whether the op's backward is torch's gradient of its reference (runtime/autograd.py):
-        every op with a floating result and no backward kernel of its own."""
+        """Whether the registered op's backward is torch's gradient of its reference
+        (runtime/autograd.py), as every op's is unless its family says otherwise (reduce: not
+        for an index result). A derived backward op serves eager calls beside it."""
         return True
 
     @property
@@ -261,12 +262,9 @@ class CommonPlan:
         return ", ".join(a.typed_param for a in self.args)
 
     @property
-    def op_params_plain(self) -> str:
-        return ", ".join(a.name for a in self.args)
-
-    @property
     def call_args(self) -> str:
-        return self.op_params_plain
+        """The arguments' names in order: a call's arguments, or an untyped parameter list."""
+        return ", ".join(a.name for a in self.args)
 
     @property
     def tensor_args(self) -> str:

@@ -15,12 +15,21 @@ from specgen.families.common import CommonPlan, common_plan, power_of_two_list
 from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
 from specgen.table import Table
 
-# (name, kind, what) of the arguments, in order: the signature of F.cross_entropy
-SIGNATURE = (("logits", "tensor", "tensor"), ("target", "tensor", "tensor"),
-             ("weight", "tensor", "optional tensor"), ("ignore_index", "int", "int, default -100"),
-             ("reduction", "choice", "choice of none, mean, sum, default mean"),
-             ("label_smoothing", "float", "float, default 0.0"))
 REDUCTIONS = ("none", "mean", "sum")
+# name -> (what it must be, whether a parsed argument is that): the signature of F.cross_entropy
+SIGNATURE = {
+    "logits": ("a tensor", lambda a: isinstance(a, TensorArg) and not a.optional),
+    "target": ("a tensor", lambda a: isinstance(a, TensorArg) and not a.optional),
+    "weight": ("an optional tensor", lambda a: isinstance(a, TensorArg) and a.optional),
+    "ignore_index": ("an int, default -100",
+                     lambda a: isinstance(a, ScalarArg) and a.type == "int" and a.default == -100),
+    "reduction": ("a choice of none, mean, sum, default mean",
+                  lambda a: isinstance(a, ChoiceArg) and a.values == REDUCTIONS
+                  and a.default == "mean"),
+    "label_smoothing": ("a float, default 0.0",
+                        lambda a: isinstance(a, ScalarArg) and a.type == "float"
+                        and a.default == 0.0),
+}
 
 
 @dataclass(frozen=True)
@@ -32,20 +41,13 @@ class CrossEntropyBody:
 def parse_body(top: Table, spec_args: tuple, name: str) -> CrossEntropyBody:
     where = top.where.child("args")
     names = tuple(a.name for a in spec_args)
-    if names != tuple(s[0] for s in SIGNATURE):
-        raise where.error("a cross_entropy op takes exactly " +
-                          ", ".join(f"{n} ({w})" for n, _, w in SIGNATURE) + f"; got {', '.join(names)}")
-    logits, target, weight, ignore, reduction, smoothing = spec_args
-    ok = (isinstance(logits, TensorArg) and not logits.optional
-          and isinstance(target, TensorArg) and not target.optional
-          and isinstance(weight, TensorArg) and weight.optional
-          and isinstance(ignore, ScalarArg) and ignore.type == "int" and ignore.default == -100
-          and isinstance(reduction, ChoiceArg) and reduction.values == REDUCTIONS
-          and reduction.default == "mean"
-          and isinstance(smoothing, ScalarArg) and smoothing.type == "float"
-          and smoothing.default == 0.0)
-    if not ok:
-        raise where.error("expected " + ", ".join(f"{n} ({w})" for n, _, w in SIGNATURE))
+    if names != tuple(SIGNATURE):
+        raise where.error("a cross_entropy op takes exactly " + ", ".join(SIGNATURE) +
+                          f", in this order; got {', '.join(names)}")
+    for arg in spec_args:
+        what, matches = SIGNATURE[arg.name]
+        if not matches(arg):
+            raise where.child(arg.name).error(f"expected {what}, as F.cross_entropy takes it")
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     # vocabulary chunk per loop step: a long row is read once, in chunks, with an online max
     blocks = power_of_two_list(tuning, "BLOCK_V", (2048, 4096))

@@ -75,7 +75,9 @@ DEFAULT_CONFIGS = (
 PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),
                     "num_warps": (8,), "num_stages": (3,)}
 DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
-MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
+# tl.dot needs every block dimension to be at least 16 (runtime/matmul.py's MIN_DOT_BLOCK, which
+# clamps block sizes at launch; tests/test_matmul.py checks that they agree)
+MIN_BLOCK = 16
 
 
 @dataclass(frozen=True)

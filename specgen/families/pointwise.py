@@ -178,10 +178,6 @@ class PointwisePlan(CommonPlan):
         return ", ".join([t.name for t in self.inputs] + scalars + [o.name for o in self.outputs])
 
     @property
-    def launch_args(self) -> str:
-        return self.launch_params
-
-    @property
     def out_params(self) -> str:
         return ", ".join(f"{o.name}: torch.Tensor" for o in self.outputs)
 

@@ -41,7 +41,6 @@ REFERENCE_NAMES = ("dim", "keepdim")
 class ReduceBody:
     combine: str
     dtype: str | None                    # the dtype argument: x is cast to it, the result has it
-    map_source: str | None
     map_expr: object
     finish_expr: object
     dim: str
@@ -107,8 +106,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     launch = schedule.pop_choice("launch", LAUNCHES, "flat")
     schedule.finish()
-    return ReduceBody(combine, dtype, map_source, map_expr, finish_expr, dim, inner, outer,
-                      num_warps, launch)
+    return ReduceBody(combine, dtype, map_expr, finish_expr, dim, inner, outer, num_warps, launch)
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,6 @@ class ReducePlan(CommonPlan):
     map_code: str = ""              # "" when elements are combined as loaded
     finish_code: str = "result"
     finish_reads_count: bool = False  # the finish expression reads N, the element count
-    dim_required: bool = False
     inner_configs: tuple[dict, ...] = ()
     outer_configs: tuple[dict, ...] = ()
     launch: str = "flat"
@@ -212,7 +209,6 @@ def plan(spec: OpSpec) -> ReducePlan:
     return ReducePlan(**fields, helpers=tuple(sorted(called)), combine=body.combine,
                       identity=identity, index=index, x=x, dtype=body.dtype, map_code=map_code,
                       finish_code=finish_code, finish_reads_count=reads_count,
-                      dim_required=body.dim == "required",
                       inner_configs=configs(body.inner_tiles),
                       outer_configs=configs(body.outer_tiles), launch=body.launch)
 

@@ -787,10 +787,6 @@ class RowwisePlan(CommonPlan):
         return ", ".join(names)
 
     @property
-    def launch_args(self) -> str:
-        return self.launch_params
-
-    @property
     def out_dtype_lines(self) -> tuple[str, ...]:
         """Lines before the outputs are allocated: the dtype they take under ``[rows] dtype``."""
         if not self.dtype:
@@ -818,6 +814,8 @@ class RowwisePlan(CommonPlan):
         return ", ".join(self.output_names)
 
 
+# the kernels' row and reduced dims: specgen/runtime/rowwise.py collapses layouts to the same
+# two (the generator imports no runtime; tests/test_rowwise_spec.py checks that they agree)
 ROW_RANK = 4
 COL_RANK = 3
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 
 from specgen import derive, polynomial
 from specgen.derive import NotDifferentiable
@@ -51,8 +52,10 @@ def grad_name(name: str) -> str:
     return f"grad_{name}"
 
 
+@functools.lru_cache(maxsize=None)
 def backward_spec(spec: OpSpec) -> OpSpec | None:
-    """The derived backward op of a row-wise ``spec``, or None where none is derived."""
+    """The derived backward op of a row-wise ``spec``, or None where none is derived. Cached: a
+    build asks twice (the op's module calls it, and the derived op is built as one more spec)."""
     body: rowwise.RowwiseBody = spec.body
     scales_read_steps = any(s.scale is not None and s.scale.names & _steps(body)
                             for s in body.steps)

@@ -273,7 +273,9 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         config = forced_config(kernel, args, kwargs, 0)
     elif direct and shares_storage(args):
         # an output that is also an input (add(x, y, out=x)): each of the autotuner's trials
-        # would update it once more, so they run on stand-ins, then the chosen config runs here
+        # would update it once more, so they run on stand-ins, then the chosen config runs here.
+        # A launch cannot tell outputs from inputs: two inputs that share memory (add(x, x))
+        # tune on stand-ins too, once per tuning key
         if tune_on_stand_ins(kernel, grid, args, kwargs, key):
             replay.note_tuning()
             config = _tuned[key]

@@ -21,6 +21,7 @@ from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
 from specgen.runtime.replay import persistent, zeros
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
+# (reduce_lib.strided_offsets takes four sizes and strides)
 MAX_DIMS = 4
 STRATEGIES = ("inner", "outer", "split", "atomic", "last")
 # what a program does with its tile's result (the kernel's STAGE)
