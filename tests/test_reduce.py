@@ -245,11 +245,12 @@ def test_prod_gradient_at_zeros_and_negative_values_matches_torch(dim):
     # here signed values and exact zeros, one or two in a slice, whose gradients torch.prod
     # gives exactly (0 except at a lone zero, whose gradient is the product of the others)
     generator = torch.Generator().manual_seed(0)
-    x64 = torch.rand(3, 4, 2, generator=generator, dtype=torch.float64) * 3 - 1.5
+    # drawn on the host (this file's tensors are made on the tier's device by default)
+    x64 = torch.rand(3, 4, 2, generator=generator, dtype=torch.float64, device="cpu") * 3 - 1.5
     x64[0, 1, 0] = x64[1, 2, 1] = x64[1, 3, 1] = 0.0
     x = x64.float().to(testing.device()).requires_grad_()
     grad_out = torch.randn(generated.prod(x.detach(), dim).shape, generator=generator,
-                           dtype=torch.float64)
+                           dtype=torch.float64, device="cpu")
     got, = torch.autograd.grad(generated.prod(x, dim), x, grad_out.float().to(testing.device()))
     # torch.prod takes one dim: the reduced dims moved last and flattened into one
     dims = (0, 1, 2) if dim in (None, []) else (dim,) if isinstance(dim, int) else dim
