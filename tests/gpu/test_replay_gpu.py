@@ -41,12 +41,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_replayed_calls_match_torch(name):
-    make, call, expected, tolerance = CASES[name]
+def run_case(name, make):
+    """Four calls of CASES[name] on fresh inputs from ``make`` (seen, recorded or tuned, then
+    replayed), each against torch; the op's registry entry and the outputs."""
+    _, call, expected, tolerance = CASES[name]
     op = generated.REGISTRY[name.split("(")[0].split()[0]]
     before = op.replays.replayed
-    for _ in range(4):  # seen, recorded (or tuned, then recorded), then replayed
+    outs = []
+    for _ in range(4):
         inputs = make()
         out, want = call(*inputs), expected(*inputs)
         if tolerance == 0:
@@ -54,7 +56,14 @@ def test_replayed_calls_match_torch(name):
         else:
             error = (out.double() - want).norm() / want.norm()
             assert error < tolerance, f"{name}: relative error {error:.2e}"
+        outs.append(out)
     assert op.replays.replayed > before, f"{name}: never replayed ({op.replays.failures})"
+    return op, outs
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_replayed_calls_match_torch(name):
+    op, _ = run_case(name, CASES[name][0])
     launches = [launch for entry in op.replays._entries.values()
                 if isinstance(entry, replay.Replay) for launch in entry.launches]
     assert launches and all(launch.compiled is not None for launch in launches)
