@@ -417,7 +417,7 @@ def _eager_forward(logits, target, weight, ignore_index, reduction, label_smooth
     return _target_checked(run, target, logits.shape[1], ignore_index)
 
 
-class _EagerAutograd(torch.autograd.Function):
+class SpecgenCrossEntropy(torch.autograd.Function):
     """Untraced calls that need the gradient: the registered op's kernels without the dispatcher
     and custom-op autograd (about 150 us of host time a call on the H200 host, half the forward
     kernel), both directions replayed when their signatures repeat."""
@@ -461,13 +461,13 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction='mea
     rt.check_scalar(NAME, "label_smoothing", label_smoothing, float)
     rt.check_choice(NAME, "reduction", reduction, ('none', 'mean', 'sum'))
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing))
-    # untraced calls run the implementation directly (through _EagerAutograd when the logits
+    # untraced calls run the implementation directly (through SpecgenCrossEntropy when the logits
     # need a gradient); traced ones (torch.compile, modes, subclasses) go through the registered
     # op, whose autograd formula is the same backward kernel
     if rt.runs_eagerly(logits, target, weight):
         return _eager_forward(*args)[0]
     if rt.untraced([logits, target, weight]):
-        return _EagerAutograd.apply(*args)
+        return SpecgenCrossEntropy.apply(*args)
     return torch.ops.specgen.cross_entropy(*args)[0]
 
 

@@ -122,6 +122,17 @@ def test_a_module_specgen_did_not_write_stops_the_build_and_stays(project):
     assert snapshot(project / "generated") == before
 
 
+@pytest.mark.parametrize("name", ["relu.py", "__init__.py"])
+def test_a_file_specgen_did_not_write_is_not_replaced_under_an_output_name(project, name):
+    run("build", "specs")
+    mine = project / "generated" / name
+    mine.write_text("# my own work\n")
+    code, output = run("build", "specs")
+    assert code == 1
+    assert f"generated/{name}: not written by specgen" in output
+    assert mine.read_text() == "# my own work\n"
+
+
 def test_a_spec_path_with_a_space_keeps_its_module(project):
     # the header names the spec by its path; a later build of other specs reads it back
     (project / "my specs").mkdir()

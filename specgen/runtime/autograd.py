@@ -5,7 +5,8 @@ Every op whose family has no backward kernel of its own differentiates its spec'
 inputs and back-propagates through it. So every op, an author's fused ones included, has exactly
 torch's gradient. Two paths, as for the forward:
 - an untraced call (eager code) runs its plain eager call (replayed when its signature repeats)
-  inside ``_ByReference``, an autograd.Function, and its backward takes ``torch.autograd.grad``
+  inside the op's subclass of ``_ByReference``, an autograd.Function (grad_fn
+  ``Specgen<Op>Backward``), and its backward takes ``torch.autograd.grad``
   of the recomputed reference: no dispatcher, no custom-op autograd, no torch.func (on the H200
   host those cost several times the kernels of a 4096x4096 softmax's forward and backward);
 - a traced call (torch.compile, modes, subclasses) goes through the registered op, whose
