@@ -7,10 +7,11 @@ from pathlib import Path
 import click
 
 from specgen import build as builder
-from specgen.errors import SpecError
+from specgen.errors import SpecError, Where
 from specgen.families import FAMILIES
 from specgen.families.common import check_name
-from specgen.errors import Where
+from specgen.model import Source
+from specgen.parse import parse_spec
 
 DEFAULT_SPECS = Path("specs")
 DEFAULT_OUT = Path("generated")
@@ -107,6 +108,10 @@ def new(name: str, family: str, spec_dir: Path) -> None:
     check_name(name, Where(str(path), ("op", "name")), "op")
     if path.exists():
         raise click.ClickException(f"{path} already exists")
+    text = FAMILIES[family].module.scaffold(name)
+    # parsed before it is written: a name a family reserves (a reduce_lib helper's) is refused
+    # here, not at the first build
+    parse_spec(text, Source(str(path), "", text))
     spec_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(FAMILIES[family].module.scaffold(name), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     click.echo(f"wrote {path}; edit it, then run `specgen build`")

@@ -192,6 +192,14 @@ def test_new_scaffold_builds(project):
     compile((project / "generated" / "my_op.py").read_text(), "my_op.py", "exec")
 
 
+def test_new_refuses_a_name_its_family_reserves(project):
+    # a reduce module imports reduce_lib's helpers by name: the scaffold would not build
+    code, output = run("new", "sum_combine_f32", "--family", "reduce")
+    assert code == 1
+    assert "[op.name]: 'sum_combine_f32' is the name of a reduce_lib helper" in output
+    assert not (project / "specs" / "sum_combine_f32.toml").exists()
+
+
 # the reduce scaffold with its tensor and dtype arguments named otherwise (the property check
 # must take the names from the spec)
 RENAMED_REDUCE = {'"torch.sum(x * x, dim=dim, keepdim=keepdim)"':

@@ -109,20 +109,37 @@ def test_symbolic_sizes_plan_plain_constexprs(case):
     _check_constexprs(launches)
 
 
+def _reused_for(fn, *inputs):
+    """Whether the graph traced for ``inputs`` (symbolic sizes) is reused for other sizes: a
+    function of one size per input dim, in order, true where every guard holds."""
+    graph, _ = _trace_symbolic(fn, *inputs)
+    sizes = [size for n in graph.graph.nodes if n.op == "placeholder" for size in n.meta["val"].shape]
+    guards = sizes[0].node.shape_env.guards
+    symbols = [size.node.expr for size in sizes]
+    return lambda *values: all(bool(g.expr.subs(dict(zip(symbols, values)))) for g in guards)
+
+
 def test_a_graph_is_planned_for_its_sizes_power_of_two_bucket():
-    # the guards a traced softmax takes hold for any shape whose sizes round up to the same
-    # powers of two (its graph is reused) and fail for one that leaves them (a recompile)
-    graph, _ = _trace_symbolic(lambda x: generated.softmax(x, -1),
-                               torch.randn(37, 300, device=device()))
-    (x,) = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
-    rows, n = (size.node.expr for size in x.shape)
-    guards = x.shape[0].node.shape_env.guards
+    # the guards a traced softmax takes hold for any shape whose row length rounds up to the same
+    # power of two (its graph is reused) and fail for one that leaves it (a recompile); the row
+    # count only has to stay at least a tile's rows (2 rows of 512)
+    reused_for = _reused_for(lambda x: generated.softmax(x, -1), torch.randn(37, 300, device=device()))
+    assert reused_for(53, 410) and reused_for(33, 257) and reused_for(65, 300)
+    assert reused_for(100_000, 300)
+    assert not reused_for(20, 1000) and not reused_for(37, 256)
 
-    def reused_for(num_rows, length):
-        return all(bool(g.expr.subs({rows: num_rows, n: length})) for g in guards)
 
-    assert reused_for(53, 410) and reused_for(33, 257)
-    assert not reused_for(20, 1000) and not reused_for(37, 256) and not reused_for(65, 300)
+def test_row_counts_and_operand_sizes_do_not_recompile():
+    # a layer_norm of 4096-wide rows holds one row a program whatever the row count; a linear's
+    # int64 choice stays an expression of the sizes (picking the largest operand first compared
+    # M * K with N * K: a recompile when M passed N, here 5 -> 7 rows against N = 6, both in
+    # the bucket of 8 that the split-K choice guards)
+    norm = _reused_for(lambda x: generated.layer_norm(x, [x.shape[-1]]),
+                       torch.randn(300, 4096, device=device()))
+    assert all(norm(rows, 4096) for rows in (257, 512, 513, 66_000, 10**6))
+    linear = _reused_for(lambda x, w: generated.linear(x, w), torch.randn(5, 8, device=device()),
+                         torch.randn(6, 8, device=device()))
+    assert linear(7, 8, 6, 8) and linear(8, 8, 6, 8)
 
 
 @pytest.mark.parametrize("name", sorted(generated.REGISTRY))

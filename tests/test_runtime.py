@@ -324,3 +324,13 @@ def test_meta_tensors_give_meta_results_as_torch_does(name, call):
         got = call(getattr(generated, name), _meta)
         assert (got.device.type, got.shape, got.dtype, got.stride()) == \
             ("meta", want.shape, want.dtype, want.stride())
+
+
+@pytest.mark.skipif(not runtime.interpreting(), reason="the interpreter's error: the GPU tier compiles")
+def test_compiling_under_the_interpreter_is_a_clear_error():
+    compiled = torch.compile(lambda x: generated.add(x, x), backend="eager", fullgraph=True)
+    try:
+        with pytest.raises(Exception, match="torch.compile of specgen ops needs a GPU"):
+            compiled(_x(3, 5))
+    finally:
+        torch._dynamo.reset()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
@@ -111,11 +112,15 @@ def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int
     "int32" or "int64"), possibly overridden by the test suite.
     """
     mode = _overrides.indexing or indexing
-    name, span = max(spans.items(), key=lambda item: item[1])
-    needs_64 = span + max_tile > INT32_MAX
+    # each span against the limit, joined by `|`: under torch.compile with dynamic shapes the
+    # result stays an expression of the sizes, where picking the largest span first compared
+    # sizes with each other (a guard, and a graph of its own each time it flips)
+    too_large = {name: span + max_tile > INT32_MAX for name, span in spans.items()}
+    needs_64 = functools.reduce(operator.or_, too_large.values(), False)
     if mode == "int32" and needs_64:
+        name = next(name for name, large in too_large.items() if large)
         raise ValueError(
-            f"{op}: indexing is forced to int32, but '{name}' spans {span:,} elements, "
+            f"{op}: indexing is forced to int32, but '{name}' spans {spans[name]:,} elements, "
             f"more than 2**31 - 1 can address; set indexing = \"auto\" or \"int64\" in the spec")
     return mode == "int64" or needs_64
 
@@ -237,6 +242,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     """
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     direct = untraced(tensors)
+    if not direct and interpreting() and torch.compiler.is_compiling():
+        # Triton's interpreter runs a kernel on its tensors' data, which torch.compile's fake
+        # tensors do not have (torch raises "Cannot access data pointer" from deep inside)
+        raise RuntimeError(f"{_name(kernel)}: torch.compile of specgen ops needs a GPU; "
+                           f"TRITON_INTERPRET=1 runs kernels on real tensors only")
     if direct and tensors:
         device = tensors[0].device
         if device.type == "meta":
@@ -305,6 +315,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     kwargs = {**kwargs, **meta, **options}
     compiled = fn[grid](*args, **kwargs)
     replay.note_launch(fn, grid, args, kwargs, compiled)
+
+
+def _name(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction) -> str:
+    return (kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel).__name__
 
 
 def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kwargs: Mapping,

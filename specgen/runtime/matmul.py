@@ -397,6 +397,19 @@ def even_k(k: int, block_ks: Sequence[int]) -> bool:
     return k % max(block_ks) == 0
 
 
+def _fitted_block(block: int, size) -> int:
+    """``block``, or the power of two at or above ``size`` (at least MIN_DOT_BLOCK) where that is
+    smaller. The size is compared with the block and the minimum before it is rounded: under
+    torch.compile with dynamic shapes each comparison is a guard, and rounding a size that
+    passes the block, or one at most the minimum, would have been one guard, and one graph, per
+    power of two."""
+    if size >= block:
+        return block
+    if size <= MIN_DOT_BLOCK:
+        return MIN_DOT_BLOCK
+    return next_power_of_2(size)
+
+
 def _shared_memory_limit(device: torch.device) -> int:
     if device.type != "cuda":
         return 1 << 30
@@ -424,9 +437,8 @@ def prune_configs(configs, named_args, **kwargs):
     fitted, seen = [], set()
     for config in configs:
         meta = dict(config.kwargs)
-        meta["BLOCK_M"] = min(meta["BLOCK_M"], max(MIN_DOT_BLOCK, next_power_of_2(m)))
-        meta["BLOCK_N"] = min(meta["BLOCK_N"], max(MIN_DOT_BLOCK, next_power_of_2(n)))
-        meta["BLOCK_K"] = min(meta["BLOCK_K"], max(MIN_DOT_BLOCK, next_power_of_2(k)))
+        for key, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
+            meta[key] = _fitted_block(meta[key], size)
         point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
         if point in seen:
             continue

@@ -358,7 +358,11 @@ def single_config(rows: int, n: int) -> dict[str, int]:
     about 16 elements, between 1 and 32 warps.
     """
     block_n = next_power_of_2(max(n, 1))
-    block_m = max(1, min(TILE_TARGET // block_n, next_power_of_2(max(rows, 1))))
+    cap = max(1, TILE_TARGET // block_n)
+    # rows compared with the cap only, not rounded up unless fewer: under torch.compile with
+    # dynamic shapes each comparison is a guard, and each power of two of the rows would have
+    # been a graph of its own
+    block_m = cap if cap == 1 or rows >= cap else next_power_of_2(max(rows, 1))
     num_warps = max(1, min(32, block_m * block_n // (32 * ELEMENTS_PER_THREAD)))
     return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
 
