@@ -33,7 +33,11 @@ def discover(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files.extend(sorted(path.rglob("*.toml")))
+            found = sorted(path.rglob("*.toml"))
+            if not found:
+                # a mistyped folder would otherwise build a package of nothing but its index
+                raise SpecError(str(path), "", "no spec files (*.toml) in this directory")
+            files.extend(found)
         elif path.is_file():
             files.append(path)
         else:

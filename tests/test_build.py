@@ -192,6 +192,13 @@ def test_new_scaffold_builds(project):
     compile((project / "generated" / "my_op.py").read_text(), "my_op.py", "exec")
 
 
+def test_a_directory_without_specs_is_an_error(project):
+    (project / "empty").mkdir()
+    code, output = run("build", "empty", "--out", "pkg")
+    assert code == 1 and "empty: no spec files (*.toml) in this directory" in output
+    assert not (project / "pkg").exists()
+
+
 def test_new_refuses_a_name_its_family_reserves(project):
     # a reduce module imports reduce_lib's helpers by name: the scaffold would not build
     code, output = run("new", "sum_combine_f32", "--family", "reduce")
