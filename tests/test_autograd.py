@@ -139,8 +139,10 @@ def test_an_eager_output_names_its_op_in_grad_fn():
     x, residual, weight = _leaf(3, 6), _leaf(3, 6, seed=1), _leaf(6, seed=2)
     names = {type(generated.softmax(x, -1).grad_fn).__name__,
              type(generated.gelu(x).grad_fn).__name__,
-             type(generated.add_rms_norm(x, residual, weight)[1].grad_fn).__name__}
-    assert names == {"SpecgenSoftmaxBackward", "SpecgenGeluBackward", "SpecgenAddRmsNormBackward"}
+             type(generated.add_rms_norm(x, residual, weight)[1].grad_fn).__name__,
+             type(generated.cross_entropy(x, torch.tensor([0, 5, 2], device=x.device)).grad_fn).__name__}
+    assert names == {"SpecgenSoftmaxBackward", "SpecgenGeluBackward", "SpecgenAddRmsNormBackward",
+                     "SpecgenCrossEntropyBackward"}
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])

@@ -272,6 +272,12 @@ class CommonPlan:
         return _tuple_code(a.name for a in self.args if a.kind == "tensor")
 
     @property
+    def input_dict(self) -> str:
+        """The tensor arguments as the entries of a dict literal, name to value, in signature
+        order (what the argument checks take)."""
+        return ", ".join(f'"{a.name}": {a.name}' for a in self.args if a.kind == "tensor")
+
+    @property
     def optional_tensor_names(self) -> tuple[str, ...]:
         """The tensor arguments that may be None (omitted); None elsewhere is a TypeError."""
         return tuple(a.name for a in self.args if a.kind == "tensor" and a.default_code == "None")

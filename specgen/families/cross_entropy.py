@@ -61,12 +61,6 @@ class CrossEntropyPlan(CommonPlan):
     configs: tuple[dict, ...] = ()
 
     @property
-    def function_class(self) -> str:
-        """The eager autograd.Function's name: torch names a grad_fn after it, so an output's
-        grad_fn names the op (SpecgenCrossEntropyBackward), as runtime/autograd.py's do."""
-        return "Specgen" + "".join(part.capitalize() for part in self.name.split("_"))
-
-    @property
     def max_block(self) -> int:
         return max(c["BLOCK_V"] for c in self.configs)
 

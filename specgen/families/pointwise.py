@@ -156,10 +156,6 @@ class PointwisePlan(CommonPlan):
         return ", ".join(t.name for t in self.inputs)
 
     @property
-    def input_dict(self) -> str:
-        return ", ".join(f'"{t.name}": {t.name}' for t in self.inputs)
-
-    @property
     def dtype_list(self) -> str:
         """The dtypes autotuning depends on, as a tuple expression."""
         return "".join(f"{t.name}.dtype, " for t in self.inputs + self.outputs).rstrip(" ")

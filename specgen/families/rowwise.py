@@ -724,10 +724,6 @@ class RowwisePlan(CommonPlan):
         return ", ".join(f'"{n}": {n}' for n in names)
 
     @property
-    def input_dict(self) -> str:
-        return self._dict(t.name for t in self.inputs)
-
-    @property
     def like_dict(self) -> str:
         return self._dict(self.like_names)
 
@@ -736,23 +732,27 @@ class RowwisePlan(CommonPlan):
         return self._dict(self.along_names)
 
     @property
+    def _launch_groups(self) -> tuple[tuple[TensorPlan, ...], ...]:
+        """launch_plan's three tensor lists: the element-wise tensors, what the launch lays out
+        along a row (the tensors read there, the column outputs), the per-row outputs."""
+        return self.elem_tensors, self.of_role("along", "col_out"), self.of_role("row_out")
+
+    @property
     def elem_list(self) -> str:
-        return ", ".join(t.name for t in self.elem_tensors)
+        return ", ".join(t.name for t in self._launch_groups[0])
 
     @property
     def along_list(self) -> str:
-        """What the launch lays out along a row: the tensors read there, the column outputs."""
-        return ", ".join(t.name for t in self.of_role("along", "col_out"))
+        return ", ".join(t.name for t in self._launch_groups[1])
 
     @property
     def row_out_list(self) -> str:
-        return ", ".join(t.name for t in self.of_role("row_out"))
+        return ", ".join(t.name for t in self._launch_groups[2])
 
     @property
     def launch_tensor_names(self) -> tuple[str, ...]:
-        """The names of elem_list, along_list and row_out_list's tensors, in that order."""
-        return tuple(t.name for t in (*self.elem_tensors, *self.of_role("along", "col_out"),
-                                      *self.of_role("row_out")))
+        """The names of the three lists' tensors, in their order."""
+        return tuple(t.name for group in self._launch_groups for t in group)
 
     @property
     def pointer_args(self) -> str:

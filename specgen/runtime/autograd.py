@@ -133,15 +133,19 @@ def differentiable_call(function: Callable, reference: Callable, *args: object,
     for an untraced call whose inputs need a gradient: its plain eager call, differentiated
     through ``reference``, or by ``backward(args, output_grads)`` where that gives every needed
     gradient (a tuple in argument order; None: it does not apply to these arguments)."""
-    return _function_of(function.__name__).apply(function, reference, backward, *args)
+    return _by_reference_of(function.__name__).apply(function, reference, backward, *args)
+
+
+def op_function(op: str, base: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+    """A subclass of ``base`` named for ``op`` (``Specgen<Op>``): torch names a grad_fn after its
+    Function's class, so an output of softmax shows grad_fn=<SpecgenSoftmaxBackward>."""
+    camel = "".join(part.capitalize() for part in op.split("_"))
+    return type(f"Specgen{camel}", (base,), {})
 
 
 @functools.cache
-def _function_of(op: str) -> type[torch.autograd.Function]:
-    # one subclass per op: torch names a grad_fn after its Function's class, so an output of
-    # softmax shows grad_fn=<SpecgenSoftmaxBackward>, not the shared class's name
-    camel = "".join(part.capitalize() for part in op.split("_"))
-    return type(f"Specgen{camel}", (_ByReference,), {})
+def _by_reference_of(op: str) -> type[torch.autograd.Function]:
+    return op_function(op, _ByReference)
 
 
 def reference_vjp(forward: Callable, primals: tuple, cotangents: tuple):

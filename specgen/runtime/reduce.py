@@ -274,8 +274,8 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
     skip collapsing, the strategy choice and the index-width arithmetic.
     """
     key = (op, indexing, launch, combine, logical, tuple(sorted(split_block_k.items())), max_tile,
-           name, tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims, keepdim,
-           overrides(), x.device)
+           name, tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims,
+           keepdim, overrides(), x.device)
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
