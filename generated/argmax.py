@@ -220,7 +220,7 @@ def argmax(x, dim=None, keepdim=False):
     if replay is not None:
         # a repeated eager call: replay what the recorded one allocated and launched
         return replay((x,))
-    rt.check_tensor_types(NAME, {"x": x})
+    rt.check_tensor_types(NAME, {"x": x}, differentiable=False)
     # scalars are checked here too, so that a traced call raises the eager error (the
     # dispatcher raises its own RuntimeError, and takes an int for a bool)
     rt.check_scalar(NAME, "keepdim", keepdim, bool)

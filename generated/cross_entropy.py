@@ -390,10 +390,19 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_loss, grad_lse, grad_denom):
     logits, target, weight, lse, denom = ctx.saved_tensors
     grad = None
-    if ctx.needs_input_grad[0]:
+    if ctx.needs_input_grad[0] and torch.is_grad_enabled():
+        grad = _differentiable_grad(grad_loss, logits, target, weight, ctx.options)
+    elif ctx.needs_input_grad[0]:
         grad = torch.ops.specgen.cross_entropy_backward(grad_loss, logits, target, weight, lse,
                                                           denom, *ctx.options)
     return grad, None, None, None, None, None
+
+
+def _differentiable_grad(grad_loss, logits, target, weight, options):
+    """The logits' gradient for a backward that builds a graph (``create_graph=True``, grad
+    mode on): torch's autograd of the reference, differentiable again, as the kernel's is not."""
+    args = (logits, target, weight, *options)
+    return rt.reference_grads(reference, args, [0], [grad_loss])[0]
 
 
 _cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
@@ -433,6 +442,10 @@ class _EagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
+        if torch.is_grad_enabled():
+            logits, target, weight, _, _ = ctx.saved_tensors
+            grad = _differentiable_grad(grad_loss, logits, target, weight, ctx.options)
+            return grad, None, None, None, None, None
         tensors = (grad_loss, *ctx.saved_tensors)
         key, replay = _backward_replays.lookup(tensors, ctx.options)
         if replay is not None:

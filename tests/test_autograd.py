@@ -81,6 +81,88 @@ def test_double_backward_through_a_gradient_that_reads_the_output(op):
         testing.assert_matches(got, want, f"{op} second-order gradient")
 
 
+@pytest.mark.parametrize("path", ["function", "op"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_double_backward_matches_torch(path, reduction):
+    # its first backward is a kernel, not differentiable again: a backward that builds a graph
+    # (a gradient penalty) takes the reference's gradient instead
+    F = torch.nn.functional
+    logits = _leaf(5, 9)
+    target = torch.tensor([0, 3, 8, -100, 2], device=logits.device)
+    weight = _leaf(9, seed=1).detach().abs() + 0.5
+    calls = {"function": generated.cross_entropy,
+             "op": lambda *args, **options: torch.ops.specgen.cross_entropy(
+                 *args, -100, options["reduction"], options["label_smoothing"])[0]}
+    logits64 = logits.detach().double().requires_grad_()
+    results = []
+    for f, x, w in ((calls[path], logits, weight), (F.cross_entropy, logits64, weight.double())):
+        loss = f(x, target, w, reduction=reduction, label_smoothing=0.1).sum()
+        grad, = torch.autograd.grad(loss, x, create_graph=True)
+        assert grad.requires_grad
+        results.append(torch.autograd.grad(loss + 10 * grad.square().sum(), x)[0])
+    testing.assert_matches(*results, f"cross_entropy ({path}) gradient of a gradient penalty")
+
+
+_TRANSFORM_CALLS = {
+    "relu": lambda x: generated.relu(x),
+    "softmax": lambda x: generated.softmax(x, -1),
+    "sum": lambda x: generated.sum(x, 0),
+    "layer_norm": lambda x: generated.layer_norm(x, [x.shape[-1]]),
+    "mm": lambda x: generated.mm(x[None], x[:, None]),
+    "cross_entropy": lambda x: generated.cross_entropy(
+        x[None], torch.tensor([1], device=x.device)),
+}
+_TORCH_CALLS = {
+    "relu": torch.relu,
+    "softmax": lambda x: torch.softmax(x, -1),
+    "sum": lambda x: x.sum(0),
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, [x.shape[-1]]),
+    "mm": lambda x: x[None] @ x[:, None],
+    "cross_entropy": lambda x: torch.nn.functional.cross_entropy(
+        x[None], torch.tensor([1], device=x.device)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_TRANSFORM_CALLS))
+def test_forward_mode_ad_and_func_grad_raise(op):
+    # torch's custom-op autograd has no jvp (forward AD through the registered op would drop the
+    # tangent without a word) and torch.func.grad refuses its autograd.Function
+    from torch.autograd import forward_ad
+    x = _leaf(5).detach()
+    call = _TRANSFORM_CALLS[op]
+    first = "a" if op == "mm" else "logits" if op == "cross_entropy" else "x"
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match=f"{op}: argument '{first}' carries a tangent"):
+            call(dual)
+        # a tensor without a tangent at an active level is an ordinary call
+        testing.assert_matches(call(x), _TORCH_CALLS[op](x.double()), f"{op} at a dual level")
+    with pytest.raises(NotImplementedError, match=f"argument '{first}' is traced by torch.func.grad"):
+        torch.func.grad(lambda t: call(t).sum())(x)
+    with pytest.raises(NotImplementedError, match="carries a tangent of forward-mode AD"):
+        torch.func.jvp(call, (x,), (torch.ones_like(x),))
+
+
+@pytest.mark.parametrize("op", sorted(_TRANSFORM_CALLS))
+def test_vmap_batches_the_registered_op(op):
+    # a vmap-wrapped tensor is a plain torch.Tensor to type(): it must take the registered op
+    # (batched by torch), not the direct path, which reads its data pointer
+    x = _leaf(3, 5).detach()
+    got = torch.func.vmap(_TRANSFORM_CALLS[op])(x)
+    want = torch.func.vmap(_TORCH_CALLS[op])(x.double())
+    testing.assert_matches(got, want, f"vmap of {op}")
+
+
+def test_argmax_has_no_gradient_to_refuse_under_forward_mode_ad():
+    from torch.autograd import forward_ad
+    x = _leaf(2, 7).detach()
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones_like(x))
+        index = generated.argmax(dual, 1)
+        assert forward_ad.unpack_dual(index).tangent is None
+    assert torch.equal(index, torch.argmax(x, 1))
+
+
 def test_saved_input_changed_in_place_raises():
     x = _leaf(3, 5)
     hidden = x * 2

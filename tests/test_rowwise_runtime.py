@@ -19,9 +19,10 @@ def randn(*shape, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda x: generated.softmax(x, 2), ValueError, "argument 'dim' is 2, out of range"),
+    (lambda x: generated.softmax(x, 2), IndexError, "argument 'dim' is 2, out of range"),
     (lambda x: generated.softmax(x, 1.0), TypeError, "argument 'dim' must be int"),
-    (lambda x: generated.logsumexp(x, [1, -1]), ValueError, "'dim' names dim 1 more than once"),
+    (lambda x: generated.logsumexp(x, [1, -1]), RuntimeError,
+     "'dim' names dim 1 more than once"),
     (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),
     (lambda x: generated.logsumexp(x, 1.5), TypeError, "'dim' must be an int or a sequence"),
     (lambda x: generated.logsumexp(x, 1, 1), TypeError, "argument 'keepdim' must be bool"),

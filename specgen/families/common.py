@@ -283,6 +283,11 @@ class CommonPlan:
         return tuple(a.name for a in self.args if a.kind == "tensor" and a.default_code == "None")
 
     @property
+    def differentiable(self) -> bool:
+        """Whether the op has a gradient (argmax and argmin have none)."""
+        return True
+
+    @property
     def other_args(self) -> str:
         """The other arguments as a tuple expression (with the tensors' layouts, a call's
         signature for replays)."""

@@ -126,6 +126,10 @@ class ReducePlan(CommonPlan):
     helpers: tuple[str, ...] = ()   # specgen.kernel_lib functions the map and finish call
 
     @property
+    def differentiable(self) -> bool:
+        return not self.index
+
+    @property
     def combine_fn(self) -> str:
         """The jit helper that combines two accumulators (NaN-propagating for max and min)."""
         return f"{self.combine}_combine_f32"

@@ -1,7 +1,8 @@
 """Runtime support imported by generated modules: checks, layouts, launch decisions."""
 
 from specgen.runtime.autograd import (differentiable_call, differentiate_by_reference,
-                                      op_function, reference_vjp, sibling)
+                                      op_function, reference_grads, reference_vjp,
+                                      sibling)
 from specgen.runtime.checks import (broadcast_shape, check_choice, check_dtype_arg, check_no_grad,
                                     check_out, check_outs_disjoint, check_scalar,
                                     check_tensor_types, check_tensors)
@@ -17,6 +18,6 @@ __all__ = [
     "check_no_grad", "check_out", "check_outs_disjoint", "check_scalar", "check_tensor_types",
     "check_tensors", "configs", "differentiable_call", "differentiate_by_reference", "empty", "full",
     "interpreting", "launch", "next_power_of_2", "note_launch", "op_function", "override",
-    "record_launches",
+    "record_launches", "reference_grads",
     "reference_vjp", "replay", "runs_eagerly", "sibling", "untraced", "use_int64", "zeros",
 ]

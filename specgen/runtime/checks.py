@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import torch
+from torch._C._functorch import TransformType
+from torch.autograd import forward_ad
 
-from specgen.runtime.launch import interpreting
+from specgen.runtime.launch import interpreting, transforms_active
 from specgen.runtime.layout import broadcast_shapes, has_internal_overlap, storage_span
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -17,12 +19,43 @@ def _dtype_list(dtypes: Sequence[torch.dtype]) -> str:
 
 
 def check_tensor_types(op: str, tensors: Mapping[str, object],
-                       optional: Sequence[str] = ()) -> None:
-    """TypeError for a non-tensor where a tensor is required (``None`` omits an ``optional``)."""
+                       optional: Sequence[str] = (), differentiable: bool = True) -> None:
+    """TypeError for a non-tensor where a tensor is required (``None`` omits an ``optional``);
+    NotImplementedError for a tensor under torch.func.grad, or under forward-mode AD where the
+    op has a gradient (argmax's indices have none: they come out the same)."""
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor) and not (value is None and name in optional):
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, "
                             f"got {type(value).__name__}")
+    if not torch.compiler.is_compiling() and transforms_active():
+        for name, value in tensors.items():
+            if value is not None:
+                _check_transforms(op, name, value, differentiable)
+
+
+# what the registered op cannot serve: torch's custom-op autograd is an autograd.Function that
+# torch.func.grad refuses, and it has no jvp, so forward-mode AD through it would drop the
+# tangent without a word. vmap batches the registered op.
+_GRAD = "torch.func.grad (or vjp, jacrev)"
+_FORWARD_AD = "forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad)"
+_REVERSE_MODE = ("specgen ops differentiate in reverse mode, with torch.autograd (.backward(), "
+                 "torch.autograd.grad), and run under torch.func.vmap")
+
+
+def _check_transforms(op: str, name: str, tensor: torch.Tensor, differentiable: bool) -> None:
+    refused = {TransformType.Grad: _GRAD}
+    if differentiable:
+        refused[TransformType.Jvp] = _FORWARD_AD
+        if forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None:
+            raise NotImplementedError(f"{op}: argument '{name}' carries a tangent of "
+                                      f"{_FORWARD_AD}; {_REVERSE_MODE}")
+    levels = {i.level(): i.key() for i in torch._C._functorch.get_interpreter_stack() or ()}
+    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        transform = levels.get(torch._C._functorch.maybe_get_level(tensor))
+        if transform in refused:
+            raise NotImplementedError(f"{op}: argument '{name}' is traced by {refused[transform]}; "
+                                      f"{_REVERSE_MODE}")
+        tensor = torch._C._functorch.get_unwrapped(tensor)
 
 
 def check_no_grad(op: str, tensors: Mapping[str, torch.Tensor | None], why: str) -> None:

@@ -11,6 +11,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 import triton
+from torch.autograd import forward_ad
 from torch.library import wrap_triton
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
@@ -131,16 +132,25 @@ def untraced(tensors) -> bool:
 
 
 def tracing() -> bool:
-    """Whether something traces or rewrites calls: torch.compile/export, a dispatch mode, or a
-    function mode other than a default device. A default-device context
-    (``torch.set_default_device``, ``with torch.device(...)``) does neither: it only places
-    factory calls that name no device, and every allocation of an implementation names one, so
-    such calls keep the direct path and their replays."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+    """Whether something traces or rewrites calls: torch.compile/export, a dispatch mode, a
+    torch.func transform or forward-mode AD, or a function mode other than a default device.
+    (Under vmap the registered op batches; ``checks.check_tensor_types`` refuses the transforms
+    that differentiate.) A default-device context (``torch.set_default_device``,
+    ``with torch.device(...)``) does neither: it only places factory calls that name no device,
+    and every allocation of an implementation names one, so such calls keep the direct path and
+    their replays."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or transforms_active()):
         return True
     if not torch._C._is_torch_function_mode_enabled():
         return False
     return not all(type(mode) is DeviceContext for mode in _get_current_function_mode_stack())
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD level is active:
+    one call and one attribute read, cheap enough for every call."""
+    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
 
 
 def runs_eagerly(*tensors: torch.Tensor | None) -> bool:

@@ -46,7 +46,7 @@ def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, 
     if dim is None:
         return tuple(range(ndim))
     dims = (dim,) if isinstance(dim, int) and not isinstance(dim, bool) else dim
-    if single and len(dims) != 1:
+    if single and not (isinstance(dims, tuple) and len(dims) == 1):
         raise TypeError(f"{op}: argument 'dim' must be an int or None, got {dim!r}")
     if not isinstance(dims, (tuple, list)) or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in dims):
@@ -57,11 +57,12 @@ def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, 
     wrapped = []
     for d in dims:
         if not -bound <= d < bound:
-            raise ValueError(f"{op}: argument 'dim' is {d}, out of range for a tensor of "
+            # IndexError and RuntimeError below: the types torch raises
+            raise IndexError(f"{op}: argument 'dim' is {d}, out of range for a tensor of "
                              f"{ndim} dims (expected in [{-bound}, {bound - 1}])")
         wrapped.append(d % bound)
     if len(set(wrapped)) != len(wrapped):
-        raise ValueError(f"{op}: argument 'dim' names a dim twice: {dim!r}")
+        raise RuntimeError(f"{op}: argument 'dim' names a dim twice: {dim!r}")
     return tuple(sorted(d for d in wrapped if d < ndim))
 
 

@@ -111,10 +111,11 @@ def reduced_by_dim(op: str, name: str, x: torch.Tensor, dim: object) -> tuple[in
     reduced = []
     for d in dims:
         if not -rank <= d < rank:
-            raise ValueError(f"{op}: argument '{name}' is {dim}, out of range for a tensor of "
+            # IndexError and RuntimeError below: the types torch raises
+            raise IndexError(f"{op}: argument '{name}' is {d}, out of range for a tensor of "
                              f"{x.dim()} dims (expected {-rank} to {rank - 1})")
         if d % rank in reduced:
-            raise ValueError(f"{op}: argument '{name}' names dim {d % rank} more than once")
+            raise RuntimeError(f"{op}: argument '{name}' names dim {d % rank} more than once")
         reduced.append(d % rank)
     return () if x.dim() == 0 else tuple(sorted(reduced))
 
