@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -205,6 +206,38 @@ def test_new_refuses_a_name_its_family_reserves(project):
     assert code == 1
     assert "[op.name]: 'sum_combine_f32' is the name of a reduce_lib helper" in output
     assert not (project / "specs" / "sum_combine_f32.toml").exists()
+
+
+INT_ARGUMENT_SPEC = """
+[op]
+name = "int_poly"
+family = "pointwise"
+reference = "x * (k / 2) + k ** 3"
+
+[args]
+x = "tensor"
+k = { kind = "int", default = 3 }
+
+[compute]
+out = "x * (k / 2) + k ** 3"
+"""
+
+
+def test_an_int_argument_computes_in_float32_not_int32(tmp_path, monkeypatch):
+    # k ** 3 at k = 2000 is 8e9, past int32: the kernel must take k as float32 (all math is),
+    # and k past int32 itself reaches the launcher as int64
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "int_poly.toml").write_text(INT_ARGUMENT_SPEC)
+    code, output = run("build", "specs", "--out", "int_ops")
+    assert code == 0, output
+    monkeypatch.syspath_prepend(str(tmp_path))
+    int_poly = importlib.import_module("int_ops").int_poly
+    x = testing.make_tensor((37,), torch.float32, testing.Layout.contiguous(1), seed=5,
+                            device=testing.device())
+    for k in (2000, 100_000, 2**31 + 5):
+        want = x.double() * (k / 2) + float(k) ** 3
+        testing.assert_matches(int_poly(x, k), want, f"int_poly at k = {k}")
 
 
 # the reduce scaffold with its tensor and dtype arguments named otherwise (the property check

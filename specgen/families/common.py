@@ -200,20 +200,30 @@ class CommonPlan:
         return tuple(a for a in self.args if a.kind in ("float", "int", "bool"))
 
     @property
+    def value_ints(self) -> tuple[str, ...]:
+        """The int arguments the kernels compute with (expression values; a family whose ints
+        shape the launch or are compared as integers says so)."""
+        return tuple(a.name for a in self.args if a.kind == "int")
+
+    @property
     def float_args(self) -> tuple[str, ...]:
-        """The float scalar arguments, which kernels take as float32 first (float32_lines)."""
-        return tuple(a.name for a in self.args if a.kind == "float")
+        """The scalar arguments kernels take as float32 first (float32_lines): the float ones,
+        and the ints they compute with, whose int32 math would overflow (k ** 3 at k = 2000)."""
+        return tuple(a.name for a in self.args if a.kind == "float" or a.name in self.value_ints)
 
     @property
     def float32_lines(self) -> tuple[str, ...]:
-        """A kernel's first lines: its float scalar arguments as float32. Triton's launcher passes
-        a Python float as float32, torch.compile's (Inductor) as float64, which would carry the
-        math around it in float64: slower (layer_norm 32768x1024 bf16 on the H200: 43.1 us of
-        device time against 33.7) and not the eager result."""
+        """A kernel's first lines: its float scalar arguments (and value ints) as float32, as all
+        math is. Triton's launcher passes a Python float as float32, torch.compile's (Inductor)
+        as float64, which would carry the math around it in float64: slower (layer_norm
+        32768x1024 bf16 on the H200: 43.1 us of device time against 33.7) and not the eager
+        result; an int it passes as int32 (int64 past that range)."""
         if not self.float_args:
             return ()
-        return ("# float32 under torch.compile too (Inductor passes Python floats as float64)",
-                *(f"{name} = tl.cast({name}, tl.float32)" for name in self.float_args))
+        comments = ["# float32 under torch.compile too (Inductor passes Python floats as float64)"]
+        if self.value_ints:
+            comments.append("# ints too: expressions compute in float32 (int32 products overflow)")
+        return (*comments, *(f"{name} = tl.cast({name}, tl.float32)" for name in self.float_args))
 
     @property
     def choices(self) -> tuple[ArgPlan, ...]:

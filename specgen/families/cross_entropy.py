@@ -61,6 +61,10 @@ class CrossEntropyPlan(CommonPlan):
     configs: tuple[dict, ...] = ()
 
     @property
+    def value_ints(self) -> tuple[str, ...]:
+        return ()  # ignore_index is compared with the int64 targets
+
+    @property
     def max_block(self) -> int:
         return max(c["BLOCK_V"] for c in self.configs)
 

@@ -600,6 +600,10 @@ class RowwisePlan(CommonPlan):
         return tuple(t for t in self.tensors if t.optional)
 
     @property
+    def value_ints(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.kernel_scalars if a.kind == "int")
+
+    @property
     def kernel_scalars(self) -> tuple:
         # the dim and keepdim shape the launch on the host; the kernels never read them
         return tuple(a for a in self.scalars if a.name not in (self.dim, self.keepdim))
