@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specgen.errors import Where, describe
 from specgen.families import FAMILIES
-from specgen.families.common import check_name
+from specgen.families.common import check_generated_names, check_name
 from specgen.model import DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
 from specgen.table import Table, parse_list
 
@@ -65,6 +65,11 @@ def parse_spec(text: str, source: Source) -> OpSpec:
                      getattr(family.module, "REFERENCE_NAMES", ()))
     body = family.module.parse_body(top, args, name)
     top.finish()
+    body_names = family.module.body_names(body)
+    check_generated_names(top.where, family,
+                          ((a.name, ("args", a.name)) for a in args), body_names,
+                          derived_from=[*(a.name for a in args if isinstance(a, TensorArg)),
+                                        *(n for n, _ in body_names)])
     return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
                   dtypes=dtypes, indexing=indexing, source=source, body=body)
 

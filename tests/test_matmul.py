@@ -98,7 +98,7 @@ CASES = [
     ("mixed batch", 'residual = { kind = "tensor", dims = ["...", "M", "N"] }',
      'residual = { kind = "tensor", dims = ["B", "M", "N"] }', "args", "all \"...\""),
     ("reserved name", "default = 1.0 }", "default = 1.0 }\nacc = { kind = \"float\", default = 1.0 }",
-     "args.acc", "used by the matmul kernels"),
+     "args.acc", "'acc' is a name the matmul family's generated code uses for itself"),
     ("epilogue reads A", 'out = "(acc + bias) * scale + residual"', 'out = "x + acc"',
      "epilogue.out", "name 'x' cannot be used here: the operands enter the epilogue only through "
      "acc, the tile of their product"),

@@ -1,10 +1,18 @@
 """Every kind of spec error names the file, the key path and what was expected."""
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from specgen.errors import SpecError
-from specgen.model import Source
-from specgen.parse import parse_spec
+from specgen.errors import SpecError, Where
+from specgen.families import FAMILIES
+from specgen.families.common import NAME_RE, check_generated_names, check_name
+from specgen.model import Source, TensorArg
+from specgen.parse import load_spec, parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+SPECS = REPO / "specs"
 
 GOOD = """
 [op]
@@ -91,6 +99,16 @@ CASES = [
      "default 'c' is not one of the values: a, b"),
     ("reserved argument name", 'y = "tensor"', 'mask = "tensor"', "args.mask",
      "argument name 'mask' is reserved"),
+    ("name a tensor's names derive from", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = 1.0 }\nx_base = { kind = "float", default = 1.0 }', "args.x_base",
+     "'x_base' extends 'x', from which generated code derives its names"),
+    ("output extending an argument", 'out = "x + alpha * y"',
+     'out = "x + alpha * y"\ny_ptr = "x * y"', "compute.y_ptr", "'y_ptr' extends 'y'"),
+    ("argument extending an output", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = 1.0 }\nout_stride_0 = { kind = "float", default = 1.0 }', "args.out_stride_0", "extends 'out'"),
+    ("name the generated code binds", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = 1.0 }\nreplay = { kind = "float", default = 1.0 }', "args.replay",
+     "'replay' is a name the pointwise family's generated code uses for itself"),
     ("default order", 'y = "tensor"\nalpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "float", default = 1.0 }\ny = "tensor"', "args.y",
      "argument 'y' has no default but follows one that has"),
@@ -109,3 +127,44 @@ def test_spec_error_names_file_key_and_expectation(what, old, new, key, words):
     location = f"specs/bad.toml: [{key}]: " if key else "specs/bad.toml: "
     assert message.startswith(location), message
     assert words in message, message
+
+
+def _bound_names(source: str) -> set[str]:
+    """Names the functions of a module bind: parameters and assignment targets (comprehension
+    variables are scoped to their comprehension, so no spec name meets them)."""
+    bound = set()
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        scoped = {id(n) for c in ast.walk(function) if isinstance(c, ast.comprehension)
+                  for n in ast.walk(c.target)}
+        bound.update(a.arg for a in function.args.args + function.args.kwonlyargs)
+        bound.update(n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+                     and isinstance(n.ctx, ast.Store) and id(n) not in scoped)
+    return bound
+
+
+# cross_entropy's signature is fixed (its SIGNATURE): an author declares no names there
+@pytest.mark.parametrize("path", sorted(p for p in SPECS.glob("*.toml") if p.stem != "cross_entropy"),
+                         ids=lambda p: p.stem)
+def test_generated_names_cover_what_the_template_binds(path):
+    # every name a generated module binds that the spec did not declare must be one a spec may
+    # not declare (check_generated_names): else a spec naming it would shadow it, or be shadowed
+    spec = load_spec(path, REPO)
+    family = FAMILIES[spec.family]
+    body_names = [name for name, _ in family.module.body_names(spec.body)]
+    declared = {a.name for a in spec.args} | set(body_names)
+    bases = [a.name for a in spec.args if isinstance(a, TensorArg)] + body_names
+    uncovered = set()
+    for name in _bound_names((REPO / "generated" / f"{spec.name}.py").read_text()):
+        if not NAME_RE.match(name) or name in declared or any(
+                name.startswith(base + "_") for base in bases):
+            continue
+        try:
+            check_name(name, Where("x"), "argument")
+            check_generated_names(Where("x"), family, [(name, ())], [], derived_from=[])
+        except SpecError:
+            continue
+        uncovered.add(name)
+    assert not uncovered, (f"{spec.name}: the {spec.family} template binds names a spec may "
+                           f"declare; add them to GENERATED_NAMES: {sorted(uncovered)}")

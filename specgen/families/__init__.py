@@ -1,7 +1,10 @@
-"""Kernel families. Each has a module with ``parse_body``, ``plan`` and ``scaffold``, and a template.
+"""Kernel families. Each has a module with ``parse_body``, ``body_names``, ``plan`` and
+``scaffold``, the names its generated code binds for itself (``GENERATED_NAMES``,
+``GENERATED_PREFIXES``: a spec may not declare them), and a template.
 
 To add a family: write ``families/<name>.py`` (a body dataclass, its parser, a planner returning a
-frozen plan the template reads) and ``templates/<name>.py.jinja``, then list it here.
+frozen plan the template reads) and ``templates/<name>.py.jinja``, then list it here
+(tests/test_spec_errors.py checks the generated names against what the template binds).
 """
 
 from __future__ import annotations

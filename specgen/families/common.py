@@ -6,6 +6,7 @@ import ast
 import keyword
 import re
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 from specgen.errors import Where
 from specgen.expr import FUNCTIONS
@@ -38,6 +39,32 @@ def check_name(name: str, where: Where, what: str) -> None:
     reserved = OP_RESERVED if what == "op" else RESERVED
     if keyword.iskeyword(name) or name in reserved or re.fullmatch(r"(size|i)_\d+", name):
         raise where.error(f"{what} name '{name}' is reserved; choose another")
+
+
+def check_generated_names(where: Where, family, args: Iterable[tuple[str, tuple[str, ...]]],
+                          body: Iterable[tuple[str, tuple[str, ...]]],
+                          derived_from: Sequence[str]) -> None:
+    """No declared name (an argument, or an output or step of the body; each with its key path
+    under ``where``) may be one the family's generated code binds for itself (its module's
+    ``GENERATED_NAMES``, where an entry ending in ``_`` stands for its numbered forms, and
+    ``GENERATED_PREFIXES``), or extend a name the code derives names from (``derived_from``:
+    tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``, ...). Either would
+    shadow or be shadowed in the generated module: wrong results, or a module that does not
+    import."""
+    for name, path in (*args, *body):
+        key = where
+        for part in path:
+            key = key.child(part)
+        numbered = re.sub(r"_\d+$", "_", name)
+        generated = family.module.GENERATED_NAMES
+        if (name in generated or numbered in generated
+                or name.startswith(family.module.GENERATED_PREFIXES)):
+            raise key.error(f"'{name}' is a name the {family.name} family's generated code uses "
+                            f"for itself; choose another")
+        for base in derived_from:
+            if base != name and name.startswith(base + "_"):
+                raise key.error(f"'{name}' extends '{base}', from which generated code derives "
+                                f"its names ({base}_ptr, {base}_row, ...); choose another")
 
 
 def int_list(table: Table, key: str, default: tuple[int, ...], valid, expected: str) -> tuple[int, ...]:

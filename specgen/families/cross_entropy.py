@@ -31,11 +31,20 @@ SIGNATURE = {
                         and a.default == 0.0),
 }
 
+# the signature is fixed (SIGNATURE), so no name of the author's can meet a generated one
+GENERATED_NAMES: frozenset[str] = frozenset()
+GENERATED_PREFIXES: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True)
 class CrossEntropyBody:
     blocks: tuple[int, ...]
     num_warps: tuple[int, ...]
+
+
+def body_names(body: CrossEntropyBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The signature is fixed (SIGNATURE): no names of the author's."""
+    return ()
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> CrossEntropyBody:

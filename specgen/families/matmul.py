@@ -28,13 +28,19 @@ SPLIT_K_MODES = ("auto", "atomic", "off")
 # batch dims after folding and collapsing that a "..." kernel walks (torch.matmul broadcasting
 # leaves at most this many that cannot be merged in practice; more is a clear error at launch)
 BROADCAST_BATCH_RANK = 3
-# names the kernels and the launcher use for themselves; an argument with one would shadow it
-KERNEL_NAMES = frozenset({
-    "acc", "k", "m", "n", "row", "col", "bid", "batch", "batch_id", "rest", "group", "first_m",
-    "group_rows", "programs_in_group", "k_start", "ws", "slot", "split", "plan", "config",
-    "flags", "common", "workspace", "strategy", "tune_key", "tile", "row0", "col0", "tma_fits",
-    "tile_args", "tiles", "work",
+# names the generated module binds for itself, in its kernels and host functions: a spec that
+# declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
+# forms; tests/test_spec_errors.py checks the set against what the template binds)
+GENERATED_NAMES = frozenset({
+    "acc", "batch", "batch_id", "bid", "col", "col0", "common", "first_m", "flags", "group",
+    "group_rows", "k", "k_start", "key", "plan", "programs_in_group", "replay", "row", "row0",
+    "slot", "strategy", "tile_args", "tiles", "tma_fits", "tune_key",
+    "work", "workspace", "ws_ptr", "ws_ptrs",
+    # the launcher's and kernels' names the shipped specs' modules do not show
+    "m", "n", "rest", "ws", "split", "config", "tile"
 })
+GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_", "size_b")
+
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")
 B_DIMS = (("K", "N"), ("N", "K"))
@@ -139,14 +145,16 @@ def _classify(arg: TensorArg, where: Where) -> Operand:
     return operand
 
 
+def body_names(body: MatmulBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The names the body declares, with their keys: the outputs."""
+    return tuple((o.name, ("epilogue", o.name)) for o in body.outputs)
+
+
 def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
     args_where = top.where.child("args")
     a = b = None
     epilogue_inputs = []
     for arg in spec_args:
-        if arg.name in KERNEL_NAMES:
-            raise args_where.child(arg.name).error(
-                f"argument name '{arg.name}' is used by the matmul kernels; choose another")
         if not isinstance(arg, TensorArg):
             continue
         operand = _classify(arg, args_where.child(arg.name))
@@ -191,8 +199,6 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
         check_name(name, where, "output")
         if name in symbols or name in matrices:
             raise where.error(f"output '{name}' has the name of an argument")
-        if name in KERNEL_NAMES:
-            raise where.error(f"output name '{name}' is used by the matmul kernels; choose another")
         check_type(source, str, where)
         outputs.append(Output(name, parse_expr(source, where, symbols, {
             m: "the operands enter the epilogue only through acc, the tile of their product"

@@ -19,6 +19,14 @@ LAUNCHES = ("flat", "persistent")
 # outer collapsed dims the tiled kernel walks besides its two tiled ones (rank 8 in all)
 OUTER_RANK = 6
 
+# names the generated module binds for itself, in its kernels and host functions: a spec that
+# declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
+# forms; tests/test_spec_errors.py checks the set against what the template binds)
+GENERATED_NAMES = frozenset({
+    "dtypes", "eager", "kernel", "key", "outs", "plan", "replay"
+})
+GENERATED_PREFIXES: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True)
 class PointwiseBody:
@@ -27,6 +35,11 @@ class PointwiseBody:
     tiles: tuple[tuple[int, int], ...]
     num_warps: tuple[int, ...]
     launch: str
+
+
+def body_names(body: PointwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The names the body declares, with their keys: the outputs."""
+    return tuple((o.name, ("compute", o.name)) for o in body.outputs)
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:

@@ -36,6 +36,20 @@ LAUNCHES = ("flat", "persistent")
 # names the reference may use besides the declared arguments: the family adds them to the signature
 REFERENCE_NAMES = ("dim", "keepdim")
 
+# names the generated module binds for itself, in its kernels and host functions: a spec that
+# declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
+# forms; tests/test_spec_errors.py checks the set against what the template binds)
+GENERATED_NAMES = frozenset({
+    "acc", "acc_index", "atomic", "count", "counter_ptr", "counters", "dim", "dims", "dtypes",
+    "keepdim", "kept", "kept_mask", "kept_size_", "kept_tile", "kept_tiles", "kernel", "key",
+    "level", "n_float", "num_kept", "num_red", "num_splits", "out", "out_kept_stride_",
+    "out_offsets", "out_ptr", "part", "part_index", "part_index_ptr", "part_mask", "part_ptr",
+    "partials", "plan", "pointers", "red", "red_block", "red_end", "red_mask", "red_size_",
+    "red_start", "replay", "result", "result_index", "second_pointers", "split", "split_block",
+    "split_size", "splits", "strategy", "ticket"
+})
+GENERATED_PREFIXES: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True)
 class ReduceBody:
@@ -48,6 +62,11 @@ class ReduceBody:
     outer_tiles: tuple[tuple[int, int], ...]
     num_warps: tuple[int, ...]
     launch: str
+
+
+def body_names(body: ReduceBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A reduce spec declares no names beyond its arguments."""
+    return ()
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:

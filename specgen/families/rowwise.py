@@ -49,6 +49,21 @@ SPLIT_CHUNK_MAX = 4096
 # (tools/sweep_rowwise.py --part split): a share of a row is too short to feed more warps
 SPLIT_WARPS_MAX = 8
 
+# names the generated module binds for itself, in its kernels and host functions: a spec that
+# declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
+# forms; tests/test_spec_errors.py checks the set against what the template binds)
+GENERATED_NAMES = frozenset({
+    "acc_max", "acc_ms", "acc_sum", "acc_sum_", "args", "block", "col_coord", "col_mask",
+    "col_rest", "col_size_", "delta", "deviation", "deviation_m2", "grads", "greater", "hi",
+    "item", "kernel", "key", "lane_n", "lo", "n_float", "n_rows", "n_splits", "new_max", "part",
+    "part_m2", "part_max", "part_mean", "part_n", "part_shift", "part_sum", "pass_m2",
+    "pass_mean", "plan", "pointers", "reduced", "replay", "row_coord", "row_id", "row_mask",
+    "row_max", "row_max_shift", "row_mean", "row_ms", "row_out", "row_rest", "row_size_",
+    "row_sum", "row_sum_", "row_var", "run_m2", "run_mean", "share", "shift", "span", "split",
+    "split_mask", "splits", "start", "term", "total", "tune_key", "value", "workspace", "ws_ptr"
+})
+GENERATED_PREFIXES: tuple[str, ...] = ("grad_",)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -94,6 +109,13 @@ def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[
             raise where.error(f"'{name}' is not {what} (expected one of: "
                               f"{', '.join(sorted(allowed)) or 'none'})")
     return names
+
+
+def body_names(body: RowwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The names the body declares, with their keys: steps, outputs, column outputs."""
+    return (*((s.name, ("reduce", s.name)) for s in body.steps),
+            *((o.name, ("compute", o.name)) for o in body.outputs),
+            *((c.name, ("columns", c.name)) for c in body.column_outputs))
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
