@@ -1014,7 +1014,7 @@ def _launch(x, weight, bias, grad_out, eps, grad_x, grad_weight, grad_bias, redu
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, weight.dtype, bias.dtype, grad_out.dtype, grad_x.dtype, grad_weight.dtype, grad_bias.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n,
-                   row_loop=plan.row_loop)
+                   row_loop=plan.row_loop, splits=plan.splits)
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
         rt.launch(_layer_norm_backward_single_kernel, plan.grid(plan.single), *args, **constexprs,

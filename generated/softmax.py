@@ -824,7 +824,7 @@ def _launch(x, out, reduced):
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
     tune_key = (space.n, x.dtype, out.dtype)
     rt.note_launch(NAME, plan.strategy, plan.index_64, rows=space.rows, n=space.n,
-                   row_loop=plan.row_loop)
+                   row_loop=plan.row_loop, splits=plan.splits)
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
         rt.launch(_softmax_single_kernel, plan.grid(plan.single), *args, **constexprs,

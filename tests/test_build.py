@@ -243,8 +243,8 @@ def test_an_int_argument_computes_in_float32_not_int32(tmp_path, monkeypatch):
 # the reduce scaffold with its tensor and dtype arguments named otherwise (the property check
 # must take the names from the spec)
 RENAMED_REDUCE = {'"torch.sum(x * x, dim=dim, keepdim=keepdim)"':
-                  '"torch.sum(t * t, dim=dim, keepdim=keepdim, dtype=acc)"',
-                  'x = "tensor"': 't = "tensor"\nacc = { kind = "dtype", optional = true }',
+                  '"torch.sum(t * t, dim=dim, keepdim=keepdim, dtype=dt)"',
+                  'x = "tensor"': 't = "tensor"\ndt = { kind = "dtype", optional = true }',
                   'map = "x * x"': 'map = "t * t"'}
 SCAFFOLDS = [pytest.param(f, {}, id=f) for f in sorted(FAMILIES)] + [
     pytest.param("reduce", RENAMED_REDUCE, id="reduce_renamed")]

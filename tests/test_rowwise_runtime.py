@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import generated
-from specgen import runtime
+from specgen import runtime, testing
 from specgen.runtime import rowwise
 from specgen.runtime.launch import _tuned as tuned_configs
 from specgen.testing import device
@@ -69,6 +69,9 @@ def test_forced_strategy_is_the_one_launched(strategy):
     with runtime.override(strategy=strategy), runtime.record_launches() as launches:
         out = generated.softmax(x, -1)
     assert [launch.kernel for launch in launches] == [strategy]
+    # the kernels started, not only the plan's choice
+    started = {"split": ["_softmax_split0_kernel", "_softmax_split_out_kernel"]}
+    assert launches[0].kernels == started.get(strategy, [f"_softmax_{strategy}_kernel"])
     torch.testing.assert_close(out, torch.softmax(x, -1))
 
 
@@ -103,6 +106,47 @@ def test_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
             out = generated.log_softmax(x, -1)
         assert [launch.details["row_loop"] for launch in launches] == [loops], knobs
         torch.testing.assert_close(out, torch.log_softmax(x, -1))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm",
+                                "add_rms_norm"])
+def test_a_split_row_combines_several_programs_partials(op):
+    # 16-wide chunks with splits planned for them: a 70-element row takes five programs, whose
+    # partials (max and sum, mean and M2, sums of squares) the second stage combines; the
+    # backward runs its derived op split the same way. An all -inf row and scattered ones for the
+    # exp family, whose partials are -inf where a program saw only those
+    x = (torch.rand(3, 70, dtype=torch.float64) * 6 - 3).to(device())
+    if op in ("softmax", "log_softmax", "logsumexp"):
+        x[0] = -math.inf
+        x[1, ::7] = -math.inf
+    residual, weight = randn(3, 70).double(), randn(70).double()
+    # each op as ours and as torch's, on x of either
+    calls = {"softmax": (lambda x: generated.softmax(x, -1), lambda x: torch.softmax(x, -1)),
+             "log_softmax": (lambda x: generated.log_softmax(x, -1),
+                             lambda x: torch.log_softmax(x, -1)),
+             "logsumexp": (lambda x: generated.logsumexp(x, -1), lambda x: torch.logsumexp(x, -1)),
+             "layer_norm": (lambda x: generated.layer_norm(x, [70], weight.float()),
+                            lambda x: F.layer_norm(x, [70], weight)),
+             "rms_norm": (lambda x: generated.rms_norm(x, [70], weight.float(), 1e-6),
+                          lambda x: F.rms_norm(x, [70], weight, 1e-6)),
+             "add_rms_norm": (lambda x: generated.add_rms_norm(x, residual.float(), weight.float())[1],
+                              lambda x: F.rms_norm(x + residual, [70], weight, 1e-6))}
+    ours, theirs = calls[op]
+    x32 = x.float().requires_grad_()
+    with runtime.override(strategy="split", config=0, split_chunk=16), \
+            runtime.record_launches() as launches:
+        y = ours(x32)
+        grad_y = randn(*y.shape)
+        grad, = torch.autograd.grad(y, x32, grad_y)
+    assert launches[0].details["splits"] == 5, launches[0]
+    if op != "logsumexp":  # (its backward is its reference's: no derived op)
+        assert any(launch.op == f"{op}_backward" and launch.details["splits"] == 5
+                   for launch in launches), [(launch.op, launch.details) for launch in launches]
+    x64 = x.requires_grad_()
+    want = theirs(x64)
+    testing.assert_matches(y, want, f"{op} split")
+    want_grad, = torch.autograd.grad(want, x64, grad_y.double())
+    testing.assert_matches(grad, want_grad, f"{op} split backward")
 
 
 def test_auto_strategy_and_int64():
@@ -201,6 +245,21 @@ def test_row_space_collapses_and_splits_dims():
     assert (space.rows, space.row_dims, space.col_dims) == (24, 1, 1)
 
 
+@pytest.mark.parametrize("strategy", ["single", "looped"])
+def test_four_row_dims_that_do_not_merge(strategy):
+    # every other element of each of four row dims: no two merge, so the kernels walk all
+    # ROW_RANK of them (the property suite's shapes leave at most three)
+    x = randn(6, 4, 8, 6, 9)[::2, ::2, ::2, ::2]    # (3, 2, 4, 3, 9)
+    out = torch.empty(x.shape, device=device())
+    space = rowwise.row_space("op", x, (4,), [out, x], [], [])
+    assert space.row_dims == rowwise.ROW_RANK == 4
+    with runtime.override(strategy=strategy, config=0):
+        got = generated.softmax(x, -1)
+        normed = generated.rms_norm(x, [9])
+    testing.assert_matches(got, torch.softmax(x.double(), -1), "softmax over 4 row dims")
+    testing.assert_matches(normed, F.rms_norm(x.double(), [9]), "rms_norm over 4 row dims")
+
+
 def test_layer_norm_over_dims_that_do_not_merge():
     x = randn(6, 4, 5).permute(2, 1, 0)
     weight, bias = randn(4, 6), randn(4, 6)
@@ -239,7 +298,7 @@ var = { op = "sum", of = "(x - mean) * (x - mean)", scale = "1 / N" }
 rstd = "rsqrt(var + 0.001)"
 out = "(x - mean) * rstd + exp(x + bias - max) / sum"
 lse = "max + log(sum)"
-span = "mean - low"
+spread = "mean - low"
 """
 
 

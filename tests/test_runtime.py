@@ -72,6 +72,17 @@ def test_int64_chosen_from_storage_span_not_numel():
         runtime.use_int64("op", "int32", {"x": far}, max_tile=1024)
 
 
+def test_int64_counts_a_tile_of_masked_lanes_past_the_end():
+    # a program's masked lanes form offsets up to one tile past a tensor's last element: int32
+    # holds while span + tile <= 2**31 - 1, and not one element further
+    tile = 1024
+    fits = torch.empty_strided((2,), (2**31 - 1 - tile - 1,), device="meta")  # span 2**31 - 1 - tile
+    over = torch.empty_strided((2,), (2**31 - tile - 1,), device="meta")      # one more
+    assert storage_span(over) == storage_span(fits) + 1 == 2**31 - tile
+    assert not runtime.use_int64("op", "auto", {"x": fits}, max_tile=tile)
+    assert runtime.use_int64("op", "auto", {"x": over}, max_tile=tile)
+
+
 def test_launch_log_records_the_specialization():
     x = testing.make_tensor((33,), torch.float32, testing.Layout.contiguous(1))
     with runtime.record_launches() as log:

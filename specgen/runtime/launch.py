@@ -43,6 +43,10 @@ class Overrides:
     launch: str | None = None        # force "flat" or "persistent"
     max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
     strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
+    # plan a row-wise split for chunks this wide rather than the widest (tiny rows then take
+    # several splits a row, and the second stage combines several partials)
+    split_chunk: int | None = None
+    poison: bool = False             # fill every allocation with NaN first (replay.empty)
     # run config number k of an autotuned kernel (of those its early_config_prune keeps), no
     # tuning; or a mapping of meta-parameters, in the space or not (small tiles on small inputs)
     config: int | Mapping[str, int] | None = None
@@ -69,10 +73,14 @@ def overrides() -> Overrides:
 
 @dataclass(frozen=True)
 class Launch:
+    """A launch decision (``kernel``: the strategy or kernel kind the launcher chose) and the
+    names of the jit functions it then started (``kernels``, filled in by ``launch``)."""
+
     op: str
     kernel: str
     index_bits: int
     details: Mapping[str, object] = field(default_factory=dict)
+    kernels: list[str] = field(default_factory=list)
 
 
 _launch_logs: list[list[Launch]] = []
@@ -265,6 +273,9 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             with torch.cuda.device(device):
                 return launch(kernel, grid, *args, tune_key=tune_key, fp_fusion=fp_fusion,
                               **kwargs)
+    for log in _launch_logs:
+        if log:
+            log[-1].kernels.append(_name(kernel))
     ensure_allocator()
     # compile options: not part of any tuning key (traced launches leave them to Inductor)
     options = {} if fp_fusion or not direct else {"enable_fp_fusion": False}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -97,11 +98,27 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
           strides: Sequence[int] | None = None) -> torch.Tensor:
     shape = tuple(shape)
     if strides is None:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        return _note(tensor, lambda: torch.empty(shape, dtype=dtype, device=device))
-    strides = tuple(strides)
-    tensor = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    return _note(tensor, lambda: torch.empty_strided(shape, strides, dtype=dtype, device=device))
+        def make():
+            return torch.empty(shape, dtype=dtype, device=device)
+    else:
+        strides = tuple(strides)
+
+        def make():
+            return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    if launch_state.overrides().poison:
+        # the test suite: NaN where no kernel writes (an int's minimum), so that a store a kernel
+        # misses fails the comparison rather than passing on whatever the memory held. The
+        # overrides key replays: a recording made here is replayed poisoned
+        unpoisoned = make
+
+        def make():
+            return _poisoned(unpoisoned())
+    return _note(make(), make)
+
+
+def _poisoned(tensor: torch.Tensor) -> torch.Tensor:
+    value = math.nan if tensor.is_floating_point() else torch.iinfo(tensor.dtype).min
+    return tensor.fill_(value)
 
 
 def full(shape: Sequence[int], value: float, dtype: torch.dtype,

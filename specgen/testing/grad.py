@@ -59,7 +59,8 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     ours = {k: case.args[k].detach().requires_grad_() for k in floating}
     call = {"function": info.function, "op": info.op, "traced": info.function}[path]
     # the case's forced strategy and config reach the backward too (a derived backward op's)
-    with override(**case.overrides):
+    # allocations start as NaN (check_case's poison), the backward's gradients too
+    with override(**case.overrides, poison=True):
         with Observe() if path == "traced" else nullcontext():
             # the registered op may return more (cross_entropy's saved statistics) after them
             results = outputs(call(**{**case.args, **ours}))[:len(info.outputs)]

@@ -145,6 +145,13 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     strategy = draw(st.sampled_from(("auto",) + strategies))
     if strategy != "auto":
         forced["strategy"] = strategy
+    if strategy not in ("auto", "single") and interpreting() and draw(st.booleans()):
+        # the interpreter's config (the first) and its 16-wide chunks: the other configs' chunks
+        # of 1024 or more hold a CPU-tier row whole, so that the chunk loops ran once and a split
+        # had one program a row; here rows take several chunks, and a split several programs
+        # whose partials the second stage combines (empty ones too, past the end of short rows)
+        forced["config"] = 0
+        forced["split_chunk"] = 16
     # layout: the eager reference's result is torch's rule for each output on CPU and CUDA alike.
     # Outputs that read a reduction follow the spec's [rows] layout: contiguous for softmax,
     # log_softmax and layer_norm (their kernels make the input contiguous), the input's suggested

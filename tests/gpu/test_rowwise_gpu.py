@@ -65,6 +65,9 @@ def test_bf16_every_strategy(strategy, shape):
                 actual = call()
         if strategy != "auto":
             assert {launch.kernel for launch in launches} == {strategy}
+            # and the kernels started are that strategy's (split: its stages and output pass)
+            started = {k for launch in launches for k in launch.kernels}
+            assert started and all(f"_{strategy}" in k for k in started), started
         if name in ("layer_norm", "rms_norm", "add_rms_norm"):
             # the -inf row is NaN in torch too; compare the others
             actual, expected = actual[1:], reference()[1:]
