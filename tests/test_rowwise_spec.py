@@ -92,6 +92,9 @@ CASES = [
      "say what the omitted optional tensor 'weight' stands for"),
     ("absent not optional", "absent = { weight = 1.0 }", "absent = { weight = 1.0, x = 0.0 }",
      "rows.absent.x", "'x' is not an optional tensor listed in 'along'"),
+    ("along misspelled", 'along = ["weight"]', 'alng = ["weight"]', "rows.absent.weight",
+     "'weight' is not an optional tensor listed in 'along'; found 'alng' (a misspelling of "
+     "'along'?)"),
     ("optional scalar without meaning", 'eps = { kind = "float", default = 1e-5 }',
      'eps = { kind = "float", optional = true }', "args.eps",
      "an optional scalar must say what None means"),
@@ -121,7 +124,7 @@ CASES = [
     ("online without the pattern", "[compute]", '[schedule]\nstrategy = "online"\n[compute]',
      "schedule.strategy", "'online' needs a max step directly followed by a sum of exp"),
     ("chunk not a power of two", "[compute]", "[tuning]\nCHUNK = [1000]\n[compute]",
-     "tuning.CHUNK", "expected powers of two, got 1000"),
+     "tuning.CHUNK", "expected powers of two up to 1048576, got 1000"),
     ("no chunk fits the warps", "[compute]", "[tuning]\nCHUNK = [64]\nnum_warps = [8]\n[compute]",
      "tuning.CHUNK", "no CHUNK x num_warps pair spreads 2 to 32 elements over each thread"),
     ("output undeclared name", 'out = "(x - mean)', 'out = "(x - mu)', "compute.out",

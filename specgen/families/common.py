@@ -80,13 +80,27 @@ def int_list(table: Table, key: str, default: tuple[int, ...], valid, expected: 
     return values
 
 
-def power_of_two_list(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    return int_list(table, key, default, lambda v: v > 0 and not v & (v - 1), "powers of two")
+# the most elements a Triton block holds (triton.TRITON_MAX_TENSOR_NUMEL), and the most warps a
+# program runs: larger values build, then fail at the first launch
+MAX_TILE = 1 << 20
+MAX_WARPS = 32
+
+
+def power_of_two_list(table: Table, key: str, default: tuple[int, ...],
+                      most: int = MAX_TILE) -> tuple[int, ...]:
+    return int_list(table, key, default, lambda v: 0 < v <= most and not v & (v - 1),
+                    f"powers of two up to {most}")
+
+
+def warps_list(table: Table, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``num_warps = [...]``: powers of two up to ``MAX_WARPS``."""
+    return power_of_two_list(table, "num_warps", default, MAX_WARPS)
 
 
 def tile_pairs(table: Table, key: str, default: tuple[tuple[int, int], ...],
                axes: str) -> tuple[tuple[int, int], ...]:
-    """``key = [[a, b], ...]``: pairs of powers of two, ``axes`` naming what a and b tile."""
+    """``key = [[a, b], ...]``: pairs of powers of two, ``axes`` naming what a and b tile, of
+    at most ``MAX_TILE`` elements a tile."""
     raw = table.pop_any(key)
     if raw is None:
         return default
@@ -94,8 +108,10 @@ def tile_pairs(table: Table, key: str, default: tuple[tuple[int, int], ...],
     tiles = []
     for item in parse_list(raw, list, where):
         pair = parse_list(item, int, where)
-        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair):
-            raise where.error(f"expected [{axes}] pairs of powers of two, got {item}")
+        if len(pair) != 2 or any(v <= 0 or v & (v - 1) for v in pair) or \
+                pair[0] * pair[1] > MAX_TILE:
+            raise where.error(f"expected [{axes}] pairs of powers of two, at most {MAX_TILE} "
+                              f"elements a tile, got {item}")
         tiles.append((pair[0], pair[1]))
     return tuple(tiles)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from specgen.families.common import CommonPlan, common_plan, power_of_two_list
+from specgen.families.common import CommonPlan, common_plan, power_of_two_list, warps_list
 from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
 from specgen.table import Table
 
@@ -60,7 +60,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> CrossEntropyBody:
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     # vocabulary chunk per loop step: a long row is read once, in chunks, with an online max
     blocks = power_of_two_list(tuning, "BLOCK_V", (2048, 4096))
-    num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
+    num_warps = warps_list(tuning, (4, 8))
     tuning.finish()
     return CrossEntropyBody(blocks, num_warps)
 

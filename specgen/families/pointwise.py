@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     tile_pairs, wrap)
+                                     tile_pairs, warps_list, wrap)
 from specgen.model import OpSpec, Output, TensorArg
 from specgen.table import Table, check_type
 
@@ -60,7 +60,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
     # collapsed space whose rows are single elements
     tiles = tile_pairs(tuning, "TILE", ((32, 32), (64, 64), (64, 128), (128, 64), (1, 1024),
                                         (16, 128)), "rows, cols")
-    num_warps = power_of_two_list(tuning, "num_warps", (4, 8))
+    num_warps = warps_list(tuning, (4, 8))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     launch = schedule.pop_choice("launch", LAUNCHES, "flat")

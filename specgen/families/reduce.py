@@ -14,8 +14,7 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
-from specgen.families.common import (ArgPlan, CommonPlan, common_plan, power_of_two_list,
-                                     tile_pairs)
+from specgen.families.common import ArgPlan, CommonPlan, common_plan, tile_pairs, warps_list
 from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
@@ -120,7 +119,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
                                          (512, 8)), "kept, reduced")
     # 16 warps: a full reduction's long splits reach 94% of copy bandwidth with them (H200 sweep,
     # tools/sweep_reduce.py), 83% with 8
-    num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16))
+    num_warps = warps_list(tuning, (4, 8, 16))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     launch = schedule.pop_choice("launch", LAUNCHES, "flat")

@@ -20,7 +20,8 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
-from specgen.families.common import CommonPlan, check_name, common_plan, power_of_two_list
+from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
+                                     warps_list)
 from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
@@ -166,7 +167,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
     chunks = power_of_two_list(tuning, "CHUNK", (1024, 2048, 4096, 8192, 16384))
-    num_warps = power_of_two_list(tuning, "num_warps", (4, 8, 16, 32))
+    num_warps = warps_list(tuning, (4, 8, 16, 32))
     if not chunk_pairs(chunks, num_warps):
         raise tuning.where.child("CHUNK").error(
             f"no CHUNK x num_warps pair spreads {THREAD_ELEMENTS[0]} to {THREAD_ELEMENTS[1]} "
@@ -253,7 +254,8 @@ def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[t
     while table.keys():
         key, raw, where = table.pop_item()
         if key not in along or not tensors[key].optional:
-            raise where.error(f"'{key}' is not an optional tensor listed in 'along'")
+            raise where.error(f"'{key}' is not an optional tensor listed in 'along'"
+                              f"{'' if along else rows.misspelling('along')}")
         absent[key] = check_type(raw, float, where)
     missing = [n for n in along if tensors[n].optional and n not in absent]
     if missing:
