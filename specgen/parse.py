@@ -66,7 +66,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     body = family.module.parse_body(top, args, name)
     top.finish()
     body_names = family.module.body_names(body)
-    check_generated_names(top.where, family,
+    check_generated_names(top.where, name, family,
                           ((a.name, ("args", a.name)) for a in args), body_names,
                           derived_from=[*(a.name for a in args if isinstance(a, TensorArg)),
                                         *(n for n, _ in body_names)])

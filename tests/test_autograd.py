@@ -133,11 +133,13 @@ def test_forward_mode_ad_and_func_grad_raise(op):
     first = "a" if op == "mm" else "logits" if op == "cross_entropy" else "x"
     with forward_ad.dual_level():
         dual = forward_ad.make_dual(x, torch.ones_like(x))
-        with pytest.raises(NotImplementedError, match=f"{op}: argument '{first}' carries a tangent"):
+        with pytest.raises(NotImplementedError,
+                           match=f"{op}: argument '{first}' carries a tangent"):
             call(dual)
         # a tensor without a tangent at an active level is an ordinary call
         testing.assert_matches(call(x), _TORCH_CALLS[op](x.double()), f"{op} at a dual level")
-    with pytest.raises(NotImplementedError, match=f"argument '{first}' is traced by torch.func.grad"):
+    with pytest.raises(NotImplementedError,
+                       match=f"argument '{first}' is traced by torch.func.grad"):
         torch.func.grad(lambda t: call(t).sum())(x)
     with pytest.raises(NotImplementedError, match="carries a tangent of forward-mode AD"):
         torch.func.jvp(call, (x,), (torch.ones_like(x),))

@@ -193,6 +193,8 @@ def test_argument_errors():
         generated.sum(x, (1, -1))
     with pytest.raises(TypeError, match="'dim' must be an int"):
         generated.argmax(x, (0, 1))
+    with pytest.raises(TypeError, match="'dim' must be an int or None, got \\(0,\\)"):
+        generated.argmax(x, (0,))
     with pytest.raises(TypeError, match="'dim' must be an int or None, got tensor"):
         generated.argmax(x, torch.tensor(1))
     with pytest.raises(TypeError, match="'x' has dtype"):

@@ -75,6 +75,18 @@ def test_forced_strategy_is_the_one_launched(strategy):
     torch.testing.assert_close(out, torch.softmax(x, -1))
 
 
+def test_a_kernel_counts_to_its_own_ops_launch():
+    # cross_entropy checks its targets with a kernel before its own launch decision: that kernel
+    # must not be counted to the softmax launched before it
+    x = randn(3, 40)
+    with runtime.record_launches() as launches:
+        generated.softmax(x, -1)
+        generated.cross_entropy(x, torch.tensor([0, 5, 39], device=x.device))
+    assert launches[0].op == "softmax"
+    assert launches[0].kernels == ["_softmax_single_kernel"]
+    assert all(k.startswith("_cross_entropy") for launch in launches[1:] for k in launch.kernels)
+
+
 @pytest.mark.parametrize("strategy", ["single", "looped", "online"])
 @pytest.mark.parametrize("rows, n", [(4, 64), (3, 64), (4, 40), (1, 1)])
 def test_whole_tiles_take_constant_masks(strategy, rows, n):
@@ -129,7 +141,8 @@ def test_a_split_row_combines_several_programs_partials(op):
                             lambda x: F.layer_norm(x, [70], weight)),
              "rms_norm": (lambda x: generated.rms_norm(x, [70], weight.float(), 1e-6),
                           lambda x: F.rms_norm(x, [70], weight, 1e-6)),
-             "add_rms_norm": (lambda x: generated.add_rms_norm(x, residual.float(), weight.float())[1],
+             "add_rms_norm": (lambda x: generated.add_rms_norm(x, residual.float(),
+                                                              weight.float())[1],
                               lambda x: F.rms_norm(x + residual, [70], weight, 1e-6))}
     ours, theirs = calls[op]
     x32 = x.float().requires_grad_()

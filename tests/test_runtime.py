@@ -76,8 +76,9 @@ def test_int64_counts_a_tile_of_masked_lanes_past_the_end():
     # a program's masked lanes form offsets up to one tile past a tensor's last element: int32
     # holds while span + tile <= 2**31 - 1, and not one element further
     tile = 1024
-    fits = torch.empty_strided((2,), (2**31 - 1 - tile - 1,), device="meta")  # span 2**31 - 1 - tile
-    over = torch.empty_strided((2,), (2**31 - tile - 1,), device="meta")      # one more
+    # spans 2**31 - 1 - tile, and one more
+    fits = torch.empty_strided((2,), (2**31 - 1 - tile - 1,), device="meta")
+    over = torch.empty_strided((2,), (2**31 - tile - 1,), device="meta")
     assert storage_span(over) == storage_span(fits) + 1 == 2**31 - tile
     assert not runtime.use_int64("op", "auto", {"x": fits}, max_tile=tile)
     assert runtime.use_int64("op", "auto", {"x": over}, max_tile=tile)

@@ -6,8 +6,10 @@ import ast
 import keyword
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
+from specgen import kernel_lib, reduce_lib
 from specgen.errors import Where
 from specgen.expr import FUNCTIONS
 from specgen.model import ChoiceArg, OpSpec, TensorArg
@@ -15,17 +17,26 @@ from specgen.table import Table, parse_list
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
+# what every generated module imports: a function argument of the same name would shadow it
+IMPORTS = frozenset({"tl", "triton", "torch", "rt", "math", "F", "ref", "reference", "triton_op",
+                     "generated", "specgen"})
+# the jit helpers of kernel_lib and reduce_lib, which modules import by name (a family's own
+# imports, such as reduce's `reduction` module, are in its GENERATED_NAMES)
+LIBRARY_HELPERS = frozenset(
+    node.name for library in (kernel_lib, reduce_lib)
+    for node in ast.parse(Path(library.__file__).read_text(encoding="utf-8")).body
+    if isinstance(node, ast.FunctionDef))
 # names generated code uses for itself; an argument or output with one of them would shadow it
-RESERVED = frozenset({
-    "tl", "triton", "torch", "rt", "math", "F", "reference",
+RESERVED = IMPORTS | LIBRARY_HELPERS | frozenset({
     "pid", "tile", "num_tiles", "tiles_m", "tiles_n", "tile_m", "tile_n", "rest", "rows", "cols",
     "mask", "offsets", "numel", "size_m", "size_n", "shape", "space", "grid", "cap", "tensors",
     "device", "result_dtype", "out_dtype", "scalars", "constexprs", "strides", "outer", "index_64",
     "meta",
 }) | frozenset(FUNCTIONS)
-# module-level names of a generated module, which the op's own function must not shadow
-OP_RESERVED = frozenset({"torch", "triton", "tl", "rt", "reference", "pointwise", "generated",
-                         "specgen", "math", "F"}) | frozenset(callee for _, callee in FUNCTIONS.values())
+# module-level names of a generated module, which the op's own function must not shadow (the
+# library helpers a family imports: its own check, which names the library)
+OP_RESERVED = IMPORTS | frozenset(callee for _, callee in FUNCTIONS.values()) | frozenset({
+    "pointwise", "rowwise", "reduction", "matmul_rt", "plan_rows", "inner_kernel", "outer_kernel"})
 
 _ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
                 "shape": "list[int]", "dtype": "torch.dtype"}
@@ -41,20 +52,24 @@ def check_name(name: str, where: Where, what: str) -> None:
         raise where.error(f"{what} name '{name}' is reserved; choose another")
 
 
-def check_generated_names(where: Where, family, args: Iterable[tuple[str, tuple[str, ...]]],
+def check_generated_names(where: Where, op: str, family,
+                          args: Iterable[tuple[str, tuple[str, ...]]],
                           body: Iterable[tuple[str, tuple[str, ...]]],
                           derived_from: Sequence[str]) -> None:
     """No declared name (an argument, or an output or step of the body; each with its key path
-    under ``where``) may be one the family's generated code binds for itself (its module's
-    ``GENERATED_NAMES``, where an entry ending in ``_`` stands for its numbered forms, and
-    ``GENERATED_PREFIXES``), or extend a name the code derives names from (``derived_from``:
-    tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``, ...). Either would
-    shadow or be shadowed in the generated module: wrong results, or a module that does not
-    import."""
+    under ``where``) may be the op's name, or one the family's generated code binds for itself
+    (its module's ``GENERATED_NAMES``, where an entry ending in ``_`` stands for its numbered
+    forms, and ``GENERATED_PREFIXES``), or extend a name the code derives names from
+    (``derived_from``: tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``,
+    ...). Any of these would shadow or be shadowed in the generated module: wrong results, or a
+    module that does not import."""
     for name, path in (*args, *body):
         key = where
         for part in path:
             key = key.child(part)
+        if name == op:
+            raise key.error(f"'{name}' is the op's name, which its generated function takes; "
+                            f"choose another")
         numbered = re.sub(r"_\d+$", "_", name)
         generated = family.module.GENERATED_NAMES
         if (name in generated or numbered in generated

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import Symbol, emit, helpers, parse_expr
-from specgen.families.common import CommonPlan, check_name, common_plan, int_list
+from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, check_name, common_plan,
+                                     int_list)
 from specgen.families.pointwise import symbols_of
 from specgen.model import DTYPES, OpSpec, Output, TensorArg
 from specgen.table import Table, check_type, parse_list
@@ -32,6 +33,7 @@ BROADCAST_BATCH_RANK = 3
 # declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
+    "matmul_rt",  # its imports
     "acc", "batch", "batch_id", "bid", "col", "col0", "common", "first_m", "flags", "group",
     "group_rows", "k", "k_start", "key", "plan", "programs_in_group", "replay", "row", "row0",
     "slot", "strategy", "tile_args", "tiles", "tma_fits", "tune_key",
@@ -227,6 +229,8 @@ def _parse_tuning(table: Table) -> dict:
             values[key] = _config_values(table, key, PRODUCT_DEFAULTS[key])
         configs = tuple(dict(zip(CONFIG_KEYS, point))
                         for point in itertools.product(*(values[key] for key in CONFIG_KEYS)))
+        for config in configs:
+            _check_tiles(config, table.where)
     else:
         configs = DEFAULT_CONFIGS
     split_k = int_list(table, "SPLIT_K", DEFAULT_SPLIT_K, lambda v: v >= 1, "positive integers")
@@ -254,10 +258,19 @@ def _config_list(raw, where: Where) -> tuple[dict, ...]:
             value = entry.pop(key, int, 8) if key == "GROUP_M" else entry.pop(key, int)
             config[key] = _check_value(key, value, entry.where.child(key))
         entry.finish()
+        _check_tiles(config, entry.where)
         if config in configs:
             raise entry.where.error(f"repeats config {configs.index(config)}")
         configs.append(config)
     return tuple(configs)
+
+
+def _check_tiles(config: dict, where: Where) -> None:
+    """Each tile a config loads or accumulates fits one Triton block."""
+    for rows, cols in (("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N"), ("BLOCK_M", "BLOCK_N")):
+        if config[rows] * config[cols] > MAX_TILE:
+            raise where.error(f"a {rows} x {cols} tile of {config[rows]} x {config[cols]} "
+                              f"elements; a Triton block holds at most {MAX_TILE}")
 
 
 def _check_value(key: str, value: int, where: Where) -> int:
@@ -269,6 +282,8 @@ def _check_value(key: str, value: int, where: Where) -> int:
         raise where.error(f"expected powers of two, got {value}")
     if key.startswith("BLOCK_") and value < MIN_BLOCK:
         raise where.error(f"tl.dot needs blocks of at least {MIN_BLOCK}, got {value}")
+    if key == "num_warps" and value > MAX_WARPS:
+        raise where.error(f"expected at most {MAX_WARPS} warps, got {value}")
     return value
 
 

@@ -23,6 +23,7 @@ OUTER_RANK = 6
 # declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
+    "pointwise",  # its imports
     "dtypes", "eager", "kernel", "key", "outs", "plan", "replay"
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()

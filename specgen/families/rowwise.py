@@ -54,6 +54,7 @@ SPLIT_WARPS_MAX = 8
 # declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
+    "pointwise", "rowwise",  # its imports
     "acc_max", "acc_ms", "acc_sum", "acc_sum_", "args", "block", "col_coord", "col_mask",
     "col_rest", "col_size_", "delta", "deviation", "deviation_m2", "grads", "greater", "hi",
     "item", "kernel", "key", "lane_n", "lo", "n_float", "n_rows", "n_splits", "new_max", "part",

@@ -27,7 +27,8 @@ def check_tensor_types(op: str, tensors: Mapping[str, object],
         if not isinstance(value, torch.Tensor) and not (value is None and name in optional):
             raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, "
                             f"got {type(value).__name__}")
-    if not torch.compiler.is_compiling() and transforms_active():
+    # the cheap test first: every eager call makes it
+    if transforms_active() and not torch.compiler.is_compiling():
         for name, value in tensors.items():
             if value is not None:
                 _check_transforms(op, name, value, differentiable)

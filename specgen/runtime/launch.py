@@ -148,7 +148,8 @@ def tracing() -> bool:
     and every allocation of an implementation names one, so such calls keep the direct path and
     their replays."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or transforms_active()):
+            # transforms_active(), spelled out: every eager call asks, replays twice
+            or torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0):
         return True
     if not torch._C._is_torch_function_mode_enabled():
         return False
@@ -273,9 +274,8 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             with torch.cuda.device(device):
                 return launch(kernel, grid, *args, tune_key=tune_key, fp_fusion=fp_fusion,
                               **kwargs)
-    for log in _launch_logs:
-        if log:
-            log[-1].kernels.append(_name(kernel))
+    if _launch_logs:
+        _note_kernel(kernel)
     ensure_allocator()
     # compile options: not part of any tuning key (traced launches leave them to Inductor)
     options = {} if fp_fusion or not direct else {"enable_fp_fusion": False}
@@ -340,6 +340,19 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
 
 def _name(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction) -> str:
     return (kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel).__name__
+
+
+def _note_kernel(kernel) -> None:
+    """Adds the kernel's name to the latest launch decision of each open log, where that
+    decision is its op's (a generated module's kernels are its op's): a kernel launched before
+    its op's decision (cross_entropy's target check) is not counted to another op's."""
+    function = kernel
+    while hasattr(function, "fn"):  # an Autotuner, a JITFunction, the interpreter's wrapper
+        function = function.fn
+    op = function.__module__.rpartition(".")[2]
+    for log in _launch_logs:
+        if log and log[-1].op == op:
+            log[-1].kernels.append(function.__name__)
 
 
 def tune_on_stand_ins(kernel: triton.runtime.Autotuner, grid, args: Sequence, kwargs: Mapping,

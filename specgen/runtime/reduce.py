@@ -45,9 +45,10 @@ def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, 
     """torch's rules: None or () reduce every dim, negatives wrap, a 0-dim tensor takes 0 and -1."""
     if dim is None:
         return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, int) and not isinstance(dim, bool) else dim
-    if single and not (isinstance(dims, tuple) and len(dims) == 1):
+    one = isinstance(dim, int) and not isinstance(dim, bool)
+    if single and not one:
         raise TypeError(f"{op}: argument 'dim' must be an int or None, got {dim!r}")
+    dims = (dim,) if one else dim
     if not isinstance(dims, (tuple, list)) or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in dims):
         raise TypeError(f"{op}: argument 'dim' must be an int, a tuple of ints or None, got {dim!r}")
