@@ -7,13 +7,16 @@ import keyword
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from specgen import kernel_lib, reduce_lib
 from specgen.errors import Where
 from specgen.expr import FUNCTIONS
 from specgen.model import ChoiceArg, OpSpec, TensorArg
 from specgen.table import Table, parse_list
+
+if TYPE_CHECKING:
+    from specgen.families import Family
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -52,7 +55,7 @@ def check_name(name: str, where: Where, what: str) -> None:
         raise where.error(f"{what} name '{name}' is reserved; choose another")
 
 
-def check_generated_names(where: Where, op: str, family,
+def check_generated_names(where: Where, op: str, family: Family,
                           args: Iterable[tuple[str, tuple[str, ...]]],
                           body: Iterable[tuple[str, tuple[str, ...]]],
                           derived_from: Sequence[str]) -> None:
@@ -63,6 +66,7 @@ def check_generated_names(where: Where, op: str, family,
     (``derived_from``: tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``,
     ...). Any of these would shadow or be shadowed in the generated module: wrong results, or a
     module that does not import."""
+    generated, prefixes = family.module.GENERATED_NAMES, family.module.GENERATED_PREFIXES
     for name, path in (*args, *body):
         key = where
         for part in path:
@@ -71,9 +75,7 @@ def check_generated_names(where: Where, op: str, family,
             raise key.error(f"'{name}' is the op's name, which its generated function takes; "
                             f"choose another")
         numbered = re.sub(r"_\d+$", "_", name)
-        generated = family.module.GENERATED_NAMES
-        if (name in generated or numbered in generated
-                or name.startswith(family.module.GENERATED_PREFIXES)):
+        if name in generated or numbered in generated or name.startswith(prefixes):
             raise key.error(f"'{name}' is a name the {family.name} family's generated code uses "
                             f"for itself; choose another")
         for base in derived_from:
@@ -95,8 +97,9 @@ def int_list(table: Table, key: str, default: tuple[int, ...], valid, expected: 
     return values
 
 
-# the most elements a Triton block holds (triton.TRITON_MAX_TENSOR_NUMEL), and the most warps a
-# program runs: larger values build, then fail at the first launch
+# the most elements a Triton block holds (TRITON_MAX_TENSOR_NUMEL in triton/language, whose module
+# moves between versions), and the most warps a program runs: larger values build, then fail at
+# the first launch
 MAX_TILE = 1 << 20
 MAX_WARPS = 32
 

@@ -29,9 +29,10 @@ def check_tensor_types(op: str, tensors: Mapping[str, object],
                             f"got {type(value).__name__}")
     # the cheap test first: every eager call makes it
     if transforms_active() and not torch.compiler.is_compiling():
+        levels = {i.level(): i.key() for i in torch._C._functorch.get_interpreter_stack() or ()}
         for name, value in tensors.items():
             if value is not None:
-                _check_transforms(op, name, value, differentiable)
+                _check_transforms(op, name, value, differentiable, levels)
 
 
 # what the registered op cannot serve: torch's custom-op autograd is an autograd.Function that
@@ -43,14 +44,15 @@ _REVERSE_MODE = ("specgen ops differentiate in reverse mode, with torch.autograd
                  "torch.autograd.grad), and run under torch.func.vmap")
 
 
-def _check_transforms(op: str, name: str, tensor: torch.Tensor, differentiable: bool) -> None:
+def _check_transforms(op: str, name: str, tensor: torch.Tensor, differentiable: bool,
+                      levels: Mapping[int, TransformType]) -> None:
+    """``levels``: the active torch.func transforms by level; a wrapped tensor names its own."""
     refused = {TransformType.Grad: _GRAD}
     if differentiable:
         refused[TransformType.Jvp] = _FORWARD_AD
         if forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None:
             raise NotImplementedError(f"{op}: argument '{name}' carries a tangent of "
                                       f"{_FORWARD_AD}; {_REVERSE_MODE}")
-    levels = {i.level(): i.key() for i in torch._C._functorch.get_interpreter_stack() or ()}
     while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
         transform = levels.get(torch._C._functorch.maybe_get_level(tensor))
         if transform in refused:

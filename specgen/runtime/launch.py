@@ -148,8 +148,7 @@ def tracing() -> bool:
     and every allocation of an implementation names one, so such calls keep the direct path and
     their replays."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            # transforms_active(), spelled out: every eager call asks, replays twice
-            or torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0):
+            or transforms_active()):
         return True
     if not torch._C._is_torch_function_mode_enabled():
         return False
@@ -338,17 +337,23 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     replay.note_launch(fn, grid, args, kwargs, compiled)
 
 
-def _name(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction) -> str:
-    return (kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel).__name__
+def _function(kernel):
+    """The Python function a kernel was written as, under its Autotuner, JITFunction or the
+    interpreter's wrapper (whose own module is Triton's)."""
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return kernel
+
+
+def _name(kernel) -> str:
+    return _function(kernel).__name__
 
 
 def _note_kernel(kernel) -> None:
     """Adds the kernel's name to the latest launch decision of each open log, where that
     decision is its op's (a generated module's kernels are its op's): a kernel launched before
     its op's decision (cross_entropy's target check) is not counted to another op's."""
-    function = kernel
-    while hasattr(function, "fn"):  # an Autotuner, a JITFunction, the interpreter's wrapper
-        function = function.fn
+    function = _function(kernel)
     op = function.__module__.rpartition(".")[2]
     for log in _launch_logs:
         if log and log[-1].op == op:

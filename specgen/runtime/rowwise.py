@@ -452,8 +452,8 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
         spans = {name: t for name, t in zip(names, tensors) if t is not None}
         index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
         single = single_config(space.rows, space.n) if chosen == "single" else None
-        split_chunk = overrides().split_chunk or max_chunk
-        splits = split_count(space.rows, space.n, split_chunk, x.device) if chosen == "split" else 1
+        splits = (split_count(space.rows, space.n, overrides().split_chunk or max_chunk, x.device)
+                  if chosen == "split" else 1)
         cap = (max_programs(x.device, "persistent", COLUMN_PROGRAMS_PER_SM) if columns
                else max_programs(x.device, "flat"))
         masks = {"M_ALIGN": alignment(space.rows, MAX_BLOCK_M),

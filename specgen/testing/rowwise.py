@@ -151,7 +151,8 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
         # had one program a row; here rows take several chunks, and a split several programs
         # whose partials the second stage combines (empty ones too, past the end of short rows)
         forced["config"] = 0
-        forced["split_chunk"] = 16
+        if strategy == "split":
+            forced["split_chunk"] = 16
     # layout: the eager reference's result is torch's rule for each output on CPU and CUDA alike.
     # Outputs that read a reduction follow the spec's [rows] layout: contiguous for softmax,
     # log_softmax and layer_norm (their kernels make the input contiguous), the input's suggested
