@@ -142,6 +142,14 @@ CASES = [
      "configs = [{ BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4, num_stages = 3 },\n"
      "  { BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, GROUP_M = 8, num_warps = 4, num_stages = 3 }]",
      "tuning.configs.1", "repeats config 0"),
+    ("GROUP_M with no swizzle", 'swizzle = "grouped"\nsplit_k = "auto"\n\n[tuning]\n',
+     'swizzle = "none"\nsplit_k = "auto"\n\n[tuning]\nGROUP_M = [4, 8]\n', "tuning.GROUP_M",
+     'no effect with schedule.swizzle = "none"'),
+    ("config GROUP_M with no swizzle",
+     'swizzle = "grouped"\nsplit_k = "auto"\n\n[tuning]\nBLOCK_M = [64, 128]\nnum_stages = [3]',
+     'swizzle = "none"\nsplit_k = "auto"\n\n[tuning]\nconfigs = [{ BLOCK_M = 64, BLOCK_N = 64, '
+     'BLOCK_K = 32, GROUP_M = 4, num_warps = 4, num_stages = 3 }]',
+     "tuning.configs.0.GROUP_M", 'no effect with schedule.swizzle = "none"'),
     ("configs not tables", "BLOCK_M = [64, 128]\nnum_stages = [3]", "configs = [64]",
      "tuning.configs", "expected a table"),
     ("missing epilogue", '[epilogue]\nout = "(acc + bias) * scale + residual"', "", "",

@@ -182,7 +182,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
     split_k = schedule.pop_choice("split_k", SPLIT_K_MODES, SPLIT_K_MODES[0])
     schedule.finish()
     tuning = _parse_tuning(top.pop_table("tuning", required=False)
-                           or Table({}, top.where.child("tuning")))
+                           or Table({}, top.where.child("tuning")), swizzle)
     return MatmulBody(a, b, tuple(epilogue_inputs), outputs, out_dtype, swizzle, split_k, tuning)
 
 
@@ -211,10 +211,11 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
     return tuple(outputs), out_dtype
 
 
-def _parse_tuning(table: Table) -> dict:
+def _parse_tuning(table: Table, swizzle: str) -> dict:
     """``[tuning]``: ``configs = [{ BLOCK_M = 128, ... }, ...]``, an explicit list, or lists of
     ``BLOCK_M`` ... ``num_stages`` whose product is the space (neither: DEFAULT_CONFIGS);
     ``SPLIT_K``, the factors auto split-K may pick."""
+    _refuse_group_m(table, swizzle)
     raw = table.pop_any("configs")
     lists = [key for key in CONFIG_KEYS if key in table]
     if raw is not None and lists:
@@ -222,7 +223,7 @@ def _parse_tuning(table: Table) -> dict:
             "give either configs = [...] or lists of BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, "
             "num_warps, num_stages (their product), not both")
     if raw is not None:
-        configs = _config_list(raw, table.where.child("configs"))
+        configs = _config_list(raw, table.where.child("configs"), swizzle)
     elif lists:
         values = {}
         for key in CONFIG_KEYS:
@@ -238,6 +239,14 @@ def _parse_tuning(table: Table) -> dict:
     return {"configs": configs, "SPLIT_K": split_k}
 
 
+def _refuse_group_m(table: Table, swizzle: str) -> None:
+    """GROUP_M orders the programs of the grouped and swizzle2d schedules only: under swizzle
+    "none", configs that differ in it alone are one kernel, tuned once each."""
+    if swizzle == "none" and "GROUP_M" in table:
+        raise table.where.child("GROUP_M").error(
+            'has no effect with schedule.swizzle = "none"; leave it out')
+
+
 def _config_values(table: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
     """The product form's list of one config key (or one value)."""
     raw = table.pop_any(key)
@@ -247,12 +256,13 @@ def _config_values(table: Table, key: str, default: tuple[int, ...]) -> tuple[in
     return tuple(_check_value(key, value, where) for value in parse_list(raw, int, where))
 
 
-def _config_list(raw, where: Where) -> tuple[dict, ...]:
+def _config_list(raw, where: Where, swizzle: str) -> tuple[dict, ...]:
     """``configs = [{ BLOCK_M = 128, BLOCK_N = 256, BLOCK_K = 64, num_warps = 8, num_stages = 3 },
     ...]``; GROUP_M may be left out (8)."""
     configs: list[dict] = []
     for i, item in enumerate(parse_list(raw, dict, where)):
         entry = Table(item, where.child(str(i)))
+        _refuse_group_m(entry, swizzle)
         config = {}
         for key in CONFIG_KEYS:
             value = entry.pop(key, int, 8) if key == "GROUP_M" else entry.pop(key, int)
