@@ -39,9 +39,11 @@ def _fail_on_spec_error(func):
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Package directory the modules are written to.")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 if the output is stale.")
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 if the output is stale or was edited by hand.")
+@click.option("--force", is_flag=True, help="Rewrite or remove files edited by hand too.")
 @_fail_on_spec_error
-def build(paths: tuple[Path, ...], out_dir: Path, check: bool) -> None:
+def build(paths: tuple[Path, ...], out_dir: Path, check: bool, force: bool) -> None:
     """Generate a module per spec in PATHS (files or directories; default: specs/)."""
     changes = builder.plan_build(paths or (DEFAULT_SPECS,), out_dir)
     base = Path.cwd()
@@ -49,11 +51,14 @@ def build(paths: tuple[Path, ...], out_dir: Path, check: bool) -> None:
         if changes:
             for change in changes:
                 click.echo(f"stale: {builder.describe(change, base).strip()}", err=True)
+            force = " --force" if any(change.by_hand for change in changes) else ""
             raise click.ClickException(
                 f"{out_dir}/ is out of date with the specs ({len(changes)} file(s) would change); "
-                f"run `specgen build` and commit the result")
+                f"run `specgen build{force}` and commit the result")
         click.echo(f"{out_dir}/ is up to date")
         return
+    if not force:
+        builder.refuse_hand_edits(changes)
     builder.apply(changes, out_dir)
     for change in changes:
         click.echo(builder.describe(change, base))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import shlex
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from specgen.families import FAMILIES
 from specgen.model import OpSpec
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# what a template's first line writes where the hash of the lines after it goes (``_seal``)
+TEXT_SHA256 = "<text sha256>"
 
 
 def pytuple(items) -> str:
@@ -35,6 +38,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["pytuple"] = pytuple
     env.filters["shell"] = shlex.quote   # a path in a command line (a folder name with a space)
+    env.globals["TEXT_SHA256"] = TEXT_SHA256
     return env
 
 
@@ -42,7 +46,7 @@ def render_op(spec: OpSpec, out: str = "generated") -> str:
     """The module of ``spec``, for the package folder ``out`` (its header's rebuild command)."""
     family = FAMILIES[spec.family]
     plan = family.module.plan(spec)
-    return _tidy(environment().get_template(family.template).render(plan=plan, out=out))
+    return _seal(_tidy(environment().get_template(family.template).render(plan=plan, out=out)))
 
 
 def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
@@ -52,8 +56,20 @@ def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
 
 
 def render_index(modules: list[str], out: str = "generated") -> str:
-    return _tidy(environment().get_template("__init__.py.jinja").render(modules=sorted(modules),
-                                                                        out=out))
+    return _seal(_tidy(environment().get_template("__init__.py.jinja").render(
+        modules=sorted(modules), out=out)))
+
+
+def text_sha256(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _seal(text: str) -> str:
+    """Writes into the first line the hash of every line after it: a file whose lines no longer
+    match it was edited by hand, which a build must not discard unasked (``build.edited_by_hand``)."""
+    first, rest = text.split("\n", 1)
+    assert TEXT_SHA256 in first, "every template's first line carries TEXT_SHA256"
+    return first.replace(TEXT_SHA256, text_sha256(rest)) + "\n" + rest
 
 
 def _tidy(text: str) -> str:
