@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import os
 import tomllib
 from pathlib import Path
 
@@ -21,10 +22,9 @@ REFERENCE_NAMES = ("torch", "F", "math", "ref")
 
 
 def relative_path(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return path.resolve().as_posix()
+    """``path`` from ``root``, with ``..`` where it lies outside: a generated header must not
+    hold this machine's absolute path (the build would differ by checkout)."""
+    return Path(os.path.relpath(path.resolve(), root.resolve())).as_posix()
 
 
 def load_spec(path: Path, root: Path) -> OpSpec:
