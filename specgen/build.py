@@ -53,14 +53,20 @@ def discover(paths: Iterable[Path]) -> list[Path]:
 def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
     """The specs under ``paths``, each followed by the backward op derived from it, if any."""
     specs: dict[str, OpSpec] = {}
+    derived: set[str] = set()       # names of derived ops (their source is their forward's spec)
     for file in discover(paths):
         spec = load_spec(file, root)
         for op in (spec, *derived_ops(spec)):
             if op.name in specs:
-                raise SpecError(spec.source.path, "op.name",
-                                f"duplicate op name '{op.name}', also defined in "
-                                f"{specs[op.name].source.path}")
+                other = specs[op.name].source.path
+                other = (f"the backward op {other} derives" if op.name in derived
+                         else f"the op of {other}")
+                what = (f"op name '{op.name}'" if op is spec
+                        else f"name '{op.name}' of the backward op this spec derives")
+                raise SpecError(spec.source.path, "op.name", f"duplicate {what}: also {other}")
             specs[op.name] = op
+            if op is not spec:
+                derived.add(op.name)
     return list(specs.values())
 
 

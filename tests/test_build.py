@@ -233,8 +233,25 @@ def test_duplicate_op_name_is_an_error(project):
     shutil.copy(project / "specs" / "add.toml", project / "specs" / "zz_add_again.toml")
     code, output = run("build", "specs")
     assert code == 1
-    assert "specs/zz_add_again.toml: [op.name]: duplicate op name 'add', also defined in " \
+    assert "specs/zz_add_again.toml: [op.name]: duplicate op name 'add': also the op of " \
            "specs/add.toml" in output
+
+
+def test_a_name_a_derived_backward_op_takes_is_named_as_derived(project):
+    # softmax.toml derives softmax_backward; a spec of that name clashes with it, whichever of
+    # the two files is read first
+    mine = (project / "specs" / "add.toml").read_text().replace('name = "add"',
+                                                                 'name = "softmax_backward"')
+    (project / "specs" / "zz.toml").write_text(mine)
+    code, output = run("build", "specs")
+    assert code == 1
+    assert ("specs/zz.toml: [op.name]: duplicate op name 'softmax_backward': also the backward "
+            "op specs/softmax.toml derives") in output
+    (project / "specs" / "zz.toml").rename(project / "specs" / "aa.toml")
+    code, output = run("build", "specs")
+    assert code == 1
+    assert ("specs/softmax.toml: [op.name]: duplicate name 'softmax_backward' of the backward op "
+            "this spec derives: also the op of specs/aa.toml") in output
 
 
 def test_list_and_show(project):
