@@ -52,7 +52,8 @@ _CMPOPS = {ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq}
 @dataclass(frozen=True)
 class Symbol:
     """A name an expression may use. ``kind`` is tensor, scalar, bool (a bool scalar: a
-    condition), choice or value (a computed one)."""
+    condition), choice, value (a computed one) or host (an argument no kernel reads, named so
+    that the error for reading one says why)."""
 
     name: str
     kind: str
@@ -129,8 +130,12 @@ class _Validator:
                 self.fail(f"'{node.id}' is a function; call it as {node.id}(...)")
             if node.id in self.out_of_scope:
                 self.fail(f"name '{node.id}' cannot be used here: {self.out_of_scope[node.id]}")
-            declared = ", ".join(sorted(self.symbols)) or "none"
+            declared = ", ".join(sorted(n for n, s in self.symbols.items()
+                                        if s.kind != "host")) or "none"
             self.fail(f"name '{node.id}' is used but not declared (declared: {declared})")
+        if symbol.kind == "host":
+            self.fail(f"name '{node.id}' cannot be used here: a host argument (it shapes or "
+                      f"types the outputs on the host, and no kernel reads it)")
         if symbol.kind == "choice":
             self.fail(f"choice argument '{node.id}' can only be tested with "
                       f"'{node.id} == \"value\"' in 'a if ... else b'")

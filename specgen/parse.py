@@ -58,9 +58,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
 
     args = _parse_args(top.pop_table("args"))
     for arg in args:
-        if arg.kind == "dtype" and not getattr(family.module, "DTYPE_ARGS", False):
-            raise top.where.child("args").child(arg.name).error(
-                f"the {family_name} family takes no dtype argument (row-wise and reduce ops do)")
+        _check_family_takes(arg, family_name, top.where.child("args").child(arg.name))
     _check_reference(reference, reference_where, args,
                      getattr(family.module, "REFERENCE_NAMES", ()))
     body = family.module.parse_body(top, args, name)
@@ -158,6 +156,27 @@ def _parse_range(table: Table) -> tuple[float, float]:
     if len(values) != 2 or not values[0] < values[1]:
         raise where.error(f"expected [low, high] with low < high, got {raw}")
     return values[0], values[1]
+
+
+# argument forms a family's module opts into by setting the flag: the other families' templates
+# have no code for them (a shape argument's tuple default, say, breaks torch's op schema)
+_OPT_IN = {"dtype argument": "DTYPE_ARGS", "shape argument": "SHAPE_ARGS",
+           "optional scalar": "OPTIONAL_SCALARS"}
+
+
+def _check_family_takes(arg: Arg, family: str, where: Where) -> None:
+    if arg.kind in ("dtype", "shape"):
+        form = f"{arg.kind} argument"
+    elif isinstance(arg, ScalarArg) and arg.optional:
+        form = "optional scalar"
+    else:
+        return
+    flag = _OPT_IN[form]
+    if not getattr(FAMILIES[family].module, flag, False):
+        takers = [name for name, f in FAMILIES.items() if getattr(f.module, flag, False)]
+        raise where.error(f"the {family} family takes no {form} "
+                          f"(the {' and '.join(takers)} famil{'ies' if len(takers) > 1 else 'y'} "
+                          f"{'do' if len(takers) > 1 else 'does'})")
 
 
 def _check_reference(reference: str, where: Where, args: tuple[Arg, ...],

@@ -150,6 +150,13 @@ CASES = [
      'swizzle = "none"\nsplit_k = "auto"\n\n[tuning]\nconfigs = [{ BLOCK_M = 64, BLOCK_N = 64, '
      'BLOCK_K = 32, GROUP_M = 4, num_warps = 4, num_stages = 3 }]',
      "tuning.configs.0.GROUP_M", 'no effect with schedule.swizzle = "none"'),
+    # the template has no code for these: the module built, then failed to import
+    ("shape argument", 'scale = { kind = "float", default = 1.0 }',
+     'scale = { kind = "shape", default = [1] }', "args.scale",
+     "the matmul family takes no shape argument"),
+    ("optional scalar", 'scale = { kind = "float", default = 1.0 }',
+     'scale = { kind = "float", optional = true }', "args.scale",
+     "the matmul family takes no optional scalar"),
     ("configs not tables", "BLOCK_M = [64, 128]\nnum_stages = [3]", "configs = [64]",
      "tuning.configs", "expected a table"),
     ("missing epilogue", '[epilogue]\nout = "(acc + bias) * scale + residual"', "", "",

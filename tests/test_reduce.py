@@ -38,6 +38,10 @@ def parse(text):
     ('combine = "sum"', 'combine = "median"', "reduce.combine", "expected one of sum, prod"),
     ('map = "x * x"', 'map = "y * y"', "reduce.map", "name 'y' is used but not declared"),
     ('map = "x * x"', 'finish = "acc / M"', "reduce.finish", "name 'M' is used but not declared"),
+    ('map = "x * x"', 'map = "x * keepdim"', "reduce.map",
+     "name 'keepdim' cannot be used here: a host argument"),
+    ('map = "x * x"', 'finish = "acc / x"', "reduce.finish",
+     "name 'x' cannot be used here: finish reads the reduced value acc and N"),
     ('combine = "sum"\nmap = "x * x"', 'combine = "argmax"\nmap = "x * x"', "reduce.map",
      "'argmax' returns an index: it takes no 'map'"),
     ('map = "x * x"', 'dim = "sometimes"', "reduce.dim", "expected one of optional, required"),
@@ -199,8 +203,20 @@ def test_argument_errors():
         generated.argmax(x, torch.tensor(1))
     with pytest.raises(TypeError, match="'x' has dtype"):
         generated.sum(x.to(torch.int32))
-    with pytest.raises(ValueError, match="amax: argument 'x' has size 0 in reduced dim 0"):
-        generated.amax(torch.randn(0, 3), 0)
+    # an empty reduction: torch's error types
+    empty = torch.randn(0, 3)
+    with pytest.raises(IndexError, match="amax: argument 'x' has size 0 in reduced dim 0"):
+        generated.amax(empty, 0)
+    with pytest.raises(IndexError, match="amin: argument 'x' has size 0 in reduced dim 0"):
+        generated.amin(empty, (0, 1))
+    for reduce_all in (None, ()):
+        with pytest.raises(RuntimeError, match="amax: argument 'x' is empty; give a dim"):
+            generated.amax(empty, reduce_all)
+    with pytest.raises(IndexError, match="argmax: argument 'x' is empty; give a dim"):
+        generated.argmax(empty)
+    with pytest.raises(IndexError, match="argmin: argument 'x' has size 0 in reduced dim 0"):
+        generated.argmin(empty, 0)
+    assert generated.amax(empty, 1).shape == torch.amax(empty, 1).shape == (0,)
     # every other element of a 6-D tensor: 5 kept dims that do not merge
     sparse = torch.randn(*(3,) * 6)[(slice(None, None, 2),) * 6]
     with pytest.raises(ValueError, match=r"sum: argument 'x' has 5 kept dims that do not merge.*"

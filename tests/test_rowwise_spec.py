@@ -128,7 +128,9 @@ CASES = [
     ("no chunk fits the warps", "[compute]", "[tuning]\nCHUNK = [64]\nnum_warps = [8]\n[compute]",
      "tuning.CHUNK", "no CHUNK x num_warps pair spreads 2 to 32 elements over each thread"),
     ("output undeclared name", 'out = "(x - mean)', 'out = "(x - mu)', "compute.out",
-     "name 'mu' is used but not declared"),
+     "name 'mu' is used but not declared (declared: N, eps, mean, var, weight, x)"),
+    ("shape argument read", 'of = "x", scale', 'of = "x * normalized_shape", scale', "reduce.mean.of",
+     "name 'normalized_shape' cannot be used here: a host argument"),
     ("dims on a tensor", 'x = "tensor"', 'x = { kind = "tensor", dims = ["m"] }', "args.x",
      "row-wise tensors take no 'dims'"),
     ("dtype argument unused", 'eps = { kind = "float", default = 1e-5 }',
@@ -181,8 +183,9 @@ def test_keepdim_shapes_the_per_row_outputs_on_the_host_only():
     assert plan.keepdim == "keepdim"
     # the kernels never read it, and no expression may
     assert "keepdim" not in [a.name for a in plan.kernel_scalars]
-    with pytest.raises(SpecError, match="'keepdim' is used but not declared"):
-        parse(text.replace('lse = "max + log(sum)"', 'lse = "where(keepdim, max, sum)"'))
+    for host in ("keepdim", "dim"):
+        with pytest.raises(SpecError, match=f"name '{host}' cannot be used here: a host argument"):
+            parse(text.replace('lse = "max + log(sum)"', f'lse = "where({host}, max, sum)"'))
 
 
 def test_chunk_spaces_keep_threads_busy():

@@ -7,8 +7,9 @@
 # reduce + matmul GPU files with test_traced_errors and test_generated_kernels 6; the rowwise,
 # replay, pointwise and dynamic GPU files about 6; the CPU-tier files that run on CUDA 9).
 # pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
-# cores; WORKERS=0 runs them in one): the whole tier then fits one call, 8m17s on 8 workers (H200,
-# 2026-11-23, 541 tests; 7m57s on 14, where compiling contends for the cores).
+# cores; WORKERS=0 runs them in one): 541 tests fit one call (8m17s on 8 workers, H200, 2026-11-23;
+# 7m57s on 14, where compiling contends for the cores); the 819 of 2026-11-24 take two calls of
+# 6-8 minutes (README, "Testing", names the two groups).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with the whole
 # tier they outlast a 10-minute device call: SKIP_BENCH=1 in one call, SKIP_TESTS=1 in the next.
 set -uo pipefail

@@ -1,6 +1,9 @@
 """Kernel families. Each has a module with ``parse_body``, ``body_names``, ``plan`` and
 ``scaffold``, the names its generated code binds for itself (``GENERATED_NAMES``,
-``GENERATED_PREFIXES``: a spec may not declare them), and a template.
+``GENERATED_PREFIXES``: a spec may not declare them), and a template. Optional: the flags
+``DTYPE_ARGS``, ``SHAPE_ARGS`` and ``OPTIONAL_SCALARS`` (the argument forms it takes; parse.py
+refuses them elsewhere), ``REFERENCE_NAMES`` (names its reference may use besides the
+arguments) and ``derived_ops``.
 
 To add a family: write ``families/<name>.py`` (a body dataclass, its parser, a planner returning a
 frozen plan the template reads) and ``templates/<name>.py.jinja``, then list it here

@@ -48,10 +48,6 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
         if isinstance(arg, TensorArg) and (arg.optional or arg.dims):
             raise top.where.child("args").child(arg.name).error(
                 "pointwise tensors take no 'optional' or 'dims': every tensor broadcasts")
-    for arg in spec_args:
-        if getattr(arg, "optional", False) and not isinstance(arg, TensorArg) or arg.kind == "shape":
-            raise top.where.child("args").child(arg.name).error(
-                "pointwise ops take no shape arguments and no optional scalars")
     if not any(isinstance(a, TensorArg) for a in spec_args):
         raise top.where.child("args").error("a pointwise op needs at least one tensor argument")
     outputs = parse_outputs(top.pop_table("compute"), spec_args)

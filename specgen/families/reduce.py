@@ -101,10 +101,13 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     if is_index and dtype:
         raise args_where.child(dtype).error(
             f"'{combine}' returns an int64 index: it takes no dtype argument")
+    # dim, keepdim and dtype shape the launch on the host: named, so that reading one says so
+    symbols.update({n: Symbol(n, "host") for n in (*REFERENCE_NAMES, dtype) if n})
     map_expr = parse_expr(map_source, table.where.child("map"), symbols) if map_source else None
     finish_symbols = {"acc": Symbol("acc", "value"), "N": Symbol("N", "value")}
-    finish_expr = (parse_expr(finish_source, table.where.child("finish"), finish_symbols)
-                   if finish_source else None)
+    finish_expr = (parse_expr(finish_source, table.where.child("finish"), finish_symbols, {
+        x.name: "finish reads the reduced value acc and N; the tensor enters through map"})
+        if finish_source else None)
     dim = table.pop_choice("dim", DIM_MODES, "optional")
     table.finish()
 

@@ -28,6 +28,9 @@ from specgen.table import Table, check_type, parse_list
 OPS = ("sum", "max", "min")
 # a spec may declare a dtype argument (parse.py asks the family), named by [rows] dtype
 DTYPE_ARGS = True
+# shape arguments (normalized_shape, dim) and optional floats ([rows] finfo_eps say what None is)
+SHAPE_ARGS = True
+OPTIONAL_SCALARS = True
 STRATEGIES = ("auto", "single", "looped", "online", "split")
 # [rows] layout: how element outputs that read a reduction are allocated, as the torch op they
 # stand for allocates its result: contiguous (softmax, log_softmax, layer_norm), in the input's
@@ -266,15 +269,17 @@ def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[t
 
 
 def _symbols(spec_args: tuple, host_args: tuple) -> dict[str, Symbol]:
-    """Names an expression may read: tensors, float/int/bool scalars (not the dim, keepdim or
-    dtype, which shape the launch on the host), choices, N."""
+    """Names an expression may read: tensors, float/int/bool scalars, choices, N; the dim,
+    keepdim, dtype and shape arguments, which shape the launch on the host, as "host"."""
     symbols = {N_SYMBOL: Symbol(N_SYMBOL, "scalar")}
     for arg in spec_args:
         if isinstance(arg, TensorArg):
             symbols[arg.name] = Symbol(arg.name, "tensor")
         elif arg.kind == "choice":
             symbols[arg.name] = Symbol(arg.name, "choice", arg.values)
-        elif arg.kind != "shape" and arg.name not in host_args:
+        elif arg.kind == "shape" or arg.name in host_args:
+            symbols[arg.name] = Symbol(arg.name, "host")
+        else:
             symbols[arg.name] = Symbol(arg.name, "bool" if arg.kind == "bool" else "scalar")
     return symbols
 

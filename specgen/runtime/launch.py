@@ -165,8 +165,10 @@ def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
     """True when nothing traces or differentiates this call, so a generated function may run its
     op's implementation directly and skip the dispatcher (some 40 us a call).
 
-    torch.compile and export, dispatch and function modes, tensor subclasses (fake tensors among
-    them) and autograd all go through ``torch.ops.specgen.*`` instead.
+    torch.compile and export, dispatch and function modes and tensor subclasses (fake tensors
+    among them) go through ``torch.ops.specgen.*`` instead; eager autograd (``untraced`` but
+    an input requires grad) runs the implementation inside an ``autograd.Function``
+    (``differentiable_call``), also without the dispatcher.
     """
     if not untraced(tensors):
         return False

@@ -196,14 +196,19 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     return Strategy(forced, tiles, math.ceil(num_red / split_size) if num_red else 1, split_size)
 
 
-def check_nonempty(op: str, name: str, x: torch.Tensor, dims: Sequence[int]) -> None:
-    """max, min and the arg reductions have no identity to return for an empty reduction."""
+def check_nonempty(op: str, name: str, x: torch.Tensor, dims: Sequence[int], dim,
+                   index: bool) -> None:
+    """max, min and the arg reductions have no identity to return for an empty reduction; the
+    error types are torch's (a reduction of every dim of an empty tensor: IndexError for the arg
+    reductions, RuntimeError for amax and amin)."""
+    if (dim is None or dim == ()) and x.numel() == 0:
+        raise (IndexError if index else RuntimeError)(
+            f"{op}: argument '{name}' is empty; give a dim to reduce (this reduction has no "
+            f"identity)")
     for d in dims:
         if x.shape[d] == 0:
-            raise ValueError(f"{op}: argument '{name}' has size 0 in reduced dim {d}; this "
-                             f"reduction has no identity (torch raises IndexError)")
-    if not dims and x.dim() > 0 and x.numel() == 0:
-        raise ValueError(f"{op}: argument '{name}' is empty; this reduction has no identity")
+            raise IndexError(f"{op}: argument '{name}' has size 0 in reduced dim {d}; this "
+                             f"reduction has no identity")
 
 
 def kept_args(kept: Space) -> list[int]:
