@@ -129,6 +129,14 @@ CASES = [
      "tuning.CHUNK", "no CHUNK x num_warps pair spreads 2 to 32 elements over each thread"),
     ("output undeclared name", 'out = "(x - mean)', 'out = "(x - mu)', "compute.out",
      "name 'mu' is used but not declared (declared: N, eps, mean, var, weight, x)"),
+    # the kernels name a step's per-row value row_<step> and its accumulator acc_<step>: an
+    # output row_tot was written over step tot's value, which the next line then read
+    ("output named as a step's per-row value", '[compute]\nout',
+     'tot = { op = "sum", of = "x" }\n[compute]\nrow_tot = "x"\nout', "compute.row_tot",
+     "'row_tot' is a name the rowwise family's generated code uses"),
+    ("step named as an accumulator", 'var = { op', 'acc_mean = { op = "sum", of = "x" }\nvar = { op',
+     "reduce.acc_mean",
+     "'acc_mean' is a name the rowwise family's generated code uses"),
     ("shape argument read", 'of = "x", scale', 'of = "x * normalized_shape", scale', "reduce.mean.of",
      "name 'normalized_shape' cannot be used here: a host argument"),
     ("dims on a tensor", 'x = "tensor"', 'x = { kind = "tensor", dims = ["m"] }', "args.x",

@@ -58,16 +58,16 @@ SPLIT_WARPS_MAX = 8
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
     "pointwise", "rowwise",  # its imports
-    "acc_max", "acc_ms", "acc_sum", "acc_sum_", "args", "block", "col_coord", "col_mask",
-    "col_rest", "col_size_", "delta", "deviation", "deviation_m2", "grads", "greater", "hi",
-    "item", "kernel", "key", "lane_n", "lo", "n_float", "n_rows", "n_splits", "new_max", "part",
-    "part_m2", "part_max", "part_mean", "part_n", "part_shift", "part_sum", "pass_m2",
-    "pass_mean", "plan", "pointers", "reduced", "replay", "row_coord", "row_id", "row_mask",
-    "row_max", "row_max_shift", "row_mean", "row_ms", "row_out", "row_rest", "row_size_",
-    "row_sum", "row_sum_", "row_var", "run_m2", "run_mean", "share", "shift", "span", "split",
-    "split_mask", "splits", "start", "term", "total", "tune_key", "value", "workspace", "ws_ptr"
+    "args", "block", "col_coord", "col_mask", "col_rest", "col_size_", "delta", "deviation",
+    "deviation_m2", "grads", "greater", "hi", "item", "kernel", "key", "lane_n", "lo", "n_float",
+    "n_rows", "n_splits", "new_max", "part", "part_m2", "part_max", "part_mean", "part_n",
+    "part_shift", "part_sum", "pass_m2", "pass_mean", "plan", "pointers", "reduced", "replay",
+    "run_m2", "run_mean", "share", "shift", "span", "split", "split_mask", "splits", "start",
+    "term", "total", "tune_key", "value", "workspace", "ws_ptr"
 })
-GENERATED_PREFIXES: tuple[str, ...] = ("grad_",)
+# grad_: the derived backward's gradient inputs and outputs; row_ and acc_: each step's per-row
+# value and running accumulator, each row output's value (row_<name>, acc_<name>)
+GENERATED_PREFIXES: tuple[str, ...] = ("grad_", "row_", "acc_")
 
 
 @dataclass(frozen=True)
