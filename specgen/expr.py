@@ -1,4 +1,5 @@
-"""The expression language of ``compute`` and ``epilogue`` entries.
+"""The expression language of spec entries: ``compute`` and ``epilogue`` outputs, reduce ``map``
+and ``finish``, row-wise ``reduce`` steps and ``columns``.
 
 An expression is Python syntax parsed with ``ast`` and checked against a whitelist: arithmetic,
 comparisons, ``and``/``or``/``not``, integer powers, the functions in ``FUNCTIONS``, declared names,

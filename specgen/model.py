@@ -84,9 +84,5 @@ class OpSpec:
         return tuple(a for a in self.args if isinstance(a, TensorArg))
 
     @property
-    def scalars(self) -> tuple[ScalarArg, ...]:
-        return tuple(a for a in self.args if isinstance(a, ScalarArg))
-
-    @property
     def choices(self) -> tuple[ChoiceArg, ...]:
         return tuple(a for a in self.args if isinstance(a, ChoiceArg))

@@ -142,7 +142,6 @@ class ArgPlan:
     default_code: str | None        # Python source of the default, None when required
     constexpr: str = ""
     values: tuple[str, ...] = ()
-    type: str = ""
 
     @property
     def param(self) -> str:
@@ -165,12 +164,10 @@ def arg_plans(spec: OpSpec) -> tuple[ArgPlan, ...]:
             default = None if arg.default is None else repr(arg.default)
             plans.append(ArgPlan(arg.name, "choice", "str", default, arg.constexpr, arg.values))
         elif arg.optional:
-            plans.append(ArgPlan(arg.name, arg.type, f"Optional[{_ANNOTATIONS[arg.type]}]", "None",
-                                 type=arg.type))
+            plans.append(ArgPlan(arg.name, arg.type, f"Optional[{_ANNOTATIONS[arg.type]}]", "None"))
         else:
             default = None if arg.default is None else repr(arg.default)
-            plans.append(ArgPlan(arg.name, arg.type, _ANNOTATIONS[arg.type], default,
-                                 type=arg.type))
+            plans.append(ArgPlan(arg.name, arg.type, _ANNOTATIONS[arg.type], default))
     return tuple(plans)
 
 
@@ -293,7 +290,7 @@ class CommonPlan:
     @property
     def scalar_checks(self) -> tuple[str, ...]:
         """Launcher lines that check scalar, choice and dtype arguments (types, allowed values)."""
-        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.type}'
+        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.kind}'
                   + (", optional=True)" if a.default_code == "None" else ")") for a in self.scalars]
         checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
         return (*checks, *self.dtype_checks)

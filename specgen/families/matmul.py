@@ -301,7 +301,6 @@ def _check_value(key: str, value: int, where: Where) -> int:
 class OutputTensor:
     name: str
     code: str
-    optional = False
 
     @property
     def ptr(self) -> str:
@@ -384,7 +383,7 @@ class MatmulPlan(CommonPlan):
 
     @property
     def epilogue_params(self) -> str:
-        """Kernel parameters the epilogue reads besides the outputs: its tensors and scalars."""
+        """The epilogue's pointer parameters: its input tensors', then the outputs'."""
         return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
 
     @property

@@ -217,7 +217,7 @@ def plan(spec: OpSpec) -> ReducePlan:
     dim_default = None if body.dim == "required" else "None"
     dim_annotation = "Optional[int]" if index else "Optional[list[int]]"
     extra = (ArgPlan("dim", "dims", dim_annotation, dim_default),
-             ArgPlan("keepdim", "bool", "bool", "False", type="bool"))
+             ArgPlan("keepdim", "bool", "bool", "False"))
     # kind "dim": one int (argmax/argmin), "dims": an int or a tuple; optional: None is allowed
     dim_info = f'rt.ArgInfo("dim", "{"dim" if index else "dims"}"'
     dim_info += ", optional=True)" if body.dim == "optional" else ")"

@@ -458,10 +458,6 @@ class TensorPlan:
         return f"HAS_{self.name.upper()}"
 
     @property
-    def elementwise(self) -> bool:
-        return self.role in ("row", "like", "out")
-
-    @property
     def var(self) -> str:
         return f"row_{self.name}" if self.role == "row_out" else self.name
 
@@ -692,14 +688,6 @@ class RowwisePlan(CommonPlan):
     @property
     def stored_elem(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.elem_outputs)
-
-    @property
-    def row_dims(self) -> range:
-        return range(ROW_RANK)
-
-    @property
-    def col_dims(self) -> range:
-        return range(COL_RANK)
 
     @property
     def along_names(self) -> tuple[str, ...]:

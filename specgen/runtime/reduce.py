@@ -146,7 +146,7 @@ def problem_of(shape: Shape, strides: Shape, out_strides: Shape, dims: Sequence[
 
 @dataclass(frozen=True)
 class Strategy:
-    name: str       # inner | outer | split | atomic
+    name: str       # inner | outer | split | atomic | last
     tiles: str      # which config list tiles the kernel: "inner" (long rows) or "outer" (wide)
     splits: int     # programs sharing one output tile's reduced range (1: no second level)
     split_size: int  # reduced elements per split
@@ -267,7 +267,8 @@ class ReduceLaunch:
 
     @property
     def counters(self) -> int:
-        """Tickets a ``last`` launch takes, one per output tile of its narrowest tiles."""
+        """Tickets a ``last`` launch takes, indexed by kept tile: one per kept element, enough
+        for tiles of any width the tuner picks."""
         return self.num_kept if self.strategy.name == "last" else 0
 
 
