@@ -139,7 +139,7 @@ class ReducePlan(CommonPlan):
     x: str = "x"
     dtype: str | None = None        # the dtype argument: x is cast to it before the reduction
     map_code: str = ""              # "" when elements are combined as loaded
-    finish_code: str = "result"
+    finish_code: str = ""           # the finish expression over result and n_float, if any
     finish_reads_count: bool = False  # the finish expression reads N, the element count
     inner_configs: tuple[dict, ...] = ()
     outer_configs: tuple[dict, ...] = ()
@@ -205,7 +205,7 @@ def plan(spec: OpSpec) -> ReducePlan:
     if map_code == "x":
         map_code = ""
     finish_code = (emit(body.finish_expr, {"acc": "result", "N": "n_float"})
-                   if body.finish_expr is not None else "result")
+                   if body.finish_expr is not None else "")
     reads_count = body.finish_expr is not None and "N" in body.finish_expr.names
     warps = body.num_warps
 
