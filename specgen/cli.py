@@ -51,10 +51,10 @@ def build(paths: tuple[Path, ...], out_dir: Path, check: bool, force: bool) -> N
         if changes:
             for change in changes:
                 click.echo(f"stale: {builder.describe(change, base).strip()}", err=True)
-            force = " --force" if any(change.by_hand for change in changes) else ""
+            flag = " --force" if any(change.by_hand for change in changes) else ""
             raise click.ClickException(
                 f"{out_dir}/ is out of date with the specs ({len(changes)} file(s) would change); "
-                f"run `specgen build{force}` and commit the result")
+                f"run `specgen build{flag}` and commit the result")
         click.echo(f"{out_dir}/ is up to date")
         return
     if not force:
