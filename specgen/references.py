@@ -23,3 +23,22 @@ def prod(x: torch.Tensor, dim: int | Sequence[int] | None = None, keepdim: bool 
     for d in sorted({d % max(x.dim(), 1) for d in dims}, reverse=True):
         x = torch.prod(x, d, keepdim=keepdim)
     return x
+
+
+def rms_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None = None,
+             eps: float | None = None) -> torch.Tensor:
+    """``F.rms_norm`` spelled out in torch ops: the same math (16-bit inputs in float32, times
+    the weight, the result in x's dtype and suggested memory format), with no
+    ``normalized_shape`` in any op. torch 2.11's AOTAutograd bakes a symbolic
+    ``normalized_shape`` (``x.shape[-1]`` under dynamic shapes) into the CUDA backward graph of
+    ``aten._fused_rms_norm`` as a garbage int, so a traced backward through the reference raised
+    "Expected weight to be of same shape as normalized_shape"."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    if eps is None:
+        eps = torch.finfo(wide.dtype).eps   # F.rms_norm's default: its math dtype's
+    out = wide * torch.rsqrt(wide.pow(2).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        out = out * weight
+    # x's dtype whatever the weight's, as F.rms_norm returns
+    return out.to(x.dtype).contiguous(memory_format=torch._prims_common.suggest_memory_format(x))

@@ -205,6 +205,29 @@ def test_cross_entropy_weight_with_grad_raises_as_torch():
     testing.assert_matches(loss, want, "cross_entropy with a weight under no_grad")
 
 
+def test_cross_entropy_saved_outputs_are_not_differentiable():
+    # the registered op returns the loss, each row's logsumexp and the loss's denominator; the
+    # last two reported requires_grad=True and a loss built on them got a zero gradient
+    logits = _leaf(4, 3)
+    target = torch.tensor([0, 1, 2, 1], device=logits.device)
+    loss, lse, denom = torch.ops.specgen.cross_entropy(logits, target, None, -100, "mean", 0.0)
+    assert loss.requires_grad and not lse.requires_grad and not denom.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_reference_rms_norm_is_torchs(dtype, eps):
+    # add_rms_norm's reference spells F.rms_norm out (a symbolic normalized_shape broke torch
+    # 2.11's traced CUDA backward of aten._fused_rms_norm): same values, dtype and layout
+    from specgen import references
+    x = _leaf(2, 3, 4, 4, dtype=dtype).detach().to(memory_format=torch.channels_last)
+    for weight in (None, _leaf(4, seed=1).detach(), _leaf(4, dtype=dtype, seed=2).detach()):
+        want = torch.nn.functional.rms_norm(x, (4,), weight, eps)
+        got = references.rms_norm(x, (4,), weight, eps)
+        assert got.dtype == want.dtype and got.stride() == want.stride()
+        torch.testing.assert_close(got, want)   # CUDA fuses it: an ulp apart there
+
+
 def test_an_unused_output_gets_a_zero_gradient():
     # add_rms_norm returns (x + residual, rms_norm(x + residual)): back-propagating the norm
     # alone must still reach x and residual through it

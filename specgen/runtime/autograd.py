@@ -10,8 +10,9 @@ torch's gradient. Two paths, as for the forward:
   of the recomputed reference: no dispatcher, no custom-op autograd, no torch.func (on the H200
   host those cost several times the kernels of a 4096x4096 softmax's forward and backward);
 - a traced call (torch.compile, modes, subclasses) goes through the registered op, whose
-  autograd formula takes the reference's vector-Jacobian product with ``torch.func.vjp``, which
-  AOTAutograd traces into the backward graph, where Inductor fuses it.
+  autograd formula takes ``torch.autograd.grad`` of the recomputed reference as well, which
+  AOTAutograd traces into the backward graph, where Inductor fuses it (``torch.func.vjp``
+  under a functorch transform only).
 The price in eager code is the recompute and torch's own backward kernels (docs/design.md,
 "Backward"). A row-wise op whose spec derives a backward op (specgen/families/rowwise_backward.py)
 passes it as ``backward``: an untraced call's gradients then come from that op's kernel, and
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specgen.runtime.launch import untraced
+from specgen.runtime.launch import transforms_active
 
 
 def _save(ctx, args: Sequence[object]) -> None:
@@ -44,7 +45,11 @@ def reference_grads(reference: Callable, args: Sequence[object], wanted: Sequenc
                     grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor]:
     """The gradients of ``reference(*args)`` with respect to ``args[i]`` for each ``i`` in
     ``wanted``, given the gradients of its outputs (None: that output was not used)."""
-    if untraced([a for a in args if isinstance(a, torch.Tensor)]):
+    # torch.autograd.grad of the recompute, eager or traced (AOTAutograd traces it as it traces
+    # any backward); torch.func.vjp only under a functorch transform (vmap), which autograd.grad
+    # cannot serve: torch 2.11's AOTAutograd mis-traces torch.func.vjp with symbolic sizes
+    # (F.linear of a 3-D input with a bias: "Attempting to use FunctionalTensor on its own")
+    if not transforms_active():
         return _autograd_grads(reference, args, wanted, grads)
     return _vjp_grads(reference, args, wanted, grads)
 
@@ -151,8 +156,19 @@ def _by_reference_of(op: str) -> type[torch.autograd.Function]:
 def reference_vjp(forward: Callable, primals: tuple, cotangents: tuple):
     """The vector-Jacobian product of ``forward`` at ``primals`` (the reference of a derived
     backward op): a tensor for one primal, else a tuple. Differentiable again, as torch.func's."""
-    outputs, vjp = torch.func.vjp(forward, *primals)
-    grads = vjp(cotangents if isinstance(outputs, tuple) else cotangents[0])
+    if transforms_active():
+        outputs, vjp = torch.func.vjp(forward, *primals)
+        grads = vjp(cotangents if isinstance(outputs, tuple) else cotangents[0])
+        return grads[0] if len(grads) == 1 else grads
+    # as reference_grads: autograd.grad (differentiable again: create_graph) rather than
+    # torch.func.vjp, which torch 2.11's AOTAutograd mis-traces with symbolic sizes
+    with torch.enable_grad():
+        inputs = [p.view_as(p) if p.requires_grad else p.detach().requires_grad_()
+                  for p in primals]
+        outputs = forward(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    grads = torch.autograd.grad(outputs, inputs, tuple(cotangents), create_graph=True,
+                                allow_unused=True, materialize_grads=True)
     return grads[0] if len(grads) == 1 else grads
 
 
