@@ -97,7 +97,7 @@ def _operators():
 def test_every_operator_has_samples():
     # a new op (or out= variant) must get opcheck samples here
     with torch.no_grad():
-        assert set(_operators()) <= set(_samples("cpu"))
+        assert set(_operators()) <= set(_samples(device()))
 
 
 @pytest.fixture(scope="module")
