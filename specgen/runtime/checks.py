@@ -128,7 +128,7 @@ def check_dtype_arg(op: str, name: str, value: object, dtypes: Sequence[torch.dt
         raise TypeError(f"{op}: argument '{name}' is {value}; supported: {_dtype_list(dtypes)}")
 
 
-def _is_real(tensor: torch.Tensor) -> bool:
+def is_real(tensor: torch.Tensor) -> bool:
     """Real memory to compare (fake tensors under torch.compile have no data pointer)."""
     from torch._subclasses.fake_tensor import is_fake
     return tensor.device.type != "meta" and not is_fake(tensor)
@@ -166,10 +166,10 @@ def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
     if has_internal_overlap(out):
         raise ValueError(f"{op}: '{name}' has elements that share memory (stride {out.stride()}); "
                          f"an output must not overlap itself")
-    if not _is_real(out) or out.numel() == 0:
+    if not is_real(out) or out.numel() == 0:
         return
     for input_name, tensor in inputs.items():
-        if tensor is None or tensor.numel() == 0 or not _is_real(tensor):
+        if tensor is None or tensor.numel() == 0 or not is_real(tensor):
             continue
         if not _overlap(tensor, out):
             continue
@@ -185,7 +185,7 @@ def check_outs_disjoint(op: str, outs: Mapping[str, torch.Tensor]) -> None:
     written by one lane, and two outputs at one address would keep whichever lane wrote last.
     Compared by byte ranges, as inputs are in ``check_out``: views that interleave without
     sharing an element (``t[:, ::2]`` and ``t[:, 1::2]``) are refused too."""
-    real = [(name, out) for name, out in outs.items() if _is_real(out) and out.numel() > 0]
+    real = [(name, out) for name, out in outs.items() if is_real(out) and out.numel() > 0]
     for i, (name, out) in enumerate(real):
         for other_name, other in real[:i]:
             if _overlap(other, out):

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.testing
 
-from specgen.runtime.checks import check_tensors
+from specgen.runtime.checks import check_tensors, is_real
 from specgen.runtime.launch import (Overrides, interpreting, max_programs, multiprocessors,
                                     overrides, untraced, use_int64)
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
@@ -365,10 +365,8 @@ def tma_aligned(*tensors: torch.Tensor) -> bool:
     property, not its plan's: a slice of an aligned tensor may start anywhere). Traced calls see
     fake tensors without addresses: their offset into a (256-byte aligned) allocation decides."""
     for t in tensors:
-        try:
-            address = t.data_ptr()
-        except (RuntimeError, NotImplementedError):
-            address = t.storage_offset() * t.element_size()
+        # a fake tensor's data_ptr() is deprecated, to become an error
+        address = t.data_ptr() if is_real(t) else t.storage_offset() * t.element_size()
         if address % TMA_ALIGN:
             return False
     return True
