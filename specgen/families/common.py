@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from specgen import kernel_lib, reduce_lib
 from specgen.errors import Where
-from specgen.expr import FUNCTIONS
+from specgen.expr import FUNCTIONS, Symbol
 from specgen.model import ChoiceArg, OpSpec, TensorArg
 from specgen.table import Table, parse_list
 
@@ -43,6 +43,23 @@ OP_RESERVED = IMPORTS | frozenset(callee for _, callee in FUNCTIONS.values()) | 
 
 _ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
                 "shape": "list[int]", "dtype": "torch.dtype"}
+
+
+def symbols_of(spec_args: Iterable, host: Iterable[str] = ()) -> dict[str, Symbol]:
+    """The names an expression may read among the arguments: tensors, float/int/bool scalars,
+    choices; shape arguments and those named in ``host`` (a row-wise dim, keepdim, dtype),
+    which shape the launch on the host, as "host" (an expression reading one is an error that
+    says so)."""
+    host = set(host)
+    symbols = {}
+    for arg in spec_args:
+        if arg.kind == "shape" or arg.name in host:
+            symbols[arg.name] = Symbol(arg.name, "host")
+        elif arg.kind in ("tensor", "choice", "bool"):
+            symbols[arg.name] = Symbol(arg.name, arg.kind, getattr(arg, "values", ()))
+        else:
+            symbols[arg.name] = Symbol(arg.name, "scalar")
+    return symbols
 
 
 def check_name(name: str, where: Where, what: str) -> None:

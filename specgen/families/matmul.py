@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from specgen.errors import Where
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, check_name, common_plan,
-                                     int_list)
-from specgen.families.pointwise import symbols_of
+                                     int_list, symbols_of)
 from specgen.model import DTYPES, OpSpec, Output, TensorArg
 from specgen.table import Table, check_type, parse_list
 

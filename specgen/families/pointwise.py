@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     tile_pairs, warps_list, wrap)
+                                     symbols_of, tile_pairs, warps_list, wrap)
 from specgen.model import OpSpec, Output, TensorArg
 from specgen.table import Table, check_type
 
@@ -63,15 +63,6 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
     launch = schedule.pop_choice("launch", LAUNCHES, "flat")
     schedule.finish()
     return PointwiseBody(outputs, blocks, tiles, num_warps, launch)
-
-
-def symbols_of(spec_args: tuple) -> dict[str, Symbol]:
-    symbols = {}
-    for arg in spec_args:
-        choices = getattr(arg, "values", ())
-        symbols[arg.name] = Symbol(arg.name, arg.kind if arg.kind in ("tensor", "choice", "bool")
-                                   else "scalar", choices)
-    return symbols
 
 
 def parse_outputs(compute: Table, spec_args: tuple) -> tuple[Output, ...]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     warps_list)
+                                     symbols_of, warps_list)
 from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
@@ -156,7 +156,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> RowwiseBody:
                                                                                   dim):
             raise where.error("a shape argument is only used as [rows] normalized_shape or dim")
 
-    symbols = _symbols(spec_args, (dim, keepdim, dtype))
+    # N: the row length, which scales such as 1 / N read
+    symbols = {N_SYMBOL: Symbol(N_SYMBOL, "scalar"), **symbols_of(spec_args, (dim, keepdim, dtype))}
     elementwise = set(tensors)
     steps = _parse_steps(top.pop_table("reduce"), symbols, elementwise)
     outputs, row_outputs = _parse_outputs(top.pop_table("compute"), symbols, elementwise)
@@ -266,22 +267,6 @@ def _parse_absent(rows: Table, tensors: dict, along: tuple[str, ...]) -> tuple[t
         raise table.where.error(f"say what the omitted optional tensor '{missing[0]}' stands for, "
                                 f"as in {missing[0]} = 1.0")
     return tuple((n, absent[n]) for n in along if n in absent)
-
-
-def _symbols(spec_args: tuple, host_args: tuple) -> dict[str, Symbol]:
-    """Names an expression may read: tensors, float/int/bool scalars, choices, N; the dim,
-    keepdim, dtype and shape arguments, which shape the launch on the host, as "host"."""
-    symbols = {N_SYMBOL: Symbol(N_SYMBOL, "scalar")}
-    for arg in spec_args:
-        if isinstance(arg, TensorArg):
-            symbols[arg.name] = Symbol(arg.name, "tensor")
-        elif arg.kind == "choice":
-            symbols[arg.name] = Symbol(arg.name, "choice", arg.values)
-        elif arg.kind == "shape" or arg.name in host_args:
-            symbols[arg.name] = Symbol(arg.name, "host")
-        else:
-            symbols[arg.name] = Symbol(arg.name, "bool" if arg.kind == "bool" else "scalar")
-    return symbols
 
 
 def _new_name(name: str, where, symbols: dict, what: str) -> None:
