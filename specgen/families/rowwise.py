@@ -378,6 +378,12 @@ def _output_layouts(outputs: tuple[Output, ...], row_outputs: tuple[str, ...],
                  for name, (kind, tensors) in layouts.items())
 
 
+def _expressions(body: RowwiseBody) -> tuple[Expr, ...]:
+    """Every expression of a spec: the steps' (and their scales), the outputs', the columns'."""
+    steps = tuple(e for s in body.steps for e in (s.of, s.scale) if e is not None)
+    return steps + tuple(o.expr for o in (*body.outputs, *body.column_outputs))
+
+
 def variance_pair(steps: tuple[Step, ...]) -> int | None:
     """Index of a mean step (a sum of E scaled by 1 / N) that the next step sums (E - mean)**2 over.
 
@@ -562,6 +568,7 @@ class RowwisePlan(CommonPlan):
     tensors: tuple[TensorPlan, ...] = ()
     steps: tuple[StepPlan, ...] = ()
     variance: int | None = None                # index of the mean of a mean/variance pair
+    reads_n: bool = False                      # an expression reads N, or a variance pair
     looped_passes: tuple[PassPlan, ...] = ()
     online_passes: tuple[PassPlan, ...] = ()
     outputs: tuple[OutputPlan, ...] = ()
@@ -893,7 +900,9 @@ def plan(spec: OpSpec) -> RowwisePlan:
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
         dtype=body.dtype, tensors=tuple(tensors),
-        steps=steps, variance=variance, looped_passes=looped, online_passes=online, outputs=outputs,
+        steps=steps, variance=variance, looped_passes=looped,
+        # its mean is corrected by the sum of deviations over N
+        reads_n=variance is not None or any(N_SYMBOL in e.names for e in _expressions(body)), online_passes=online, outputs=outputs,
         columns=columns,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         split_configs=split_configs,
