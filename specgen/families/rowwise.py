@@ -896,13 +896,14 @@ def plan(spec: OpSpec) -> RowwisePlan:
         called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
     common = common_plan(spec, tuple(o.name for o in body.outputs + body.column_outputs))
     from specgen.families import rowwise_backward   # it builds on this module
+    # a variance pair's mean is corrected by its deviations' sum over N
+    reads_n = variance is not None or any(N_SYMBOL in e.names for e in _expressions(body))
     return RowwisePlan(
         **common.__dict__, row_tensor=body.tensor, dim=body.dim,
         normalized_shape=body.normalized_shape, finfo_eps=body.finfo_eps, keepdim=body.keepdim,
         dtype=body.dtype, tensors=tuple(tensors),
-        steps=steps, variance=variance, looped_passes=looped,
-        # its mean is corrected by the sum of deviations over N
-        reads_n=variance is not None or any(N_SYMBOL in e.names for e in _expressions(body)), online_passes=online, outputs=outputs,
+        steps=steps, variance=variance, reads_n=reads_n, looped_passes=looped,
+        online_passes=online, outputs=outputs,
         columns=columns,
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         split_configs=split_configs,
