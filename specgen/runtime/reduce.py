@@ -41,6 +41,12 @@ MIN_SPLIT_CHUNK = 64
 SPLIT_BELOW = 0.5
 
 
+def every_dim(dim) -> bool:
+    """Whether ``dim`` names every dim as None and () do (torch's errors tell them from a list of
+    all the dims)."""
+    return dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0)
+
+
 def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, ...]:
     """torch's rules: None or () reduce every dim, negatives wrap, a 0-dim tensor takes 0 and -1."""
     if dim is None:
@@ -201,7 +207,7 @@ def check_nonempty(op: str, name: str, x: torch.Tensor, dims: Sequence[int], dim
     """max, min and the arg reductions have no identity to return for an empty reduction; the
     error types are torch's (a reduction of every dim of an empty tensor: IndexError for the arg
     reductions, RuntimeError for amax and amin)."""
-    if (dim is None or dim == ()) and x.numel() == 0:
+    if every_dim(dim) and x.numel() == 0:
         raise (IndexError if index else RuntimeError)(
             f"{op}: argument '{name}' is empty; give a dim to reduce (this reduction has no "
             f"identity)")
