@@ -65,7 +65,10 @@ def _autograd_grads(reference, args, wanted, grads):
     args = list(args)
     with torch.enable_grad():
         for i in wanted:
-            args[i] = args[i].view_as(args[i])
+            # (an input that needs no gradient of its own: a derived op's reference, called
+            # as a plain function, still differentiates with respect to it)
+            args[i] = (args[i].view_as(args[i]) if args[i].requires_grad
+                       else args[i].detach().requires_grad_())
         outputs = reference(*args)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     used = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
@@ -155,20 +158,10 @@ def _by_reference_of(op: str) -> type[torch.autograd.Function]:
 
 def reference_vjp(forward: Callable, primals: tuple, cotangents: tuple):
     """The vector-Jacobian product of ``forward`` at ``primals`` (the reference of a derived
-    backward op): a tensor for one primal, else a tuple. Differentiable again, as torch.func's."""
-    if transforms_active():
-        outputs, vjp = torch.func.vjp(forward, *primals)
-        grads = vjp(cotangents if isinstance(outputs, tuple) else cotangents[0])
-        return grads[0] if len(grads) == 1 else grads
-    # as reference_grads: autograd.grad (differentiable again: create_graph) rather than
-    # torch.func.vjp, which torch 2.11's AOTAutograd mis-traces with symbolic sizes
-    with torch.enable_grad():
-        inputs = [p.view_as(p) if p.requires_grad else p.detach().requires_grad_()
-                  for p in primals]
-        outputs = forward(*inputs)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    grads = torch.autograd.grad(outputs, inputs, tuple(cotangents), create_graph=True,
-                                allow_unused=True, materialize_grads=True)
+    backward op): a tensor for one primal, else a tuple. Differentiable again (grad mode on), as
+    torch.func's."""
+    found = reference_grads(forward, primals, range(len(primals)), cotangents)
+    grads = tuple(found[i] for i in range(len(primals)))
     return grads[0] if len(grads) == 1 else grads
 
 
