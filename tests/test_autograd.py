@@ -186,10 +186,19 @@ def test_out_with_grad_raises_as_torch(grad_of):
     with pytest.raises(RuntimeError, match=re.escape(
             f"add: argument '{name}' requires grad, but a call with out= is not differentiable")):
         generated.add(x, y, out=out)
+    # the registered out= op called directly: the same rule, where it would otherwise write out
+    # with no gradient to show for it
+    name = "out" if grad_of == "out" else "x"
+    with pytest.raises(RuntimeError, match=re.escape(
+            f"add_out: argument '{name}' requires grad, but a call with out= is not differentiable")):
+        torch.ops.specgen.add_out(out, x, y)
     # under no_grad torch writes out=, and so do we
     with torch.no_grad():
         generated.add(x, y, out=out)
         testing.assert_matches(out, (x.double() + y.double()), "add out= under no_grad")
+        out.fill_(float("nan"))
+        torch.ops.specgen.add_out(out, x, y)
+        testing.assert_matches(out, (x.double() + y.double()), "add_out under no_grad")
 
 
 def test_cross_entropy_weight_with_grad_raises_as_torch():

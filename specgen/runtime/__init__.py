@@ -3,8 +3,8 @@
 from specgen.runtime.autograd import (differentiable_call, differentiate_by_reference,
                                       op_function, reference_grads, reference_vjp,
                                       sibling)
-from specgen.runtime.checks import (broadcast_shape, check_choice, check_dtype_arg, check_no_grad,
-                                    check_out, check_outs_disjoint, check_scalar,
+from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, broadcast_shape, check_choice,
+                                    check_dtype_arg, check_no_grad, check_out, check_outs_disjoint, check_scalar,
                                     check_tensor_types, check_tensors)
 from specgen.runtime.launch import (configs, interpreting, launch, note_launch, override,
                                     record_launches, runs_eagerly, untraced, use_int64)
@@ -14,7 +14,7 @@ from specgen.runtime import replay
 from specgen.runtime.replay import Replays, empty, full, zeros
 
 __all__ = [
-    "ArgInfo", "OpInfo", "Replays", "broadcast_shape", "check_choice", "check_dtype_arg",
+    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "broadcast_shape", "check_choice", "check_dtype_arg",
     "check_no_grad", "check_out", "check_outs_disjoint", "check_scalar", "check_tensor_types",
     "check_tensors", "configs", "differentiable_call", "differentiate_by_reference", "empty", "full",
     "interpreting", "launch", "next_power_of_2", "note_launch", "op_function", "override",

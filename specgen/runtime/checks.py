@@ -61,6 +61,10 @@ def _check_transforms(op: str, name: str, tensor: torch.Tensor, differentiable: 
         tensor = torch._C._functorch.get_unwrapped(tensor)
 
 
+# why check_no_grad refuses an out= call: the public function's out= and the registered out= op
+OUT_NOT_DIFFERENTIABLE = "a call with out= is not differentiable (as in torch)"
+
+
 def check_no_grad(op: str, tensors: Mapping[str, torch.Tensor | None], why: str) -> None:
     """RuntimeError, as torch raises, for an argument that requires grad (grad mode on) in a call
     torch does not differentiate through it; ``why`` says which rule."""

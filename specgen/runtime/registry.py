@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch
 
+from specgen.runtime.checks import OUT_NOT_DIFFERENTIABLE, check_no_grad
+
 
 @dataclass(frozen=True)
 class ArgInfo:
@@ -58,5 +60,38 @@ def triton_op(name: str, mutates_args):
             raise ImportError(f"{fn.__module__}: the operator {name} is already registered by "
                               f"{owner}; generated ops share the specgen:: namespace, so this "
                               f"op's spec needs another [op] name")
-        return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+        registered = torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+        if mutates_args:
+            _refuse_grad(name)
+        return registered
     return register
+
+
+# the libraries holding each out= op's autograd kernels, kept alive (and replaced on a reload)
+_autograd_libs: dict[str, torch.library.Library] = {}
+
+
+def _refuse_grad(name: str) -> None:
+    """Gives the out= op ``name`` torch's rule for out=: with grad mode on, an argument that
+    requires grad is an error.
+
+    Such an op has no gradient, and torch.library refuses an autograd formula for a mutating op;
+    the kernel it registers under ``Autograd`` then runs the op as if it were differentiable and
+    writes ``out`` where autograd never sees it. A kernel under each backend's own autograd key
+    takes precedence over that alias: it refuses, or runs the op below autograd as torch's does.
+    """
+    op = torch._library.utils.lookup_op(name)
+    names = [argument.name for argument in op._schema.arguments]
+    short = name.split("::")[1]
+
+    def autograd_kernel(keyset, *args):
+        tensors = {n: a for n, a in zip(names, args) if isinstance(a, torch.Tensor)}
+        check_no_grad(short, tensors, OUT_NOT_DIFFERENTIABLE)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+    if name in _autograd_libs:
+        _autograd_libs.pop(name)._destroy()
+    lib = _autograd_libs[name] = torch.library.Library("specgen", "IMPL")
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        lib.impl(short, autograd_kernel, key, with_keyset=True)

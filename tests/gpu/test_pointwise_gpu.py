@@ -87,3 +87,22 @@ def test_torch_compile_two_ops_no_graph_break():
     compiled = torch.compile(f, fullgraph=True, dynamic=False)  # fullgraph: a graph break raises
     torch.testing.assert_close(compiled(a, b), f(a, b))
     torch.testing.assert_close(compiled(a.t().contiguous().t(), b), f(a, b))
+
+
+def test_torch_compile_out():
+    # the registered out= op in a compiled graph: its autograd kernel (registry._refuse_grad)
+    # runs it below autograd, and refuses an input that requires grad as eager does
+    a = torch.randn(64, 96, device="cuda")
+    b = torch.randn(96, device="cuda")
+    expected = a.double() + b.double()
+    out = torch.full((96, 64), float("nan"), device="cuda").t()
+    torch._dynamo.reset()
+    public = torch.compile(lambda a, b, out: generated.add(a, b, out=out), fullgraph=True)
+    assert public(a, b, out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out.double(), expected)
+    direct = torch.compile(lambda a, b, out: torch.ops.specgen.add_out(out, a, b), fullgraph=True)
+    out.fill_(float("nan"))
+    direct(a, b, out)
+    torch.testing.assert_close(out.double(), expected)
+    with pytest.raises(Exception, match="requires grad, but a call with out= is not differentiable"):
+        direct(a.requires_grad_(), b, out)
