@@ -4,8 +4,8 @@ from specgen.runtime.autograd import (differentiable_call, differentiate_by_refe
                                       op_function, reference_grads, reference_vjp,
                                       sibling)
 from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, broadcast_shape, check_choice,
-                                    check_dtype_arg, check_no_grad, check_out, check_outs_disjoint, check_scalar,
-                                    check_tensor_types, check_tensors)
+                                    check_dtype_arg, check_no_grad, check_out, check_outs_disjoint,
+                                    check_scalar, check_tensor_types, check_tensors)
 from specgen.runtime.launch import (configs, interpreting, launch, note_launch, override,
                                     record_launches, runs_eagerly, untraced, use_int64)
 from specgen.runtime.layout import next_power_of_2

@@ -3,13 +3,13 @@ the eager target check."""
 
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass
 
 import torch
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides,
+                                    plan_cache)
 from specgen.runtime.layout import span
 
 # programs per multiprocessor: a 128k-vocabulary row is 256 KB of bf16, so one row per program
@@ -33,21 +33,16 @@ def plan_rows(op: str, indexing: str, max_tile: int, n_rows: int,
     metas = tuple((name, tuple(t.shape), tuple(t.stride())) for name, t in tensors.items()
                   if t is not None)
     device = next(t.device for t in tensors.values() if t is not None)
-    key = (op, indexing, max_tile, n_rows, metas, overrides(), device)
-    try:
-        return _cached_plan(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
-        return _plan(*key)
+    return _plan(op, indexing, max_tile, n_rows, metas, overrides(), device)
 
 
+@plan_cache
 def _plan(op, indexing, max_tile, n_rows, metas, _overrides, device) -> RowsLaunch:
     index_64 = choose_int64(op, indexing, {name: span(size, stride) for name, size, stride in metas},
                             max_tile)
     cap = max_programs(device, "persistent", PROGRAMS_PER_SM)
     return RowsLaunch(index_64, (grid_size(n_rows, cap),))
 
-
-_cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
 
 
 class TargetVerdict:

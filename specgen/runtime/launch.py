@@ -7,7 +7,7 @@ import functools
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 import triton
@@ -20,6 +20,8 @@ from triton.runtime import _allocation
 
 from specgen.runtime import replay
 from specgen.runtime.layout import span, storage_span
+
+T = TypeVar("T")
 
 INT32_MAX = 2**31 - 1
 # programs per multiprocessor in a persistent launch: enough to hide latency, few enough to loop
@@ -173,6 +175,21 @@ def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
     if not untraced(tensors):
         return False
     return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
+
+
+def plan_cache(plan: Callable[..., T]) -> Callable[..., T]:
+    """``plan`` cached on its arguments, which hold what it reads (sizes, strides, the device,
+    the test suite's overrides): repeated calls on one layout skip the planning. Symbolic sizes
+    (torch.compile with dynamic shapes) do not hash: those calls plan uncached."""
+    cached = functools.lru_cache(maxsize=4096)(plan)
+
+    @functools.wraps(plan)
+    def lookup(*key):
+        try:
+            return cached(*key)
+        except TypeError:
+            return plan(*key)
+    return lookup
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,8 @@ from typing import Callable, Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides
+from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides,
+                                    plan_cache)
 from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
 from specgen.runtime.replay import empty
@@ -63,14 +64,10 @@ def plan_launch(op: str, indexing: str, names: tuple[str, ...], tensors: Sequenc
     of one layout skip the collapsing, the span arithmetic and the grid set-up.
     """
     metas = tuple((tuple(t.shape), tuple(t.stride())) for t in tensors)
-    key = (op, indexing, names, metas, max_tile, launch, rank,
-           overrides(), tensors[0].device)
-    try:
-        return _cached_plan(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
-        return _plan(*key)
+    return _plan(op, indexing, names, metas, max_tile, launch, rank, overrides(), tensors[0].device)
 
 
+@plan_cache
 def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device) -> LaunchPlan | None:
     shape = metas[0][0]
     space = collapse(shape, [strides_at(size, stride, shape) for size, stride in metas])
@@ -96,7 +93,5 @@ def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device
     strides = tuple(stride for operand in space.strides for stride in operand)
     return LaunchPlan(False, index_64, space.sizes + strides, grid)
 
-
-_cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
 
 __all__ = ["LaunchPlan", "Shape", "empty_output", "output_strides", "plan_launch", "result_dtype"]

@@ -8,7 +8,6 @@ sizes and strides only, so it also runs on the fake tensors torch.compile traces
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -16,7 +15,8 @@ from typing import Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, overrides, untraced
+from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides, plan_cache,
+                                    untraced)
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
 from specgen.runtime.replay import persistent, zeros
 
@@ -287,15 +287,12 @@ def plan_launch(op: str, indexing: str, launch: str, combine: str, logical: bool
     Cached on sizes and strides (and the test suite's overrides), so repeated calls on one layout
     skip collapsing, the strategy choice and the index-width arithmetic.
     """
-    key = (op, indexing, launch, combine, logical, tuple(sorted(split_block_k.items())), max_tile,
-           name, tuple(x.shape), tuple(x.stride()), tuple(out.shape), tuple(out.stride()), dims,
-           keepdim, overrides(), x.device)
-    try:
-        return _cached_plan(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) do not hash
-        return _plan(*key)
+    return _plan(op, indexing, launch, combine, logical, tuple(sorted(split_block_k.items())),
+                 max_tile, name, tuple(x.shape), tuple(x.stride()), tuple(out.shape),
+                 tuple(out.stride()), dims, keepdim, overrides(), x.device)
 
 
+@plan_cache
 def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name, shape, strides,
           out_shape, out_strides, dims, keepdim, _overrides, device) -> ReduceLaunch | None:
     prob = problem_of(shape, strides, out_strides, dims, keepdim, logical)
@@ -338,8 +335,6 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name,
     second = level(second_prob, "inner" if second_prob.inner else "outer", 1, rows, FINAL, 2)
     return ReduceLaunch(strategy, index_64, rows, num_kept, first, second)
 
-
-_cached_plan = functools.lru_cache(maxsize=4096)(lambda key: _plan(*key))
 
 
 # (device, stream) -> int32 tickets of ``last`` launches, zero between launches: the last program
