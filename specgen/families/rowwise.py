@@ -639,7 +639,8 @@ class RowwisePlan(CommonPlan):
         """Kernel parameters in ``RowSpace.kernel_args`` order, one line per group."""
         rows = lambda name: [f"{name}_{d}" for d in range(ROW_RANK)]
         cols = lambda name: [f"{name}_{d}" for d in range(COL_RANK)]
-        groups = [rows("row_size") + cols("col_size")]
+        # the outermost dim's size is never read: its coordinate is what the others leave
+        groups = [rows("row_size")[:-1] + cols("col_size")[:-1]]
         for t in self.elem_tensors:
             groups.append(rows(f"{t.name}_row_stride") + cols(f"{t.name}_col_stride"))
         groups += [cols(f"{t.name}_col_stride") for t in self.of_role("along", "col_out")]

@@ -249,8 +249,9 @@ class RowSpace:
         return max(strides, default=1) or 1
 
     def kernel_args(self) -> list[int]:
-        """Sizes, then strides in the order the kernels declare them."""
-        args = [*self.row_sizes, *self.col_sizes]
+        """Sizes (but the outermost row and column dims'), then strides in the order the kernels
+        declare them."""
+        args = [*self.row_sizes[:-1], *self.col_sizes[:-1]]
         for rows, cols in zip(self.elem_rows, self.elem_cols):
             args += [*rows, *cols]
         for cols in self.along_cols:
