@@ -277,8 +277,18 @@ class _Emitter(ast.NodeTransformer):
             result = ast.BinOp(result, op, value)
         return result
 
+    def visit_Constant(self, node: ast.Constant) -> ast.expr:
+        # all math is float32: an integer literal left as it is would make Triton compute in
+        # int32 (where(x > 0, 1, 0) is an int32 tensor, stored as its bits into a bfloat16
+        # output; 100000 * 100000 wraps)
+        if type(node.value) is int:
+            return ast.Constant(float(node.value))
+        return node
+
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         operand = self.visit(node.operand)
+        if isinstance(node.op, ast.UAdd):
+            return operand      # Triton's tensors have no unary +
         op = ast.Invert() if isinstance(node.op, ast.Not) else node.op
         return ast.UnaryOp(op, operand)
 

@@ -27,8 +27,18 @@ def test_powers_unroll_and_invert():
 
 
 def test_logic_becomes_bitwise_with_precedence_kept():
-    assert emitted("where(x > 0 and not y < eps, x, y)") == "tl.where((x > 0) & ~(y < eps), x, y)"
-    assert emitted("where(flag or x > 0, x, y)") == "tl.where(flag | (x > 0), x, y)"
+    assert emitted("where(x > 0 and not y < eps, x, y)") == \
+        "tl.where((x > 0.0) & ~(y < eps), x, y)"
+    assert emitted("where(flag or x > 0, x, y)") == "tl.where(flag | (x > 0.0), x, y)"
+
+
+def test_integer_literals_are_float32_and_unary_plus_goes():
+    """All math is float32: an integer literal left as it is makes Triton compute in int32 (a
+    where(x > 0, 1, 0) stored as int32 bits into a bfloat16 output; 100000 * 100000 wraps).
+    Triton's tensors have no unary +."""
+    assert emitted("where(x > 0, 1, 0) * 100000") == "tl.where(x > 0.0, 1.0, 0.0) * 100000.0"
+    assert emitted("+x - -2") == "x - -2.0"
+    assert emitted("x ** 2") == "x * x"   # an exponent stays a count of products
 
 
 @pytest.mark.parametrize("source, words", [

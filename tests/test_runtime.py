@@ -346,3 +346,29 @@ def test_compiling_under_the_interpreter_is_a_clear_error():
             compiled(_x(3, 5))
     finally:
         torch._dynamo.reset()
+
+
+INTEGER_LITERALS = """
+[op]
+name = "test_step_and_square"
+family = "pointwise"
+reference = "(torch.where(x > 0, 1.0, 0.0).to(x.dtype), torch.where(x > 0, 100000.0, 0.0) * 100000)"
+
+[args]
+x = "tensor"
+
+[compute]
+step = "where(x > 0, 1, 0)"
+big = "where(x > 0, 100000, 0) * 100000"
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_integer_literals_compute_in_float32(authored, dtype):
+    # as int32, step was stored as its bits into a bfloat16 output (9e-41 for 1) and big wrapped
+    module = authored(INTEGER_LITERALS)
+    x = _x(4, 8, dtype=dtype)
+    step, big = module.test_step_and_square(x)
+    positive = x.double() > 0
+    testing.assert_matches(step, positive.double(), "step")
+    testing.assert_matches(big, positive.double() * 1e10, "big")
