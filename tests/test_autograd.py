@@ -342,3 +342,29 @@ def test_an_omitted_tensor_stands_in_as_its_constant_where_the_dtype_holds_it():
     # bfloat16 does not hold 0.1, which the forward computes with in float32: no stand-in (the
     # reference's gradient serves)
     assert rowwise.stand_ins(x, (1, 2), (None, 0.1)) == (None,)
+
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_weight_gradient_of_bfloat16_rows_is_float32(op):
+    # a float32 weight under bfloat16 rows: torch's gradient is float32, summed over the rows in
+    # float32; it was allocated as the rows' dtype, so every value came back rounded to bfloat16
+    x, residual = _leaf(64, 16, dtype=torch.bfloat16), _leaf(64, 16, dtype=torch.bfloat16, seed=1)
+    weight, bias = _leaf(16, seed=2), _leaf(16, seed=3)
+    grad_out = _leaf(64, 16, dtype=torch.bfloat16, seed=4).detach()
+    args, params = {"layer_norm": ((x, [16], weight, bias), {"weight": weight, "bias": bias}),
+                    "rms_norm": ((x, [16], weight), {"weight": weight}),
+                    "add_rms_norm": ((x, residual, weight), {"weight": weight})}[op]
+    info = generated.REGISTRY[op]
+
+    def normed(result):   # add_rms_norm returns (x + residual, the norm)
+        return result[-1] if isinstance(result, tuple) else result
+
+    ours = torch.autograd.grad(normed(info.function(*args)), list(params.values()), grad_out)
+    double = {id(t): t.detach().double().requires_grad_() for t in (x, residual, weight, bias)}
+    want = torch.autograd.grad(normed(info.reference(*(double.get(id(a), a) for a in args))),
+                               [double[id(t)] for t in params.values()], grad_out.double())
+    for name, got, expected in zip(params, ours, want):
+        assert got.dtype == torch.float32, f"{op}: grad of {name} is {got.dtype}"
+        error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-5, f"{op}: grad of {name} off by {error:.2e} (bfloat16 rounding: ~4e-3)"

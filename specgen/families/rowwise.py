@@ -101,6 +101,9 @@ class RowwiseBody:
     derived_from: str | None = None      # the op whose derived backward this is (none derives
                                          # a backward op again)
     column_outputs: tuple[Output, ...] = ()  # [columns]: summed over the rows
+    column_dtypes: tuple[tuple[str, str], ...] = ()  # (column output, the along tensor whose
+                                         # dtype it takes): a derived op's gradients, each in its
+                                         # tensor's dtype as torch's; the others take out's
 
 
 def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[str, ...]:
@@ -525,6 +528,7 @@ class OutputPlan:
     per_row: bool
     layout: str = "contiguous"     # or memory_format, elementwise: over the tensors in `like`
     like: tuple[str, ...] = ()
+    dtype: str | None = None       # a column output's dtype where it is not the op's out dtype
 
 
 @dataclass(frozen=True)
@@ -877,7 +881,10 @@ def plan(spec: OpSpec) -> RowwisePlan:
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
                                o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())))
                     for o in body.outputs)
-    columns = tuple(OutputPlan(c.name, emit(_rewrite(c.expr, shift, per_row), names), False)
+    column_dtypes = dict(body.column_dtypes)
+    columns = tuple(OutputPlan(c.name, emit(_rewrite(c.expr, shift, per_row), names), False,
+                               dtype=f"{column_dtypes[c.name]}.dtype"
+                               if c.name in column_dtypes else None)
                     for c in body.column_outputs)
     # the output pass computes every element and column output, so it loads what any reads
     output_tensors = tuple(sorted({t for o in body.outputs + body.column_outputs

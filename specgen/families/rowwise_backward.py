@@ -93,8 +93,10 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
         table["columns"] = columns
     name = spec.name + SUFFIX
     where = Where(spec.source.path).child(f"(derived {name})")
+    # a gradient has its tensor's dtype (a float32 weight's, under bfloat16 rows), as torch's
     derived_body = dataclasses.replace(rowwise.parse_body(Table(table, where), args, name),
-                                       derived_from=spec.name)
+                                       derived_from=spec.name,
+                                       column_dtypes=tuple((grad_name(t), t) for t in body.along))
     return OpSpec(
         name=name, family=spec.family,
         doc=f"the gradient of {spec.name} with respect to {', '.join(tensors)}, given the "
