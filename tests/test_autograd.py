@@ -368,3 +368,27 @@ def test_weight_gradient_of_bfloat16_rows_is_float32(op):
         assert got.dtype == torch.float32, f"{op}: grad of {name} is {got.dtype}"
         error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
         assert error < 1e-5, f"{op}: grad of {name} off by {error:.2e} (bfloat16 rounding: ~4e-3)"
+
+
+@pytest.mark.parametrize("x_dtype, residual_dtype", [(torch.bfloat16, torch.float32),
+                                                     (torch.float32, torch.float16),
+                                                     (torch.float16, torch.bfloat16)])
+def test_add_rms_norm_promotes_as_x_plus_residual(x_dtype, residual_dtype):
+    # a float32 residual stream under bfloat16 activations: x + residual is float32 in torch, and
+    # so are both results; each gradient takes its input's dtype. Both were x's dtype before.
+    x, residual = _leaf(8, 16, dtype=x_dtype), _leaf(8, 16, dtype=residual_dtype, seed=1)
+    weight = _leaf(16, dtype=torch.bfloat16, seed=2)
+    hidden, out = generated.add_rms_norm(x, residual, weight)
+    want_hidden, want_out = generated.REGISTRY["add_rms_norm"].reference(x, residual, weight)
+    assert (hidden.dtype, out.dtype) == (want_hidden.dtype, want_out.dtype)
+    double = [t.detach().double().requires_grad_() for t in (x, residual, weight)]
+    hidden64, out64 = generated.REGISTRY["add_rms_norm"].reference(*double)
+    testing.assert_matches(hidden, hidden64, "hidden")
+    testing.assert_matches(out, out64, "out")
+    grad_hidden, grad_out = _leaf(8, 16, seed=3).detach(), _leaf(8, 16, seed=4).detach()
+    grads = torch.autograd.grad((hidden, out), (x, residual, weight), (grad_hidden, grad_out))
+    want = torch.autograd.grad((hidden64, out64), double, (grad_hidden.double(), grad_out.double()))
+    for name, got, expected, tensor in zip(("x", "residual", "weight"), grads, want,
+                                           (x, residual, weight)):
+        assert got.dtype == tensor.dtype, name
+        testing.assert_matches(got, expected, f"grad of {name}")

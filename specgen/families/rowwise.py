@@ -101,9 +101,9 @@ class RowwiseBody:
     derived_from: str | None = None      # the op whose derived backward this is (none derives
                                          # a backward op again)
     column_outputs: tuple[Output, ...] = ()  # [columns]: summed over the rows
-    column_dtypes: tuple[tuple[str, str], ...] = ()  # (column output, the along tensor whose
-                                         # dtype it takes): a derived op's gradients, each in its
-                                         # tensor's dtype as torch's; the others take out's
+    output_dtypes: tuple[tuple[str, str], ...] = ()  # (output, the tensor whose dtype it
+                                         # takes): a derived op's gradients, each in its tensor's
+                                         # dtype as torch's; the others take the op's out dtype
 
 
 def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[str, ...]:
@@ -528,7 +528,7 @@ class OutputPlan:
     per_row: bool
     layout: str = "contiguous"     # or memory_format, elementwise: over the tensors in `like`
     like: tuple[str, ...] = ()
-    dtype: str | None = None       # a column output's dtype where it is not the op's out dtype
+    dtype: str | None = None       # an output's dtype where it is not the op's out dtype
 
 
 @dataclass(frozen=True)
@@ -806,16 +806,30 @@ class RowwisePlan(CommonPlan):
         return ", ".join(names)
 
     @property
-    def out_dtype_lines(self) -> tuple[str, ...]:
-        """Lines before the outputs are allocated: the dtype they take under ``[rows] dtype``."""
-        if not self.dtype:
+    def promoted(self) -> tuple[str, ...]:
+        """The row tensor's element-wise companions (a residual), whose dtypes promote with its
+        into the outputs' as torch's ``x + residual`` does; none under ``[rows] dtype``, or in a
+        derived op (its gradients take their tensors' dtypes)."""
+        if self.dtype or self.derived_from:
             return ()
-        return ("# dtype=None keeps the input's",
-                f"out_dtype = {self.dtype_arg_result(self.row_tensor, self.dtype)}")
+        return self.like_names
+
+    @property
+    def out_dtype_lines(self) -> tuple[str, ...]:
+        """Lines before the outputs are allocated: the dtype they take under ``[rows] dtype``, or
+        the promoted dtype of the row tensor and its companions."""
+        if self.dtype:
+            return ("# dtype=None keeps the input's",
+                    f"out_dtype = {self.dtype_arg_result(self.row_tensor, self.dtype)}")
+        if self.promoted:
+            tensors = ", ".join((self.row_tensor, *self.promoted))
+            return ("# as torch's element-wise ops: bfloat16 rows with a float32 companion give float32",
+                    f"out_dtype = rowwise.promoted_dtype({tensors})")
+        return ()
 
     @property
     def out_dtype(self) -> str:
-        return "out_dtype" if self.dtype else f"{self.row_tensor}.dtype"
+        return "out_dtype" if self.out_dtype_lines else f"{self.row_tensor}.dtype"
 
     @property
     def checked(self) -> str:
@@ -878,13 +892,13 @@ def plan(spec: OpSpec) -> RowwisePlan:
     looped = _passes(steps, body.steps, None, variance)
     online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
     layouts = {name: (layout, like) for name, layout, like in body.output_layouts}
+    dtypes = {name: f"{tensor}.dtype" for name, tensor in body.output_dtypes}
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
-                               o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())))
+                               o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())),
+                               dtype=dtypes.get(o.name))
                     for o in body.outputs)
-    column_dtypes = dict(body.column_dtypes)
     columns = tuple(OutputPlan(c.name, emit(_rewrite(c.expr, shift, per_row), names), False,
-                               dtype=f"{column_dtypes[c.name]}.dtype"
-                               if c.name in column_dtypes else None)
+                               dtype=dtypes.get(c.name))
                     for c in body.column_outputs)
     # the output pass computes every element and column output, so it loads what any reads
     output_tensors = tuple(sorted({t for o in body.outputs + body.column_outputs

@@ -96,7 +96,7 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
     # a gradient has its tensor's dtype (a float32 weight's, under bfloat16 rows), as torch's
     derived_body = dataclasses.replace(rowwise.parse_body(Table(table, where), args, name),
                                        derived_from=spec.name,
-                                       column_dtypes=tuple((grad_name(t), t) for t in body.along))
+                                       output_dtypes=tuple((grad_name(t), t) for t in tensors))
     return OpSpec(
         name=name, family=spec.family,
         doc=f"the gradient of {spec.name} with respect to {', '.join(tensors)}, given the "
