@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from specgen.errors import SpecError
+from specgen.families import FAMILIES
 from specgen.model import OpSpec
 from specgen.parse import load_spec, relative_path
 from specgen.render import derived_ops, render_index, render_op, text_sha256
@@ -50,23 +51,34 @@ def discover(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
+def _operators(op: OpSpec) -> tuple[str, ...]:
+    """The operator names ``op``'s module registers: ``specgen::<op>`` and its family's others."""
+    suffixes = getattr(FAMILIES[op.family].module, "OPERATOR_SUFFIXES", ())
+    return (op.name, *(op.name + suffix for suffix in suffixes))
+
+
 def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
-    """The specs under ``paths``, each followed by the backward op derived from it, if any."""
+    """The specs under ``paths``, each followed by the backward op derived from it, if any.
+
+    Every generated module registers its operators under ``specgen::``, so two ops whose
+    operator names meet (an op named as another's derived backward, or as a pointwise op's
+    ``<op>_out``) would fail at import: that is a spec error here."""
     specs: dict[str, OpSpec] = {}
-    derived: set[str] = set()       # names of derived ops (their source is their forward's spec)
+    owners: dict[str, str] = {}     # each operator name -> which op registers it, in words
     for file in discover(paths):
         spec = load_spec(file, root)
         for op in (spec, *derived_ops(spec)):
-            if op.name in specs:
-                other = specs[op.name].source.path
-                other = (f"the backward op {other} derives" if op.name in derived
-                         else f"the op of {other}")
-                what = (f"op name '{op.name}'" if op is spec
-                        else f"name '{op.name}' of the backward op this spec derives")
-                raise SpecError(spec.source.path, "op.name", f"duplicate {what}: also {other}")
+            derived = op is not spec
+            for name in _operators(op):
+                operator = "" if name == op.name else f" (its operator {name})"
+                if name in owners:
+                    what = (f"name '{op.name}' of the backward op this spec derives" if derived
+                            else f"op name '{op.name}'")
+                    raise SpecError(spec.source.path, "op.name",
+                                    f"duplicate {what}{operator}: also {owners[name]}")
+                owners[name] = (f"the backward op {spec.source.path} derives" if derived
+                                else f"the op of {spec.source.path}") + operator
             specs[op.name] = op
-            if op is not spec:
-                derived.add(op.name)
     return list(specs.values())
 
 

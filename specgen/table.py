@@ -102,7 +102,9 @@ def parse_list(value: Any, kind: type, where: Where) -> tuple:
     """An array of ``kind``; a lone value is accepted as a one-element array."""
     items = value if isinstance(value, list) else [value]
     if not items:
-        raise where.error(f"expected a non-empty array of {_TYPE_NAMES[kind]}s, got []")
+        # "an integer" -> "integers"
+        kinds = _TYPE_NAMES[kind].split(" ", 1)[1] + "s"
+        raise where.error(f"expected a non-empty array of {kinds}, got []")
     return tuple(check_type(item, kind, where) for item in items)
 
 

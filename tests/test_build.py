@@ -6,6 +6,8 @@ import os
 import re
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,6 +256,22 @@ def test_a_name_a_derived_backward_op_takes_is_named_as_derived(project):
             "this spec derives: also the op of specs/aa.toml") in output
 
 
+def test_a_name_another_op_registers_is_a_spec_error(project):
+    # add registers specgen::add_out too (its out= variant): an op of that name failed at import
+    mine = (project / "specs" / "add.toml").read_text().replace('name = "add"', 'name = "add_out"')
+    (project / "specs" / "zz.toml").write_text(mine)
+    code, output = run("build", "specs")
+    assert code == 1
+    assert ("specs/zz.toml: [op.name]: duplicate op name 'add_out': also the op of specs/add.toml "
+            "(its operator add_out)") in output
+    (project / "specs" / "zz.toml").rename(project / "specs" / "aa.toml")
+    code, output = run("build", "specs")
+    assert code == 1
+    assert ("specs/add.toml: [op.name]: duplicate op name 'add' (its operator add_out): also the "
+            "op of specs/aa.toml") in output
+    assert not (project / "generated").exists()
+
+
 def test_list_and_show(project):
     run("build", "specs")
     code, output = run("list")
@@ -363,3 +381,13 @@ def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
         testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
 
     check()
+
+
+def test_python_dash_m_runs_the_command_of_the_checkout_on_the_path():
+    # `python -m specgen` from a clone runs that clone's code (the installed script runs the
+    # package it was installed from)
+    result = subprocess.run([sys.executable, "-m", "specgen", "build", "specs", "--check"],
+                            cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is up to date" in result.stdout

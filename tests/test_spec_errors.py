@@ -80,6 +80,8 @@ CASES = [
      "tuning.TILE", "at most 1048576 elements a tile, got [1024, 2048]"),
     ("unknown dtype", 'family = "pointwise"', 'family = "pointwise"\ndtypes = ["float64"]',
      "op.dtypes", "unknown dtype 'float64'; expected one of: float16, bfloat16, float32"),
+    ("no dtypes", 'family = "pointwise"', 'family = "pointwise"\ndtypes = []',
+     "op.dtypes", "expected a non-empty array of strings, got []"),
     ("unknown family", 'family = "pointwise"', 'family = "stencil"', "op.family",
      "unknown family 'stencil'"),
     ("bad indexing", 'family = "pointwise"', 'family = "pointwise"\nindexing = "int16"',

@@ -3,7 +3,8 @@
 ``GENERATED_PREFIXES``: a spec may not declare them), and a template. Optional: the flags
 ``DTYPE_ARGS``, ``SHAPE_ARGS`` and ``OPTIONAL_SCALARS`` (the argument forms it takes; parse.py
 refuses them elsewhere), ``REFERENCE_NAMES`` (names its reference may use besides the
-arguments) and ``derived_ops``.
+arguments), ``OPERATOR_SUFFIXES`` (the operators it registers beside ``specgen::<op>``, as
+``<op><suffix>``: build.py refuses an op name that takes one) and ``derived_ops``.
 
 To add a family: write ``families/<name>.py`` (a body dataclass, its parser, a planner returning a
 frozen plan the template reads) and ``templates/<name>.py.jinja``, then list it here

@@ -16,6 +16,8 @@ from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
 from specgen.table import Table
 
 REDUCTIONS = ("none", "mean", "sum")
+# the backward's kernels, registered as specgen::<op>_backward
+OPERATOR_SUFFIXES = ("_backward",)
 # name -> (what it must be, whether a parsed argument is that): the signature of F.cross_entropy
 SIGNATURE = {
     "logits": ("a tensor", lambda a: isinstance(a, TensorArg) and not a.optional),

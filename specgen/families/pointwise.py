@@ -16,6 +16,8 @@ from specgen.model import OpSpec, Output, TensorArg
 from specgen.table import Table, check_type
 
 LAUNCHES = ("flat", "persistent")
+# the out= variant: specgen::<op>_out
+OPERATOR_SUFFIXES = ("_out",)
 # outer collapsed dims the tiled kernel walks besides its two tiled ones (rank 8 in all)
 OUTER_RANK = 6
 
