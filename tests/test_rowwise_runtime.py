@@ -3,6 +3,7 @@
 
 import math
 
+import numpy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,8 @@ def randn(*shape, dtype=torch.float32):
     (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),
     (lambda x: generated.logsumexp(x, 1.5), TypeError, "'dim' must be an int or a sequence"),
     (lambda x: generated.logsumexp(x, 1, 1), TypeError, "argument 'keepdim' must be bool"),
+    (lambda x: generated.logsumexp(x, 1, numpy.bool_(True)), TypeError,
+     "argument 'keepdim' must be bool, got numpy.bool"),
     (lambda x: generated.softmax(x, 1, "float32"), TypeError,
      "argument 'dtype' must be a torch.dtype or None"),
     (lambda x: generated.log_softmax(x, 1, torch.float64), TypeError,

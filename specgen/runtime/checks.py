@@ -117,8 +117,11 @@ def check_scalar(op: str, name: str, value: object, kind: type, optional: bool =
         return
     accepted = (int, float) if kind is float else (kind,)
     if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
-        raise TypeError(f"{op}: argument '{name}' must be {kind.__name__}, "
-                        f"got {type(value).__name__}")
+        kind_of = type(value)
+        # numpy.bool is no bool: name the module where it is not a builtin
+        got = (kind_of.__name__ if kind_of.__module__ == "builtins"
+               else f"{kind_of.__module__}.{kind_of.__qualname__}")
+        raise TypeError(f"{op}: argument '{name}' must be {kind.__name__}, got {got}")
 
 
 def check_dtype_arg(op: str, name: str, value: object, dtypes: Sequence[torch.dtype]) -> None:
