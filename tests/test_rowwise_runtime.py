@@ -461,3 +461,46 @@ def test_symbolic_sizes_get_computed_masks():
     n = env.create_symintnode(env.create_symbol(48, ConstantSource("n")), hint=48)
     assert rowwise.alignment(48, 16) == 16
     assert rowwise.alignment(n, 16) == 1
+
+
+WEIGHTED = """
+[op]
+name = "test_weighted_rows"
+family = "rowwise"
+reference = "x * torch.rsqrt((x * x).sum(dim, keepdim=True) + 1) * w"  # w broadcasts: dim = -1
+
+[args]
+x = "tensor"
+w = "tensor"
+dim = "int"
+
+[rows]
+tensor = "x"
+dim = "dim"
+along = ["w"]
+
+[reduce]
+ss = { op = "sum", of = "x * x" }
+
+[compute]
+out = "x * rsqrt(ss + 1) * w"
+"""
+
+
+def test_a_0_dim_input_takes_a_0_dim_along_tensor(authored):
+    # a 0-dim x is one row of one element: a tensor along it has the reduced shape, (), as the
+    # property suite draws it (the runtime wanted (1,), which makes torch's x * w a (1,))
+    module = authored(WEIGHTED)
+    x, w = randn(()).requires_grad_(), randn(()).requires_grad_()
+    out = module.test_weighted_rows(x, w, 0)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = x64 * torch.rsqrt(x64 * x64 + 1) * w64
+    assert out.shape == ()
+    torch.testing.assert_close(out.double(), want)
+    grads = torch.autograd.grad(out, (x, w))          # through the derived backward op
+    want_grads = torch.autograd.grad(want, (x64, w64))
+    assert [g.shape for g in grads] == [(), ()]
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), expected)
+    with pytest.raises(ValueError, match=r"argument 'w' has shape \(1,\), expected \(\)"):
+        module.test_weighted_rows(x, randn(1), 0)

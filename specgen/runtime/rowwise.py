@@ -151,7 +151,7 @@ def check_like(op: str, x_name: str, x: torch.Tensor, tensors: Mapping[str, torc
 def check_along(op: str, x: torch.Tensor, reduced: tuple[int, ...],
                 tensors: Mapping[str, torch.Tensor | None]) -> None:
     """Tensors read along each row (a weight, a bias) have the reduced shape."""
-    expected = tuple(x.shape[d] for d in reduced) or (1,)
+    expected = column_shape(x, reduced)
     for name, tensor in tensors.items():
         if tensor is not None and tuple(tensor.shape) != expected:
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, expected "
@@ -159,8 +159,9 @@ def check_along(op: str, x: torch.Tensor, reduced: tuple[int, ...],
 
 
 def column_shape(x: torch.Tensor, reduced: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of a column output (summed over the rows): the reduced dims', as check_along's."""
-    return tuple(x.shape[d] for d in reduced) or (1,)
+    """The shape of a column output (summed over the rows): the reduced dims', as check_along's
+    (() for a 0-dim x, whose one element is its one row and its one column)."""
+    return tuple(x.shape[d] for d in reduced)
 
 
 def stand_ins(x: torch.Tensor, reduced: tuple[int, ...],
