@@ -391,3 +391,39 @@ def test_python_dash_m_runs_the_command_of_the_checkout_on_the_path():
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "is up to date" in result.stdout
+
+
+CONSTANT_IN_X = """
+[op]
+name = "sign_weight"
+family = "pointwise"
+doc = "2 where x > 0, else 1: constant in x"
+reference = "torch.where(x > 0, 2.0, 1.0).to(x.dtype)"
+
+[args]
+x = "tensor"
+
+[compute]
+out = "where(x > 0, 2.0, 1.0)"
+"""
+
+
+def test_the_gradient_check_takes_a_reference_constant_in_its_inputs(tmp_path, monkeypatch):
+    # the reference's result needs no grad: the check compared against zeros instead of raising
+    # "element 0 of tensors does not require grad"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "sign_weight.toml").write_text(CONSTANT_IN_X)
+    code, output = run("build", "specs", "--out", "constant_ops")
+    assert code == 0, output
+    monkeypatch.syspath_prepend(str(tmp_path))
+    info = importlib.import_module("constant_ops").REGISTRY["sign_weight"]
+
+    @settings(max_examples=5)
+    @given(data=st.data())
+    def check(data):
+        case = testing.draw_case(data, info)
+        testing.check_case(info, case)
+        testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
+
+    check()

@@ -18,9 +18,13 @@ PATHS = ("function", "op", "traced")
 
 def _grads(results, inputs, cotangents):
     """d(results . cotangents)/d(inputs); an input no result depends on gets zeros (torch gives
-    None there, our backward zeros)."""
-    return torch.autograd.grad(results, inputs, cotangents, allow_unused=True,
-                               materialize_grads=True)
+    None there, our backward zeros), and so does every input where no result depends on any (a
+    reference such as ``torch.where(x > 0, 2.0, 1.0)``, whose result needs no grad)."""
+    used = [(r, c) for r, c in zip(results, cotangents) if r.requires_grad]
+    if not used:
+        return tuple(torch.zeros_like(t) for t in inputs)
+    return torch.autograd.grad([r for r, _ in used], inputs, [c for _, c in used],
+                               allow_unused=True, materialize_grads=True)
 
 
 def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> None:
