@@ -322,16 +322,21 @@ out = "x * (k / 2) + k ** 3"
 """
 
 
+def authored_package(tmp_path, monkeypatch, name: str, spec: str):
+    """An author's package of one spec, built by the command into ``<name>_ops`` and imported."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / f"{name}.toml").write_text(spec)
+    code, output = run("build", "specs", "--out", f"{name}_ops")
+    assert code == 0, output
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(f"{name}_ops")
+
+
 def test_an_int_argument_computes_in_float32_not_int32(tmp_path, monkeypatch):
     # k ** 3 at k = 2000 is 8e9, past int32: the kernel must take k as float32 (all math is),
     # and k past int32 itself reaches the launcher as int64
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "specs").mkdir()
-    (tmp_path / "specs" / "int_poly.toml").write_text(INT_ARGUMENT_SPEC)
-    code, output = run("build", "specs", "--out", "int_ops")
-    assert code == 0, output
-    monkeypatch.syspath_prepend(str(tmp_path))
-    int_poly = importlib.import_module("int_ops").int_poly
+    int_poly = authored_package(tmp_path, monkeypatch, "int_poly", INT_ARGUMENT_SPEC).int_poly
     x = testing.make_tensor((37,), torch.float32, testing.Layout.contiguous(1), seed=5,
                             device=testing.device())
     for k in (2000, 100_000, 2**31 + 5):
@@ -411,13 +416,8 @@ out = "where(x > 0, 2.0, 1.0)"
 def test_the_gradient_check_takes_a_reference_constant_in_its_inputs(tmp_path, monkeypatch):
     # the reference's result needs no grad: the check compared against zeros instead of raising
     # "element 0 of tensors does not require grad"
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "specs").mkdir()
-    (tmp_path / "specs" / "sign_weight.toml").write_text(CONSTANT_IN_X)
-    code, output = run("build", "specs", "--out", "constant_ops")
-    assert code == 0, output
-    monkeypatch.syspath_prepend(str(tmp_path))
-    info = importlib.import_module("constant_ops").REGISTRY["sign_weight"]
+    package = authored_package(tmp_path, monkeypatch, "sign_weight", CONSTANT_IN_X)
+    info = package.REGISTRY["sign_weight"]
 
     @settings(max_examples=5)
     @given(data=st.data())
