@@ -239,36 +239,29 @@ def test_duplicate_op_name_is_an_error(project):
            "specs/add.toml" in output
 
 
-def test_a_name_a_derived_backward_op_takes_is_named_as_derived(project):
-    # softmax.toml derives softmax_backward; a spec of that name clashes with it, whichever of
-    # the two files is read first
-    mine = (project / "specs" / "add.toml").read_text().replace('name = "add"',
-                                                                 'name = "softmax_backward"')
-    (project / "specs" / "zz.toml").write_text(mine)
-    code, output = run("build", "specs")
-    assert code == 1
-    assert ("specs/zz.toml: [op.name]: duplicate op name 'softmax_backward': also the backward "
-            "op specs/softmax.toml derives") in output
-    (project / "specs" / "zz.toml").rename(project / "specs" / "aa.toml")
-    code, output = run("build", "specs")
-    assert code == 1
-    assert ("specs/softmax.toml: [op.name]: duplicate name 'softmax_backward' of the backward op "
-            "this spec derives: also the op of specs/aa.toml") in output
-
-
-def test_a_name_another_op_registers_is_a_spec_error(project):
+@pytest.mark.parametrize("name, read_after, read_before", [
+    # softmax.toml derives softmax_backward
+    ("softmax_backward",
+     "specs/zz.toml: [op.name]: duplicate op name 'softmax_backward': also the backward op "
+     "specs/softmax.toml derives",
+     "specs/softmax.toml: [op.name]: duplicate name 'softmax_backward' of the backward op this "
+     "spec derives: also the op of specs/aa.toml"),
     # add registers specgen::add_out too (its out= variant): an op of that name failed at import
-    mine = (project / "specs" / "add.toml").read_text().replace('name = "add"', 'name = "add_out"')
+    ("add_out",
+     "specs/zz.toml: [op.name]: duplicate op name 'add_out': also the op of specs/add.toml (its "
+     "operator add_out)",
+     "specs/add.toml: [op.name]: duplicate op name 'add' (its operator add_out): also the op of "
+     "specs/aa.toml"),
+])
+def test_a_name_another_op_registers_is_a_spec_error(project, name, read_after, read_before):
+    """Named after the op that registers the name, whichever of the two files is read first."""
+    mine = (project / "specs" / "add.toml").read_text().replace('name = "add"', f'name = "{name}"')
     (project / "specs" / "zz.toml").write_text(mine)
     code, output = run("build", "specs")
-    assert code == 1
-    assert ("specs/zz.toml: [op.name]: duplicate op name 'add_out': also the op of specs/add.toml "
-            "(its operator add_out)") in output
+    assert code == 1 and read_after in output, output
     (project / "specs" / "zz.toml").rename(project / "specs" / "aa.toml")
     code, output = run("build", "specs")
-    assert code == 1
-    assert ("specs/add.toml: [op.name]: duplicate op name 'add' (its operator add_out): also the "
-            "op of specs/aa.toml") in output
+    assert code == 1 and read_before in output, output
     assert not (project / "generated").exists()
 
 
