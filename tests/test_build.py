@@ -368,14 +368,17 @@ def test_a_scaffold_built_into_a_package_of_its_own_passes_the_property_check(
     code, output = run("build", "specs", "--out", package)
     assert code == 0, output
     monkeypatch.syspath_prepend(str(tmp_path))
-    info = importlib.import_module(package).REGISTRY[name]
+    # an authored op is differentiable with no backward code of its own
+    check_op_and_grad(importlib.import_module(package).REGISTRY[name], examples=10)
 
-    @settings(max_examples=10)
+
+def check_op_and_grad(info, examples: int) -> None:
+    """The README's property check of an author's op: values, then gradients."""
+    @settings(max_examples=examples)
     @given(data=st.data())
     def check(data):
         case = testing.draw_case(data, info)
         testing.check_case(info, case)
-        # an authored op is differentiable with no backward code of its own
         testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
 
     check()
@@ -410,13 +413,4 @@ def test_the_gradient_check_takes_a_reference_constant_in_its_inputs(tmp_path, m
     # the reference's result needs no grad: the check compared against zeros instead of raising
     # "element 0 of tensors does not require grad"
     package = authored_package(tmp_path, monkeypatch, "sign_weight", CONSTANT_IN_X)
-    info = package.REGISTRY["sign_weight"]
-
-    @settings(max_examples=5)
-    @given(data=st.data())
-    def check(data):
-        case = testing.draw_case(data, info)
-        testing.check_case(info, case)
-        testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)))
-
-    check()
+    check_op_and_grad(package.REGISTRY["sign_weight"], examples=5)
