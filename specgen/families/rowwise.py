@@ -823,13 +823,24 @@ class RowwisePlan(CommonPlan):
                     f"out_dtype = {self.dtype_arg_result(self.row_tensor, self.dtype)}")
         if self.promoted:
             tensors = ", ".join((self.row_tensor, *self.promoted))
-            return ("# as torch's element-wise ops: bfloat16 rows with a float32 companion give float32",
-                    f"out_dtype = rowwise.promoted_dtype({tensors})")
+            return ("# as torch's x + residual: bfloat16 and float32 give float32",
+                    f"out_dtype = pointwise.result_dtype([{tensors}])")
         return ()
 
     @property
     def out_dtype(self) -> str:
         return "out_dtype" if self.out_dtype_lines else f"{self.row_tensor}.dtype"
+
+    def dtype_of(self, output: OutputPlan) -> str:
+        """The dtype an output is allocated with: its own (a derived gradient's) or the op's."""
+        return output.dtype or self.out_dtype
+
+    @property
+    def runtime_modules(self) -> str:
+        """The specgen.runtime modules the generated module calls besides ``rt``: pointwise for an
+        element-wise output layout and for the promoted dtype."""
+        elementwise = any(o.layout == "elementwise" for o in self.outputs)
+        return "pointwise, rowwise" if elementwise or self.promoted else "rowwise"
 
     @property
     def checked(self) -> str:

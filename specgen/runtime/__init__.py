@@ -14,10 +14,10 @@ from specgen.runtime import replay
 from specgen.runtime.replay import Replays, empty, full, zeros
 
 __all__ = [
-    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "broadcast_shape", "check_choice", "check_dtype_arg",
-    "check_no_grad", "check_out", "check_outs_disjoint", "check_scalar", "check_tensor_types",
-    "check_tensors", "configs", "differentiable_call", "differentiate_by_reference", "empty", "full",
-    "interpreting", "launch", "next_power_of_2", "note_launch", "op_function", "override",
-    "record_launches", "reference_grads",
+    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "broadcast_shape", "check_choice",
+    "check_dtype_arg", "check_no_grad", "check_out", "check_outs_disjoint", "check_scalar",
+    "check_tensor_types", "check_tensors", "configs", "differentiable_call",
+    "differentiate_by_reference", "empty", "full", "interpreting", "launch", "next_power_of_2",
+    "note_launch", "op_function", "override", "record_launches", "reference_grads",
     "reference_vjp", "replay", "runs_eagerly", "sibling", "untraced", "use_int64", "zeros",
 ]

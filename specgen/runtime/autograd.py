@@ -71,14 +71,22 @@ def _autograd_grads(reference, args, wanted, grads):
                        else args[i].detach().requires_grad_())
         outputs = reference(*args)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    used = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
-    inputs = [args[i] for i in wanted]
-    if not used:
-        return {i: torch.zeros_like(args[i]) for i in wanted}
-    found = torch.autograd.grad([o for o, _ in used], inputs, [g for _, g in used],
-                                create_graph=create_graph, allow_unused=True,
-                                materialize_grads=True)
+    found = grads_of(outputs, [args[i] for i in wanted], grads, create_graph)
     return dict(zip(wanted, found))
+
+
+def grads_of(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+             cotangents: Sequence[torch.Tensor | None],
+             create_graph: bool = False) -> tuple[torch.Tensor, ...]:
+    """d(outputs . cotangents)/d(inputs), zeros where nothing depends on an input (torch gives
+    None there, our backwards zeros): outputs without a cotangent or that need no grad (a
+    reference constant in its inputs, ``torch.where(x > 0, 2.0, 1.0)``) are left out."""
+    used = [(o, g) for o, g in zip(outputs, cotangents) if g is not None and o.requires_grad]
+    if not used:
+        return tuple(torch.zeros_like(t) for t in inputs)
+    return torch.autograd.grad([o for o, _ in used], inputs, [g for _, g in used],
+                               create_graph=create_graph, allow_unused=True,
+                               materialize_grads=True)
 
 
 def _vjp_grads(reference, args, wanted, grads):

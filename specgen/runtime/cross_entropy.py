@@ -44,7 +44,6 @@ def _plan(op, indexing, max_tile, n_rows, metas, _overrides, device) -> RowsLaun
     return RowsLaunch(index_64, (grid_size(n_rows, cap),))
 
 
-
 class TargetVerdict:
     """The target-check kernel's verdict (first bad row + 1, or 0; then that row's target), read
     without waiting for the kernels queued after it.

@@ -336,7 +336,6 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name,
     return ReduceLaunch(strategy, index_64, rows, num_kept, first, second)
 
 
-
 # (device, stream) -> int32 tickets of ``last`` launches, zero between launches: the last program
 # of each output tile resets its own. One set per stream: launches on one stream run one after
 # another, launches on two streams may run at once and must not share tickets.

@@ -80,9 +80,9 @@ def _refuse_grad(name: str) -> None:
     writes ``out`` where autograd never sees it. A kernel under each backend's own autograd key
     takes precedence over that alias: it refuses, or runs the op below autograd as torch's does.
     """
-    op = torch._library.utils.lookup_op(name)
-    names = [argument.name for argument in op._schema.arguments]
     short = name.split("::")[1]
+    op = getattr(torch.ops.specgen, short).default
+    names = [argument.name for argument in op._schema.arguments]
 
     def autograd_kernel(keyset, *args):
         tensors = {n: a for n, a in zip(names, args) if isinstance(a, torch.Tensor)}

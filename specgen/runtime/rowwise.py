@@ -131,15 +131,6 @@ def reduced_by_shape(op: str, name: str, x: torch.Tensor, shape: Sequence[int]) 
     return tuple(range(x.dim() - len(shape), x.dim()))
 
 
-def promoted_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
-    """The dtype torch's element-wise ops give tensors of one shape (omitted ones skipped)."""
-    dtype = tensors[0].dtype
-    for tensor in tensors[1:]:
-        if tensor is not None:
-            dtype = torch.promote_types(dtype, tensor.dtype)
-    return dtype
-
-
 def check_like(op: str, x_name: str, x: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
     """Element-wise companions of the row tensor (a residual) have exactly its shape."""
     for name, tensor in tensors.items():

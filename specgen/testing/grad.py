@@ -10,21 +10,11 @@ import torch
 from hypothesis import assume
 
 from specgen.runtime import OpInfo, override
+from specgen.runtime.autograd import grads_of
 from specgen.testing.core import (Case, Layout, Observe, assert_matches, make_tensor,
                                   nearby_errors, outputs)
 
 PATHS = ("function", "op", "traced")
-
-
-def _grads(results, inputs, cotangents):
-    """d(results . cotangents)/d(inputs); an input no result depends on gets zeros (torch gives
-    None there, our backward zeros), and so does every input where no result depends on any (a
-    reference such as ``torch.where(x > 0, 2.0, 1.0)``, whose result needs no grad)."""
-    used = [(r, c) for r, c in zip(results, cotangents) if r.requires_grad]
-    if not used:
-        return tuple(torch.zeros_like(t) for t in inputs)
-    return torch.autograd.grad([r for r, _ in used], inputs, [c for _, c in used],
-                               allow_unused=True, materialize_grads=True)
 
 
 def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> None:
@@ -78,7 +68,9 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
                                   device=o.device)
                       for i, o in enumerate(differentiable)]
         with Observe() if path == "traced" else nullcontext():
-            got = _grads(differentiable, list(ours.values()), cotangents)
+            # every result of ours must be differentiable: autograd.grad raises where one is not
+            got = torch.autograd.grad(differentiable, list(ours.values()), cotangents,
+                                      allow_unused=True, materialize_grads=True)
 
     # float64: the reference's arguments (a resolved eps, a dtype= cast) on upcast leaves
     reference_args = case.reference_args or case.args
@@ -126,7 +118,7 @@ def _reference_grads(info: OpInfo, args: dict, reference_args: dict, floating: l
             v.to(dtype(v)) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
             for k, v in reference_args.items()}
     results = [o for o in outputs(info.reference(**call)) if o.is_floating_point()]
-    return _grads(results, list(leaves.values()), [c.to(dtype(c)) for c in cotangents])
+    return grads_of(results, list(leaves.values()), [c.to(dtype(c)) for c in cotangents])
 
 
 def _func_grads(info: OpInfo, case: Case, floating: list[str], cotangents):
