@@ -142,6 +142,28 @@ def test_row_counts_and_operand_sizes_do_not_recompile():
     assert linear(7, 8, 6, 8) and linear(8, 8, 6, 8)
 
 
+# torch.compile makes an int argument symbolic once a compiled function meets a second value
+# (automatic dynamic): scalars that are sizes' expressions stand in for those here. A kernel
+# argument stays a symbol, a dim is specialized (the kernels need to know their dims).
+SYMBOLIC_SCALARS = {
+    "cross_entropy, ignore_index": (
+        lambda x: generated.cross_entropy(x, _target(x), ignore_index=x.shape[0] - 40), (37, 300)),
+    "softmax, dim": (lambda x: generated.softmax(x, x.shape[0] - 38), (37, 300)),
+    "logsumexp, dims": (lambda x: generated.logsumexp(x, [x.shape[0] - 38]), (37, 300)),
+    "sum, dim": (lambda x: generated.sum(x, x.shape[0] - 38), (37, 300)),
+    "layer_norm, eps": (lambda x: generated.layer_norm(x, [x.shape[-1]], eps=x.shape[0] * 1e-7),
+                        (37, 300)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SYMBOLIC_SCALARS))
+def test_symbolic_scalars_are_taken(case):
+    fn, shape = SYMBOLIC_SCALARS[case]
+    graph, launches = _trace_symbolic(fn, torch.randn(*shape, device=device()))
+    assert launches, "the traced op launched nothing"
+    _check_constexprs(launches)
+
+
 @pytest.mark.parametrize("name", sorted(generated.REGISTRY))
 @settings(max_examples=8)
 @given(data=st.data())

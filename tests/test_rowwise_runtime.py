@@ -39,6 +39,9 @@ def randn(*shape, dtype=torch.float32):
      "argument 'normalized_shape' is [4], but the input's trailing dims are [5]"),
     (lambda x: generated.layer_norm(x, []), ValueError, "'normalized_shape' must have at least one"),
     (lambda x: generated.layer_norm(x, "5"), TypeError, "'normalized_shape' must be an int or a"),
+    (lambda x: generated.layer_norm(x, (5.0,)), TypeError,
+     "'normalized_shape' must be an int or a sequence of ints, but found element of type float "
+     "at pos 0"),
     (lambda x: generated.layer_norm(x, 5, randn(4)), ValueError,
      "argument 'weight' has shape (4,), expected (5,)"),
     (lambda x: generated.rms_norm(x, [5], None, "1e-6"), TypeError, "argument 'eps' must be float"),

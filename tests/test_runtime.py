@@ -4,8 +4,10 @@ import importlib
 import threading
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 from hypothesis import given
 from hypothesis import strategies as st
@@ -123,7 +125,8 @@ def _x(*shape, dtype=torch.float32, device=None):
     (lambda: generated.gelu(_x(3), approximate="fast"), ValueError,
      "gelu: argument 'approximate' must be one of 'none', 'tanh', got 'fast'"),
     (lambda: generated.add(_x(3), _x(3), out=_x(4)), ValueError, "add: 'out' has shape (4,), expected (3,)"),
-    (lambda: generated.add(_x(3), _x(3), out=_x(1).expand(3)), ValueError,
+    # torch raises RuntimeError for overlaps ("unsupported operation: ...")
+    (lambda: generated.add(_x(3), _x(3), out=_x(1).expand(3)), RuntimeError,
      "add: 'out' has elements that share memory"),
 ])
 def test_bad_arguments_raise_before_launch(call, error, words):
@@ -134,13 +137,88 @@ def test_bad_arguments_raise_before_launch(call, error, words):
     assert log == [], "nothing may launch"
 
 
+def _target(n, classes):
+    return torch.arange(n, device=testing.device()) % classes
+
+
+# torch's argument parser takes numpy scalars and 0-dim tensors for ints and floats: so do the
+# ops, each called as torch is called (ours, torch's function), with the same arguments
+NUMPY_SCALARS = {
+    "softmax, numpy dim": (generated.softmax, torch.softmax, (numpy.int64(0),)),
+    "softmax, 0-dim tensor dim": (generated.softmax, torch.softmax, (torch.tensor(0),)),
+    "log_softmax, numpy dim": (generated.log_softmax, torch.log_softmax, (numpy.int32(-1),)),
+    "logsumexp, numpy dims": (generated.logsumexp, torch.logsumexp, ([numpy.int64(1)],)),
+    "layer_norm, numpy shape and eps": (
+        generated.layer_norm, F.layer_norm, ((numpy.int64(5),), None, None, numpy.float32(0.5))),
+    "rms_norm, numpy shape and eps": (
+        generated.rms_norm, F.rms_norm, ((numpy.int16(5),), None, numpy.float64(0.25))),
+    "sum, numpy dims": (generated.sum, torch.sum, ((numpy.int64(1),),)),
+    "sum, 0-dim tensor dim": (generated.sum, torch.sum, (torch.tensor(0),)),
+    "argmax, numpy dim": (generated.argmax, torch.argmax, (numpy.uint8(1),)),
+    "cross_entropy, numpy ignore_index and label_smoothing": (
+        lambda x, t: generated.cross_entropy(x, t, ignore_index=numpy.int64(2),
+                                             label_smoothing=numpy.float32(0.25)),
+        lambda x, t: F.cross_entropy(x, t, ignore_index=numpy.int64(2),
+                                     label_smoothing=numpy.float32(0.25)),
+        (_target(3, 5),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NUMPY_SCALARS))
+def test_numpy_scalars_and_0_dim_tensors_are_taken_as_torch_takes_them(case):
+    ours, theirs, args = NUMPY_SCALARS[case]
+    # three calls: the second is recorded and the third replayed (tests/test_replay.py)
+    for _ in range(3):
+        x = _x(3, 5)
+        torch.testing.assert_close(ours(x, *args), theirs(x, *args))
+    if case.startswith("argmax"):
+        return  # no gradient
+    x = _x(3, 5).requires_grad_()
+    ours_out, theirs_out = ours(x, *args), theirs(x, *args)
+    cotangent = torch.randn_like(theirs_out)
+    torch.testing.assert_close(torch.autograd.grad(ours_out, x, cotangent),
+                               torch.autograd.grad(theirs_out, x, cotangent))
+
+
+def test_argument_helpers_trace_under_dynamo():
+    # the public functions run them under torch.compile (the GPU tier compiles the ops; the
+    # interpreter cannot): three values of each scalar make the ints symbolic (automatic dynamic)
+    from specgen.runtime.checks import as_scalar
+    from specgen.runtime.reduce import normalize_dims
+    from specgen.runtime.rowwise import as_shape, reduced_by_dim
+
+    def helpers(x, dim, k, eps):
+        dims = normalize_dims("op", dim, x.dim())
+        (row_dim,) = reduced_by_dim("op", "dim", x, dim)
+        shape = as_shape("op", "normalized_shape", [x.shape[-1]])
+        k = as_scalar("op", "k", k, int)
+        eps = as_scalar("op", "eps", eps, float)
+        return x.sum(dims) * shape[0] + x.amax(row_dim).sum() + k * eps
+
+    compiled = torch.compile(helpers, backend="eager", fullgraph=True)
+    try:
+        for dim, k, eps in [(0, 1, 0.5), (1, 2, 0.25), (-1, 3, 2.0)]:
+            x = _x(3, 5, device="cpu")
+            torch.testing.assert_close(compiled(x, dim, k, eps), helpers(x, dim, k, eps))
+    finally:
+        torch._dynamo.reset()
+
+
+def test_a_0_dim_tensor_dim_is_read_at_every_call():
+    # a tensor hashes by identity: a replay keyed on it would keep its first value
+    x, dim = _x(3, 5), torch.tensor(0)
+    for value in (0, 0, 0, 1, 1):
+        dim.fill_(value)
+        torch.testing.assert_close(generated.softmax(x, dim), torch.softmax(x, value))
+
+
 def test_out_may_alias_an_input_exactly_but_not_partly():
     x, y = _x(4, 8), _x(4, 8)
     expected = x + y
     assert generated.add(x, y, out=x) is x
     torch.testing.assert_close(x, expected)
     buffer = _x(40)
-    with pytest.raises(ValueError, match="add: 'out' overlaps input 'x' in memory"):
+    with pytest.raises(RuntimeError, match="add: 'out' overlaps input 'x' in memory"):
         generated.add(buffer[:32], _x(32), out=buffer[8:])
 
 
@@ -169,7 +247,7 @@ def test_outputs_of_one_call_may_not_share_memory(authored):
     torch.testing.assert_close(gated, torch.relu(a + b) * b)
     buffer = _x(8, 8)
     for outs in [(s, s), (buffer[:4], buffer[2:6])]:
-        with pytest.raises(ValueError, match="test_sum_and_gate: outputs 's' and 'gated' overlap "
+        with pytest.raises(RuntimeError, match="test_sum_and_gate: outputs 's' and 'gated' overlap "
                                              "in memory"):
             module.test_sum_and_gate(a, b, out=outs)
     module.test_sum_and_gate(a, b, out=(buffer[:4], buffer[4:]))

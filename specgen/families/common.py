@@ -307,19 +307,25 @@ class CommonPlan:
     @property
     def scalar_checks(self) -> tuple[str, ...]:
         """Launcher lines that check scalar, choice and dtype arguments (types, allowed values)."""
-        checks = [f'rt.check_scalar(NAME, "{a.name}", {a.name}, {a.kind}'
-                  + (", optional=True)" if a.default_code == "None" else ")") for a in self.scalars]
-        checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
-        return (*checks, *self.dtype_checks)
+        return self._argument_checks(taken=False)
 
     @property
     def public_checks(self) -> tuple[str, ...]:
-        """The public function's scalar_checks, made before it picks the eager or the traced path."""
+        """The public function's scalar_checks, made before it picks the eager or the traced path;
+        there a scalar is also taken as torch takes it (a numpy scalar becomes a Python number,
+        which the dispatcher makes of it on the traced path)."""
         if not self.scalar_checks:
             return ()
         return ("# scalars are checked here too, so that a traced call raises the eager error (the",
                 "# dispatcher raises its own RuntimeError, and takes an int for a bool)",
-                *self.scalar_checks)
+                *self._argument_checks(taken=True))
+
+    def _argument_checks(self, taken: bool) -> tuple[str, ...]:
+        checks = [(f"{a.name} = " if taken else "")
+                  + f'rt.as_scalar(NAME, "{a.name}", {a.name}, {a.kind}'
+                  + (", optional=True)" if a.default_code == "None" else ")") for a in self.scalars]
+        checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
+        return (*checks, *self.dtype_checks)
 
     @staticmethod
     def dtype_arg_result(tensor: str, dtype_arg: str | None) -> str:

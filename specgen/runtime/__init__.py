@@ -3,9 +3,9 @@
 from specgen.runtime.autograd import (differentiable_call, differentiate_by_reference,
                                       op_function, reference_grads, reference_vjp,
                                       sibling)
-from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, broadcast_shape, check_choice,
-                                    check_dtype_arg, check_no_grad, check_out, check_outs_disjoint,
-                                    check_scalar, check_tensor_types, check_tensors)
+from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, as_scalar, broadcast_shape,
+                                    check_choice, check_dtype_arg, check_no_grad, check_out,
+                                    check_outs_disjoint, check_tensor_types, check_tensors)
 from specgen.runtime.launch import (configs, interpreting, launch, note_launch, override,
                                     record_launches, runs_eagerly, untraced, use_int64)
 from specgen.runtime.layout import next_power_of_2
@@ -14,8 +14,8 @@ from specgen.runtime import replay
 from specgen.runtime.replay import Replays, empty, full, zeros
 
 __all__ = [
-    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "broadcast_shape", "check_choice",
-    "check_dtype_arg", "check_no_grad", "check_out", "check_outs_disjoint", "check_scalar",
+    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "as_scalar", "broadcast_shape",
+    "check_choice", "check_dtype_arg", "check_no_grad", "check_out", "check_outs_disjoint",
     "check_tensor_types", "check_tensors", "configs", "differentiable_call",
     "differentiate_by_reference", "empty", "full", "interpreting", "launch", "next_power_of_2",
     "note_launch", "op_function", "override", "record_launches", "reference_grads",

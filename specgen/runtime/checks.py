@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+import operator
 from typing import Mapping, Sequence
 
 import torch
@@ -110,18 +112,53 @@ def check_choice(op: str, name: str, value: object, choices: Sequence[str]) -> N
         raise ValueError(f"{op}: argument '{name}' must be one of {allowed}, got {value!r}")
 
 
-def check_scalar(op: str, name: str, value: object, kind: type, optional: bool = False) -> None:
-    """A scalar argument of type ``kind`` (an int passes for a float, a bool for nothing else);
-    ``optional``: None passes too."""
+def as_int(value: object, tensors: bool = True) -> int | torch.SymInt | None:
+    """``value`` as torch's argument parser takes an int (a Python or numpy int, torch.compile's
+    symbolic int, a 0-dim integer tensor where ``tensors``), or None where it is none (a bool, a
+    float)."""
+    if type(value) is int or isinstance(value, torch.SymInt):
+        return value   # the common case first; a symbolic int stays symbolic (also under dynamo)
+    if isinstance(value, torch.Tensor):
+        integral = not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+        return int(value) if tensors and value.dim() == 0 and integral else None
+    # numpy's ints are Integral, its bool is not; tested before converting, as dynamo cannot
+    # trace an operator.index that raises
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return operator.index(value)
+    return None
+
+
+def as_scalar(op: str, name: str, value: object, kind: type, optional: bool = False) -> object:
+    """A scalar argument as the op takes it, or TypeError. As torch's argument parser: an int
+    passes for a float and a bool for nothing else; numpy scalars and 0-dim tensors pass, as
+    Python numbers (a kernel launch takes no numpy scalar); torch.compile's symbolic ints and
+    floats pass unchanged. ``optional``: None passes too."""
     if optional and value is None:
-        return
-    accepted = (int, float) if kind is float else (kind,)
-    if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
+        return None
+    if kind is bool:
+        result = value if isinstance(value, bool) else None
+    elif type(value) in (int, float) and kind is float:
+        result = value
+    else:
+        result = as_int(value)
+        if result is None and kind is float and not isinstance(value, bool):
+            result = _as_float(value)
+    if result is None:
         kind_of = type(value)
         # numpy.bool is no bool: name the module where it is not a builtin
         got = (kind_of.__name__ if kind_of.__module__ == "builtins"
                else f"{kind_of.__module__}.{kind_of.__qualname__}")
         raise TypeError(f"{op}: argument '{name}' must be {kind.__name__}, got {got}")
+    return result
+
+
+def _as_float(value: object) -> float | torch.SymFloat | None:
+    if isinstance(value, torch.SymFloat):
+        return value
+    if isinstance(value, torch.Tensor):
+        real = not (value.is_complex() or value.dtype == torch.bool)
+        return float(value) if value.dim() == 0 and real else None
+    return float(value) if isinstance(value, numbers.Real) else None
 
 
 def check_dtype_arg(op: str, name: str, value: object, dtypes: Sequence[torch.dtype]) -> None:
@@ -170,9 +207,10 @@ def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
         raise ValueError(f"{op}: '{name}' is on {out.device}, the inputs on {device}")
     if out.dtype not in dtypes:
         raise TypeError(f"{op}: '{name}' has dtype {out.dtype}; supported: {_dtype_list(dtypes)}")
+    # overlaps are RuntimeErrors, as torch raises them ("unsupported operation: ...")
     if has_internal_overlap(out):
-        raise ValueError(f"{op}: '{name}' has elements that share memory (stride {out.stride()}); "
-                         f"an output must not overlap itself")
+        raise RuntimeError(f"{op}: '{name}' has elements that share memory (stride "
+                           f"{out.stride()}); an output must not overlap itself")
     if not is_real(out) or out.numel() == 0:
         return
     for input_name, tensor in inputs.items():
@@ -183,8 +221,8 @@ def check_out(op: str, name: str, out: torch.Tensor, shape: tuple[int, ...],
         exact = (tensor.data_ptr() == out.data_ptr() and tensor.shape == out.shape
                  and tensor.stride() == out.stride() and tensor.dtype == out.dtype)
         if not exact:
-            raise ValueError(f"{op}: '{name}' overlaps input '{input_name}' in memory; an output may "
-                             f"only be the very same tensor as an input, not part of one")
+            raise RuntimeError(f"{op}: '{name}' overlaps input '{input_name}' in memory; an output "
+                               f"may only be the very same tensor as an input, not part of one")
 
 
 def check_outs_disjoint(op: str, outs: Mapping[str, torch.Tensor]) -> None:
@@ -196,5 +234,5 @@ def check_outs_disjoint(op: str, outs: Mapping[str, torch.Tensor]) -> None:
     for i, (name, out) in enumerate(real):
         for other_name, other in real[:i]:
             if _overlap(other, out):
-                raise ValueError(f"{op}: outputs '{other_name}' and '{name}' overlap in memory; "
-                                 f"each output needs memory of its own")
+                raise RuntimeError(f"{op}: outputs '{other_name}' and '{name}' overlap in memory; "
+                                   f"each output needs memory of its own")

@@ -9,12 +9,14 @@ sizes and strides only, so it also runs on the fake tensors torch.compile traces
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import triton
 
+from specgen.runtime.checks import as_int
 from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides, plan_cache,
                                     untraced)
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
@@ -48,16 +50,20 @@ def every_dim(dim) -> bool:
 
 
 def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, ...]:
-    """torch's rules: None or () reduce every dim, negatives wrap, a 0-dim tensor takes 0 and -1."""
+    """torch's rules: None or () reduce every dim, negatives wrap, a 0-dim tensor takes 0 and -1;
+    numpy ints and 0-dim tensors are ints (not for a ``single`` dim: torch's argmax refuses a
+    tensor), a symbolic dim is specialized."""
     if dim is None:
         return tuple(range(ndim))
-    one = isinstance(dim, int) and not isinstance(dim, bool)
-    if single and not one:
+    one = as_int(dim, tensors=not single)
+    if single and one is None:
         raise TypeError(f"{op}: argument 'dim' must be an int or None, got {dim!r}")
-    dims = (dim,) if one else dim
-    if not isinstance(dims, (tuple, list)) or not all(
-            isinstance(d, int) and not isinstance(d, bool) for d in dims):
+    listed = list(dim) if one is None and isinstance(dim, (tuple, list)) else [dim]
+    dims = [as_int(d) for d in listed]
+    if any(d is None for d in dims):
         raise TypeError(f"{op}: argument 'dim' must be an int, a tuple of ints or None, got {dim!r}")
+    # operator.index specializes a symbolic dim, under dynamo too (int() keeps it symbolic there)
+    dims = [operator.index(d) for d in dims]
     if len(dims) == 0:
         return tuple(range(ndim))
     bound = max(ndim, 1)

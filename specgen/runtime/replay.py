@@ -356,7 +356,12 @@ class Replays:
         repeats = None if len(set(ids)) == len(ids) else tuple(map(ids.index, ids))
         values = []
         for v in scalars:
-            if type(v) in (list, tuple, torch.Size):
+            listed = type(v) in (list, tuple, torch.Size)
+            # a tensor given as a scalar (a 0-dim dim) hashes by identity, and its value may
+            # change in place: such a call is not keyed
+            if any(isinstance(e, torch.Tensor) for e in (v if listed else (v,))):
+                return None
+            if listed:
                 v = tuple((type(e), e) for e in v)
             values.append((type(v), v))
         return (tuple(signature), repeats, tuple(values), launch_state.overrides(),

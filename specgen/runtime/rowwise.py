@@ -9,6 +9,7 @@ and ``COL_RANK`` reduced dims to split an index into. Nothing is copied.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -17,6 +18,7 @@ import triton
 from torch._prims_common import suggest_memory_format
 
 from specgen.runtime import pointwise
+from specgen.runtime.checks import as_int
 from specgen.runtime.launch import multiprocessors, max_programs, overrides, untraced, use_int64
 from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
 from specgen.runtime.replay import empty, zeros
@@ -83,28 +85,35 @@ def single_fits(n: int) -> bool:
 
 
 def as_shape(op: str, name: str, value: object) -> list[int]:
-    """torch accepts an int or a sequence of ints for ``normalized_shape``; under torch.compile
-    with dynamic shapes its ints may be symbolic (``[x.shape[-1]]``)."""
-    def is_int(v: object) -> bool:
-        return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
-
-    if is_int(value):
-        return [value]
-    if isinstance(value, torch.Size) or isinstance(value, (list, tuple)) and all(
-            is_int(v) for v in value):
-        return list(value)
-    raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
-                    f"got {type(value).__name__}")
+    """torch accepts an int or a sequence of ints for ``normalized_shape`` (numpy ints and 0-dim
+    tensors too); under torch.compile with dynamic shapes its ints may be symbolic
+    (``[x.shape[-1]]``)."""
+    one = as_int(value)
+    if one is not None:
+        return [one]
+    if not isinstance(value, (torch.Size, list, tuple)):
+        raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
+                        f"got {type(value).__name__}")
+    ints = [as_int(v) for v in value]
+    for position, (v, given) in enumerate(zip(ints, value)):
+        if v is None:
+            raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
+                            f"but found element of type {type(given).__name__} at pos {position}")
+    return ints
 
 
 def reduced_by_dim(op: str, name: str, x: torch.Tensor, dim: object) -> tuple[int, ...]:
     """The reduced dims named by ``dim``: an int, or a list of ints for ops that take several
-    (logsumexp). Negative counts from the end; a 0-dim x takes 0 or -1."""
-    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int):
+    (logsumexp). Negative counts from the end; a 0-dim x takes 0 or -1. A symbolic dim (a
+    torch.compile'd call given several) is specialized: the kernels need to know their dims."""
+    named = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    dims = [as_int(d) for d in named]
+    for d, given in zip(dims, named):
+        if d is None:
             raise TypeError(f"{op}: argument '{name}' must be an int or a list of ints, "
-                            f"got {type(d).__name__}")
+                            f"got {type(given).__name__}")
+    # operator.index specializes a symbolic dim, under dynamo too (int() keeps it symbolic there)
+    dims = [operator.index(d) for d in dims]
     if not dims and x.dim() > 0:
         raise ValueError(f"{op}: argument '{name}' names no dim")
     rank = max(x.dim(), 1)

@@ -77,3 +77,30 @@ def test_dynamic_shapes_compile_backward():
         F.cross_entropy(x64, _target(x64)).backward()
         # the mean's gradients are about 1 / (rows * classes): an absolute bound far below them
         torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1.6e-2, atol=1e-7)
+
+
+# (op of x and one scalar, three values of it, a float64 reference): a compiled function called
+# with a second value of an int makes it symbolic (automatic dynamic), a float stays specialized
+# (torch 2.11 and 2.13); the ops take both
+SCALAR_CASES = {
+    "cross_entropy, ignore_index": (
+        lambda x, i: generated.cross_entropy(x[0], _target(x[0]), ignore_index=i), (1, 2, 3),
+        lambda x, i: F.cross_entropy(x[0], _target(x[0]), ignore_index=i)),
+    "softmax, dim": (lambda x, d: generated.softmax(x, d), (0, 1, 2),
+                     lambda x, d: torch.softmax(x, d)),
+    "sum, dim": (lambda x, d: generated.sum(x, d), (0, 1, 2), lambda x, d: x.sum(d)),
+    "layer_norm, eps": (lambda x, e: generated.layer_norm(x, [x.shape[-1]], eps=e),
+                        (1e-5, 0.5, 2.0), lambda x, e: F.layer_norm(x, [x.shape[-1]], eps=e)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALAR_CASES))
+def test_scalars_that_change_between_compiled_calls(case):
+    fn, values, reference = SCALAR_CASES[case]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    x = _randn(6, 7, 300)
+    for value in values:
+        got = compiled(x, value)
+        torch.testing.assert_close(got.double(), reference(x.double(), value), rtol=1.6e-2,
+                                   atol=1e-3)
