@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from specgen.errors import SpecError
+from specgen.errors import SpecError, SpecErrors
 from specgen.families import FAMILIES
 from specgen.model import OpSpec
 from specgen.parse import load_spec, relative_path
@@ -51,34 +51,57 @@ def discover(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
-def _operators(op: OpSpec) -> tuple[str, ...]:
-    """The operator names ``op``'s module registers: ``specgen::<op>`` and its family's others."""
+def _operators(op: OpSpec) -> dict[str, str]:
+    """The operator names ``op``'s module registers (``specgen::<op>`` and its family's others),
+    each with the words that tell it from the op's name in a message."""
     suffixes = getattr(FAMILIES[op.family].module, "OPERATOR_SUFFIXES", ())
-    return (op.name, *(op.name + suffix for suffix in suffixes))
+    return {op.name: "", **{op.name + s: f" (its operator {op.name + s})" for s in suffixes}}
+
+
+def _clash(ops: tuple[OpSpec, ...], owners: dict[str, str]) -> str | None:
+    """The first operator name of a spec's ops (the op, then what it derives) that another op
+    registers already, in words; None if there is none."""
+    for op in ops:
+        for name, operator in _operators(op).items():
+            if name in owners:
+                what = (f"op name '{op.name}'" if op is ops[0]
+                        else f"name '{op.name}' of the backward op this spec derives")
+                return f"duplicate {what}{operator}: also {owners[name]}"
+    return None
 
 
 def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
     """The specs under ``paths``, each followed by the backward op derived from it, if any.
+    Every bad spec is reported, not only the first (``SpecErrors``).
 
     Every generated module registers its operators under ``specgen::``, so two ops whose
     operator names meet (an op named as another's derived backward, or as a pointwise op's
     ``<op>_out``) would fail at import: that is a spec error here."""
     specs: dict[str, OpSpec] = {}
     owners: dict[str, str] = {}     # each operator name -> which op registers it, in words
+    errors: list[SpecError] = []
     for file in discover(paths):
-        spec = load_spec(file, root)
-        for op in (spec, *derived_ops(spec)):
-            derived = op is not spec
-            for name in _operators(op):
-                operator = "" if name == op.name else f" (its operator {name})"
-                if name in owners:
-                    what = (f"name '{op.name}' of the backward op this spec derives" if derived
-                            else f"op name '{op.name}'")
-                    raise SpecError(spec.source.path, "op.name",
-                                    f"duplicate {what}{operator}: also {owners[name]}")
-                owners[name] = (f"the backward op {spec.source.path} derives" if derived
-                                else f"the op of {spec.source.path}") + operator
+        # named from the working folder, as the user names it (a header's path is from the
+        # package's parent, which differs when building from elsewhere)
+        named = relative_path(file, Path.cwd())
+        try:
+            spec = load_spec(file, root)
+        except SpecError as err:
+            errors.append(SpecError(named, err.key, err.message))
+            continue
+        ops = (spec, *derived_ops(spec))
+        clash = _clash(ops, owners)
+        if clash is not None:
+            errors.append(SpecError(named, "op.name", clash))
+            continue
+        for op in ops:
+            owner = f"the op of {named}" if op is spec else f"the backward op {named} derives"
+            owners.update({name: owner + operator for name, operator in _operators(op).items()})
             specs[op.name] = op
+    if len(errors) > 1:
+        raise SpecErrors(errors)
+    if errors:
+        raise errors[0]
     return list(specs.values())
 
 

@@ -20,6 +20,16 @@ class SpecError(Exception):
         super().__init__(f"{location}: {message}")
 
 
+class SpecErrors(SpecError):
+    """Several specs are wrong: ``errors``, each one's message a line of ``str(err)``."""
+
+    def __init__(self, errors: list[SpecError]):
+        self.errors = errors
+        first = errors[0]
+        super().__init__(first.path, first.key, first.message)
+        self.args = ("\n".join(str(e) for e in errors),)
+
+
 @dataclass(frozen=True)
 class Where:
     """A position in a spec file: the file and the dotted path of TOML keys."""

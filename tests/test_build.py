@@ -231,6 +231,27 @@ def test_bad_spec_exits_nonzero_without_traceback_and_writes_nothing(project):
     assert not (project / "generated").exists()
 
 
+def test_every_bad_spec_is_reported_from_the_working_folder(project):
+    # a build from a subfolder: each bad spec named as the user names it (../specs/...), all of
+    # them in one run, and nothing written
+    (project / "specs" / "zz_bad.toml").write_text(
+        '[op]\nname = "bad"\nfamily = "pointwise"\nreference = "x"\n'
+        '[args]\nx = "tensor"\n[compute]\nout = "x + undeclared"\n')
+    (project / "specs" / "zz_worse.toml").write_text('[op]\nname = "worse"\n')
+    shutil.copy(project / "specs" / "add.toml", project / "specs" / "zz_add_again.toml")
+    (project / "sub").mkdir()
+    os.chdir(project / "sub")
+    code, output = run("build", "../specs", "--out", "../generated")
+    assert code == 1
+    assert output.splitlines() == [
+        "Error: ../specs/zz_add_again.toml: [op.name]: duplicate op name 'add': also the op of "
+        "../specs/add.toml",
+        "../specs/zz_bad.toml: [compute.out]: name 'undeclared' is used but not declared "
+        "(declared: x)",
+        "../specs/zz_worse.toml: [op]: missing required key 'family' (a string)"], output
+    assert not (project / "generated").exists()
+
+
 def test_duplicate_op_name_is_an_error(project):
     shutil.copy(project / "specs" / "add.toml", project / "specs" / "zz_add_again.toml")
     code, output = run("build", "specs")
