@@ -68,6 +68,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
                           ((a.name, ("args", a.name)) for a in args), body_names,
                           derived_from=[*(a.name for a in args if isinstance(a, TensorArg)),
                                         *(n for n, _ in body_names)])
+    _check_reference_uses(reference, reference_where, args)
     return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
                   dtypes=dtypes, indexing=indexing, source=source, body=body)
 
@@ -193,6 +194,18 @@ def _check_reference(reference: str, where: Where, args: tuple[Arg, ...],
             raise where.error(f"name '{node.id}' is used but not declared; a reference may use "
                               f"the arguments and {', '.join((*family_names, *REFERENCE_NAMES))}")
     _check_attributes(tree, where, shadowed={a.name for a in args})
+
+
+def _check_reference_uses(reference: str, where: Where, args: tuple[Arg, ...]) -> None:
+    """The property check compares the op with its reference: an argument the reference ignores
+    (a ``dtype=`` it never passes on) would never be checked. After the other checks, which
+    name a bad argument more precisely."""
+    tree = ast.parse(reference.strip(), mode="eval")
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    for arg in args:
+        if arg.name not in used:
+            raise where.error(f"argument '{arg.name}' is declared but the reference does not use "
+                              f"it, so no test could check what the op does with it")
 
 
 # the modules a reference's names stand for

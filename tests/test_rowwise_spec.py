@@ -186,7 +186,9 @@ def test_keepdim_shapes_the_per_row_outputs_on_the_host_only():
     text = (SOFTMAX.replace('dim = { kind = "int", default = -1 }',
                             'dim = { kind = "int", default = -1 }\n'
                             'keepdim = { kind = "bool", default = false }')
-            .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"'))
+            .replace('dim = "dim"', 'dim = "dim"\nkeepdim = "keepdim"')
+            .replace('reference = "torch.softmax(x, dim)"', 'reference = "(torch.softmax(x * 2, '
+                     'dim), torch.logsumexp(x * 2, dim, keepdim))"'))
     plan = family.plan(parse(text))
     assert plan.keepdim == "keepdim"
     # the kernels never read it, and no expression may

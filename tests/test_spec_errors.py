@@ -101,6 +101,9 @@ CASES = [
     ("unknown torch function in reference", 'reference = "x + alpha * y"',
      'reference = "F.gelux(x + alpha * y)"', "op.reference",
      "'F.gelux' does not exist (F is torch.nn.functional; it has no attribute 'gelux')"),
+    ("argument the reference ignores", 'reference = "x + alpha * y"', 'reference = "x + y"',
+     "op.reference", "argument 'alpha' is declared but the reference does not use it, so no "
+     "test could check what the op does with it"),
     ("undeclared in reference", 'reference = "x + alpha * y"', 'reference = "np.add(x, y)"',
      "op.reference", "name 'np' is used but not declared; a reference may use the arguments and "
      "torch, F, math, ref"),
