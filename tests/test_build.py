@@ -435,3 +435,32 @@ def test_the_gradient_check_takes_a_reference_constant_in_its_inputs(tmp_path, m
     # "element 0 of tensors does not require grad"
     package = authored_package(tmp_path, monkeypatch, "sign_weight", CONSTANT_IN_X)
     check_op_and_grad(package.REGISTRY["sign_weight"], examples=5)
+
+
+SCALED_REDUCTION = """
+[op]
+name = "shifted_norm"
+family = "reduce"
+doc = "the 2-norm of (x - shift) * scale over dim, or its square"
+reference = '''torch.linalg.vector_norm((x - shift) * scale, 2, dim=dim, keepdim=keepdim) ** (1 if root else 2)'''
+
+[args]
+x = "tensor"
+scale = { kind = "float", default = 1.0 }
+shift = { kind = "int", default = 0 }
+root = { kind = "bool", default = true }
+
+[reduce]
+combine = "sum"
+map = "((x - shift) * scale) ** 2"
+finish = "where(root, sqrt(acc), acc)"
+"""
+
+
+def test_a_reduce_op_reads_its_scalars_in_map_and_finish(tmp_path, monkeypatch):
+    # float, int and bool scalars reach the kernel (every strategy: the split's second launch
+    # finishes too), drawn by the property check
+    package = authored_package(tmp_path, monkeypatch, "shifted_norm", SCALED_REDUCTION)
+    info = package.REGISTRY["shifted_norm"]
+    assert [a.name for a in info.args] == ["x", "dim", "keepdim", "scale", "shift", "root"]
+    check_op_and_grad(info, examples=15)

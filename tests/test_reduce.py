@@ -46,6 +46,10 @@ def parse(text):
      "'argmax' returns an index: it takes no 'map'"),
     ('map = "x * x"', 'dim = "sometimes"', "reduce.dim", "expected one of optional, required"),
     ('x = "tensor"', 'x = "tensor"\ny = "tensor"', "args", "exactly one tensor argument"),
+    ('x = "tensor"', 'x = "tensor"\nmode = { kind = "choice", values = ["a", "b"], default = "a" }',
+     "args", "exactly one tensor argument, float, int and bool scalars"),
+    ('map = "x * x"', 'map = "x * x"\nfinish = "acc * N * scale"', "reduce.finish",
+     "name 'scale' is used but not declared"),
     ('x = "tensor"', 'x = "tensor"\nd = { kind = "dtype", optional = true }\n'
      'e = { kind = "dtype", optional = true }', "args", "at most one dtype argument"),
     ('x = "tensor"', 'x = "tensor"\nkeepdim = { kind = "dtype", optional = true }',

@@ -14,7 +14,8 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
-from specgen.families.common import ArgPlan, CommonPlan, common_plan, tile_pairs, warps_list
+from specgen.families.common import (ArgPlan, CommonPlan, common_plan, symbols_of, tile_pairs,
+                                     warps_list)
 from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
@@ -34,6 +35,8 @@ DIM_MODES = ("optional", "required")
 LAUNCHES = ("flat", "persistent")
 # names the reference may use besides the declared arguments: the family adds them to the signature
 REFERENCE_NAMES = ("dim", "keepdim")
+# the scalar arguments a map and a finish may read
+SCALAR_KINDS = ("float", "int", "bool")
 
 # names the generated module binds for itself, in its kernels and host functions: a spec that
 # declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
@@ -73,9 +76,12 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     args_where = top.where.child("args")
     tensors = [a for a in spec_args if isinstance(a, TensorArg)]
     dtypes = [a for a in spec_args if isinstance(a, ScalarArg) and a.type == "dtype"]
-    if len(tensors) != 1 or len(dtypes) > 1 or len(spec_args) != len(tensors) + len(dtypes):
-        raise args_where.error("a reduce op takes exactly one tensor argument and at most one "
-                               "dtype argument (the family adds 'dim' and 'keepdim')")
+    scalars = [a for a in spec_args if isinstance(a, ScalarArg) and a.type in SCALAR_KINDS]
+    if len(tensors) != 1 or len(dtypes) > 1 or len(spec_args) != len(tensors) + len(dtypes) + len(
+            scalars):
+        raise args_where.error("a reduce op takes exactly one tensor argument, float, int and "
+                               "bool scalars, and at most one dtype argument (the family adds "
+                               "'dim' and 'keepdim')")
     if name in HELPERS:
         # the generated module imports the specgen.reduce_lib helper of that name
         raise top.where.child("op").child("name").error(
@@ -91,7 +97,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     table = top.pop_table("reduce")
     combine = table.pop_choice("combine", tuple(COMBINES))
     is_index = COMBINES[combine][1] == "index"
-    symbols = {x.name: Symbol(x.name, "tensor")}
+    # the tensor and the scalars; dim, keepdim and dtype shape the launch on the host: named, so
+    # that reading one says so
+    symbols = symbols_of(spec_args, [a.name for a in dtypes])
+    symbols.update({n: Symbol(n, "host") for n in REFERENCE_NAMES})
     map_source = table.pop("map", str, None)
     finish_source = table.pop("finish", str, None)
     if is_index and (map_source or finish_source):
@@ -101,10 +110,10 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     if is_index and dtype:
         raise args_where.child(dtype).error(
             f"'{combine}' returns an int64 index: it takes no dtype argument")
-    # dim, keepdim and dtype shape the launch on the host: named, so that reading one says so
-    symbols.update({n: Symbol(n, "host") for n in (*REFERENCE_NAMES, dtype) if n})
     map_expr = parse_expr(map_source, table.where.child("map"), symbols) if map_source else None
-    finish_symbols = {"acc": Symbol("acc", "value"), "N": Symbol("N", "value")}
+    # the finish reads the reduced value, the count and the scalars
+    finish_symbols = {"acc": Symbol("acc", "value"), "N": Symbol("N", "value"),
+                      **{n: s for n, s in symbols.items() if n != x.name}}
     finish_expr = (parse_expr(finish_source, table.where.child("finish"), finish_symbols, {
         x.name: "finish reads the reduced value acc and N; the tensor enters through map"})
         if finish_source else None)
@@ -150,6 +159,16 @@ class ReducePlan(CommonPlan):
     @property
     def differentiable(self) -> bool:
         return not self.index
+
+    @property
+    def kernel_scalars(self) -> tuple[ArgPlan, ...]:
+        """The scalars the kernel takes (after its pointers); keepdim shapes the launch only."""
+        return tuple(a for a in self.scalars if a.name != "keepdim")
+
+    @property
+    def scalar_args(self) -> str:
+        """The kernel scalars appended to an argument list, each after ", "."""
+        return "".join(f", {a.name}" for a in self.kernel_scalars)
 
     @property
     def combine_fn(self) -> str:

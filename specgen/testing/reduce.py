@@ -8,7 +8,8 @@ import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo
-from specgen.testing.core import Case, cast_first, dtype_arg, knobs, layouts, make_tensor, shapes
+from specgen.testing.core import (Case, cast_first, dtype_arg, knobs, layouts, make_tensor,
+                                  scalar_value, shapes)
 
 # a reduction of n float32 terms carries error growing with n; the output rounding dominates below
 _REDUCE_TOLERANCES = {
@@ -72,6 +73,11 @@ def reduce_cases(draw, info: OpInfo) -> Case:
     args = {x_info.name: x, "dim": dim, "keepdim": keepdim}
     describe = (f"{x_info.name}: {shape} {dtype} {layout} {tuple(x.stride())}; dim={dim!r} "
                 f"keepdim={keepdim}")
+    # the spec's own scalars (keepdim, which the family adds, is drawn above)
+    for arg in info.args:
+        if arg.kind in ("float", "int", "bool") and arg.name not in args:
+            args[arg.name] = scalar_value(draw, arg)
+            describe += f" {arg.name}={args[arg.name]!r}"
     reference_args = None
     dtype_name = next((a.name for a in info.args if a.kind == "dtype"), None)
     if dtype_name is not None:
