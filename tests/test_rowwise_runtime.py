@@ -294,7 +294,12 @@ FUSED = """
 [op]
 name = "test_norm_with_stats"
 family = "rowwise"
-reference = "None"
+# the reduced dim moved last, where bias broadcasts along it
+reference = '''(torch.rsqrt(torch.var(x, dim, unbiased=False) + 0.001),
+    torch.movedim(F.layer_norm(torch.movedim(x, dim, -1), (x.shape[dim],), eps=0.001)
+                  + torch.softmax(torch.movedim(x, dim, -1) + bias, -1), -1, dim),
+    torch.logsumexp(torch.movedim(x, dim, -1) + bias, -1),
+    torch.mean(x, dim) - torch.amin(x, dim))'''
 
 [args]
 x = "tensor"
@@ -332,6 +337,8 @@ def test_an_authored_op_with_per_row_outputs(authored):
     rstd = torch.rsqrt(x64.var(1, unbiased=False) + 0.001)
     expected = (rstd, (x64 - mean.unsqueeze(1)) * rstd.unsqueeze(1) + torch.softmax(shifted, 1),
                 torch.logsumexp(shifted, 1), mean - x64.amin(1))
+    for r, e in zip(module.reference(x64, bias.double(), 1), expected):
+        torch.testing.assert_close(r, e)
     assert module.STRATEGIES == ("single", "looped", "online", "split")
     for strategy in module.STRATEGIES:
         with runtime.override(strategy=strategy):
