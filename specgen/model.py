@@ -9,6 +9,9 @@ from specgen.expr import Expr
 
 DTYPES = ("float16", "bfloat16", "float32")
 INDEXING = ("auto", "int32", "int64")
+# what torch.autocast does to an op's inputs (specgen/runtime/autocast.py): nothing, as for
+# add or amax; the autocast dtype, as for torch's matmuls; float32, as for its norms and losses
+AUTOCAST = ("none", "lower", "float32")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class OpSpec:
     indexing: str
     source: Source
     body: object                    # the family's own frozen dataclass
+    autocast: str = "none"          # one of AUTOCAST
 
     @property
     def tensors(self) -> tuple[TensorArg, ...]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from specgen.errors import Where, describe
 from specgen.families import FAMILIES
 from specgen.families.common import check_generated_names, check_name
-from specgen.model import DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
+from specgen.model import AUTOCAST, DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
 from specgen.table import Table, parse_list
 
 ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape", "dtype")
@@ -54,6 +54,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     reference = op.pop("reference", str)
     dtypes = _parse_dtypes(op)
     indexing = op.pop_choice("indexing", INDEXING, "auto")
+    autocast = op.pop_choice("autocast", AUTOCAST, "none")
     op.finish()
 
     args = _parse_args(top.pop_table("args"))
@@ -70,7 +71,8 @@ def parse_spec(text: str, source: Source) -> OpSpec:
                                         *(n for n, _ in body_names)])
     _check_reference_uses(reference, reference_where, args)
     return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
-                  dtypes=dtypes, indexing=indexing, source=source, body=body)
+                  dtypes=dtypes, indexing=indexing, source=source, body=body,
+                  autocast=autocast)
 
 
 def _parse_dtypes(op: Table) -> tuple[str, ...]:

@@ -464,3 +464,35 @@ def test_a_reduce_op_reads_its_scalars_in_map_and_finish(tmp_path, monkeypatch):
     info = package.REGISTRY["shifted_norm"]
     assert [a.name for a in info.args] == ["x", "dim", "keepdim", "scale", "shift", "root"]
     check_op_and_grad(info, examples=15)
+
+
+AUTOCAST_POINTWISE = """
+[op]
+name = "soft_exp"
+family = "pointwise"
+doc = "exp(x) * y, in float32 under autocast as torch's exp"
+reference = "torch.exp(x) * y"
+autocast = "float32"
+
+[args]
+x = "tensor"
+y = "tensor"
+
+[compute]
+out = "exp(x) * y"
+"""
+
+
+def test_an_authored_policy_casts_plain_calls_not_out_calls(tmp_path, monkeypatch):
+    # a spec's autocast policy applies to its plain calls; out= calls run as they are, as torch's
+    package = authored_package(tmp_path, monkeypatch, "soft_exp", AUTOCAST_POINTWISE)
+    assert package.REGISTRY["soft_exp"].autocast == "float32"
+    x, y = (testing.make_tensor((3, 5), torch.bfloat16, testing.Layout.contiguous(2), seed=s)
+            for s in (1, 2))
+    with torch.autocast(testing.device(), dtype=torch.bfloat16):
+        result = package.soft_exp(x, y)
+        out = torch.full_like(x, float("nan"))
+        package.soft_exp(x, y, out=out)
+    assert result.dtype == torch.float32
+    torch.testing.assert_close(result, package.soft_exp(x.float(), y.float()), rtol=0, atol=0)
+    torch.testing.assert_close(out, package.soft_exp(x, y), rtol=0, atol=0)

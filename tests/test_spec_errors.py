@@ -86,6 +86,8 @@ CASES = [
      "unknown family 'stencil'"),
     ("bad indexing", 'family = "pointwise"', 'family = "pointwise"\nindexing = "int16"',
      "op.indexing", "expected one of auto, int32, int64, got 'int16'"),
+    ("bad autocast policy", 'family = "pointwise"', 'family = "pointwise"\nautocast = "half"',
+     "op.autocast", "expected one of none, lower, float32, got 'half'"),
     ("bad expression", 'out = "x + alpha * y"', 'out = "x +"', "compute.out",
      "not a valid expression"),
     ("unsafe call", 'out = "x + alpha * y"', "out = \"__import__('os').system('ls')\"",

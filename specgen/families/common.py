@@ -244,6 +244,26 @@ class CommonPlan:
     args: tuple[ArgPlan, ...]
     arg_infos: tuple[str, ...]
     output_names: tuple[str, ...]
+    autocast: str                   # the spec's policy under torch.autocast (model.AUTOCAST)
+
+    @property
+    def autocast_lines(self) -> tuple[str, ...]:
+        """What a public function does first under torch.autocast (specgen/runtime/autocast.py):
+        a float32 policy sets an op's ``dtype=`` argument where it has one (torch's softmax and
+        sum: a float32 result, the input read as it is); otherwise the tensor arguments are cast
+        as torch casts them (a copy, as torch's)."""
+        if self.autocast == "none":
+            return ()
+        tensors = [a.name for a in self.args if a.kind == "tensor"]
+        dtype_args = [a.name for a in self.args if a.kind == "dtype"]
+        if self.autocast == "float32" and dtype_args:
+            return ("# as torch's softmax and sum: an unset dtype= is float32 (the input read as it is)",
+                    f"{dtype_args[0]} = rt.autocast.result_dtype({tensors[0]}, {dtype_args[0]})")
+        comment = ("# as torch's matmuls: floating inputs in the autocast dtype (a copy where it differs)"
+                   if self.autocast == "lower" else
+                   "# as torch's norms and losses: floating inputs in float32 (a copy where it differs)")
+        targets = tensors[0] + "," if len(tensors) == 1 else ", ".join(tensors)
+        return (comment, f'{targets} = rt.autocast.cast("{self.autocast}", {", ".join(tensors)})')
 
     @property
     def reference_imports(self) -> tuple[str, ...]:
@@ -401,4 +421,4 @@ def common_plan(spec: OpSpec, output_names: tuple[str, ...]) -> CommonPlan:
         name=spec.name, family=spec.family, doc=spec.doc, reference=spec.reference,
         spec_path=spec.source.path, spec_sha256=spec.source.sha256[:16], dtypes=spec.dtypes,
         indexing=spec.indexing, args=arg_plans(spec), arg_infos=arg_info_code(spec),
-        output_names=output_names)
+        output_names=output_names, autocast=spec.autocast)

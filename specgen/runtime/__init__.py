@@ -10,11 +10,11 @@ from specgen.runtime.launch import (configs, interpreting, launch, note_launch, 
                                     record_launches, runs_eagerly, untraced, use_int64)
 from specgen.runtime.layout import next_power_of_2
 from specgen.runtime.registry import ArgInfo, OpInfo
-from specgen.runtime import replay
+from specgen.runtime import autocast, replay
 from specgen.runtime.replay import Replays, empty, full, zeros
 
 __all__ = [
-    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "as_scalar", "broadcast_shape",
+    "OUT_NOT_DIFFERENTIABLE", "ArgInfo", "OpInfo", "Replays", "as_scalar", "autocast", "broadcast_shape",
     "check_choice", "check_dtype_arg", "check_no_grad", "check_out", "check_outs_disjoint",
     "check_tensor_types", "check_tensors", "configs", "differentiable_call",
     "differentiate_by_reference", "empty", "full", "interpreting", "launch", "next_power_of_2",

@@ -36,6 +36,7 @@ class OpInfo:
     outputs: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...]
     indexing: str
+    autocast: str                   # the spec's policy under torch.autocast (runtime/autocast.py)
     function: Callable              # generated.<name>
     op: Callable                    # torch.ops.specgen.<name>, the registered op
     reference: Callable
