@@ -13,15 +13,17 @@ def prod(x: torch.Tensor, dim: int | Sequence[int] | None = None, keepdim: bool 
     """``torch.prod`` over an int, a sequence of ints or None (every dim; also an empty
     sequence), as ``torch.sum`` takes dims; torch.prod takes one int. One dim at a time, so its
     gradient is torch.prod's, exact at zeros and negative values (exp(sum(log x)) is NaN there)."""
-    if dtype is not None:
-        x = x.to(dtype)
     if dim is None or not isinstance(dim, int) and len(dim) == 0:
         dims = range(x.dim())
     else:
         dims = [dim] if isinstance(dim, int) else dim
-    # the highest dim first: without keepdim, the lower dims keep their positions
-    for d in sorted({d % max(x.dim(), 1) for d in dims}, reverse=True):
-        x = torch.prod(x, d, keepdim=keepdim)
+    if x.dim() == 0:
+        # torch.prod of the one element (its dtype= and autocast's as for any dims)
+        return torch.prod(x, dtype=dtype)
+    # the highest dim first: without keepdim, the lower dims keep their positions; dtype= on
+    # each, as torch.prod's (under autocast an unset one is float32 in each, as in torch.prod)
+    for d in sorted({d % x.dim() for d in dims}, reverse=True):
+        x = torch.prod(x, d, keepdim=keepdim, dtype=dtype)
     return x
 
 

@@ -5,6 +5,7 @@ specs, so that a spec declaring another policy fails.
 """
 
 import torch
+import torch.nn.functional as F
 
 # torch.autocast's policy for each op's torch counterpart; an op not named runs as it is:
 # "lower": floating inputs (not float64) cast to the autocast dtype (torch's matmuls; a fused
@@ -21,6 +22,20 @@ TORCH_POLICY = {
     "softmax": "float32 dtype", "log_softmax": "float32 dtype", "sum": "float32 dtype",
     "prod": "float32 dtype",
 }
+
+# the torch function whose autocast an op's follows, where its reference is another: rms_norm's
+# reference spells F.rms_norm out in torch ops (specgen/references.py), which autocast runs as
+# they are
+TORCH_COUNTERPART = {
+    "rms_norm": lambda x, normalized_shape, weight=None, eps=None:
+        F.rms_norm(x, normalized_shape, weight, eps),
+}
+
+# fused ops whose policy casts more than torch's autocast of their reference does: the residual
+# of linear_residual enters the kernel with the matmul's operands, in their dtype (the matmul
+# family takes one dtype), where autocast of F.linear(...) + residual leaves a float32 residual
+# and promotes the sum to float32
+CASTS_MORE = {"linear_residual"}
 
 
 def _eligible(value) -> bool:
