@@ -82,6 +82,9 @@ class OpSpec:
     source: Source
     body: object                    # the family's own frozen dataclass
     autocast: str = "none"          # one of AUTOCAST
+    # a torch operator (aten::rms_norm) whose autocast the policy follows: the op takes it only
+    # where the running torch autocasts that operator ("" for always)
+    autocast_follows: str = ""
 
     @property
     def tensors(self) -> tuple[TensorArg, ...]:

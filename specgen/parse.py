@@ -9,6 +9,8 @@ import os
 import tomllib
 from pathlib import Path
 
+import torch
+
 from specgen.errors import Where, describe
 from specgen.families import FAMILIES
 from specgen.families.common import check_generated_names, check_name
@@ -54,7 +56,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     reference = op.pop("reference", str)
     dtypes = _parse_dtypes(op)
     indexing = op.pop_choice("indexing", INDEXING, "auto")
-    autocast = op.pop_choice("autocast", AUTOCAST, "none")
+    autocast, autocast_follows = _parse_autocast(op)
     op.finish()
 
     args = _parse_args(top.pop_table("args"))
@@ -72,7 +74,30 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     _check_reference_uses(reference, reference_where, args)
     return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
                   dtypes=dtypes, indexing=indexing, source=source, body=body,
-                  autocast=autocast)
+                  autocast=autocast, autocast_follows=autocast_follows)
+
+
+def _parse_autocast(op: Table) -> tuple[str, str]:
+    """``autocast = "lower"``, or ``autocast = { policy = "float32", follows = "aten::rms_norm" }``
+    for a policy torch's lists took up in some release: the op then applies it only where the
+    running torch autocasts that operator (torch 2.13 autocasts rms_norm to float32, 2.11 not)."""
+    where = op.where.child("autocast")
+    raw = op.pop_any("autocast", "none")
+    if not isinstance(raw, dict):
+        if raw not in AUTOCAST:
+            raise where.error(f"expected one of {', '.join(AUTOCAST)} or a table "
+                              f"{{ policy, follows }}, got {describe(raw)}")
+        return raw, ""
+    table = Table(raw, where)
+    policy = table.pop_choice("policy", AUTOCAST[1:])
+    follows = table.pop("follows", str)
+    table.finish()
+    try:
+        torch._C._dispatch_has_kernel_for_dispatch_key(follows, "AutocastCUDA")
+    except RuntimeError:
+        raise table.where.child("follows").error(
+            f"'{follows}' is not a torch operator (expected a name such as 'aten::rms_norm')") from None
+    return policy, follows
 
 
 def _parse_dtypes(op: Table) -> tuple[str, ...]:

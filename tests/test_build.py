@@ -483,16 +483,27 @@ out = "exp(x) * y"
 """
 
 
-def test_an_authored_policy_casts_plain_calls_not_out_calls(tmp_path, monkeypatch):
-    # a spec's autocast policy applies to its plain calls; out= calls run as they are, as torch's
-    package = authored_package(tmp_path, monkeypatch, "soft_exp", AUTOCAST_POINTWISE)
-    assert package.REGISTRY["soft_exp"].autocast == "float32"
+@pytest.mark.parametrize("name, follows, casts", [("soft_exp", None, True),
+                                                   ("soft_exp_as_exp", "aten::exp", True),
+                                                   ("soft_exp_as_add", "aten::add.Tensor", False)])
+def test_an_authored_policy_casts_plain_calls_not_out_calls(tmp_path, monkeypatch, name, follows,
+                                                            casts):
+    # a spec's autocast policy applies to its plain calls; out= calls run as they are, as torch's;
+    # a policy that follows a torch operator applies where torch autocasts it (exp, not add)
+    spec = AUTOCAST_POINTWISE.replace('name = "soft_exp"', f'name = "{name}"')
+    if follows:
+        spec = spec.replace('autocast = "float32"',
+                            f'autocast = {{ policy = "float32", follows = "{follows}" }}')
+    package = authored_package(tmp_path, monkeypatch, name, spec)
+    op = getattr(package, name)
+    assert package.REGISTRY[name].autocast == ("float32" if casts else "none")
     x, y = (testing.make_tensor((3, 5), torch.bfloat16, testing.Layout.contiguous(2), seed=s)
             for s in (1, 2))
     with torch.autocast(testing.device(), dtype=torch.bfloat16):
-        result = package.soft_exp(x, y)
+        result = op(x, y)
         out = torch.full_like(x, float("nan"))
-        package.soft_exp(x, y, out=out)
-    assert result.dtype == torch.float32
-    torch.testing.assert_close(result, package.soft_exp(x.float(), y.float()), rtol=0, atol=0)
-    torch.testing.assert_close(out, package.soft_exp(x, y), rtol=0, atol=0)
+        op(x, y, out=out)
+    assert result.dtype == (torch.float32 if casts else torch.bfloat16)
+    plain = (x.float(), y.float()) if casts else (x, y)
+    torch.testing.assert_close(result, op(*plain), rtol=0, atol=0)
+    torch.testing.assert_close(out, op(x, y), rtol=0, atol=0)

@@ -245,6 +245,7 @@ class CommonPlan:
     arg_infos: tuple[str, ...]
     output_names: tuple[str, ...]
     autocast: str                   # the spec's policy under torch.autocast (model.AUTOCAST)
+    autocast_follows: str           # the torch operator whose autocast it follows, or ""
 
     @property
     def autocast_lines(self) -> tuple[str, ...]:
@@ -421,4 +422,5 @@ def common_plan(spec: OpSpec, output_names: tuple[str, ...]) -> CommonPlan:
         name=spec.name, family=spec.family, doc=spec.doc, reference=spec.reference,
         spec_path=spec.source.path, spec_sha256=spec.source.sha256[:16], dtypes=spec.dtypes,
         indexing=spec.indexing, args=arg_plans(spec), arg_infos=arg_info_code(spec),
-        output_names=output_names, autocast=spec.autocast)
+        output_names=output_names, autocast=spec.autocast,
+        autocast_follows=spec.autocast_follows)

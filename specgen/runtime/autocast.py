@@ -21,6 +21,13 @@ from __future__ import annotations
 import torch
 
 
+def following(policy: str, operator: str) -> str:
+    """``policy`` where this torch autocasts ``operator`` on CUDA, else "none": for a policy
+    torch's lists took up in some release (rms_norm's float32: torch 2.13 has it, 2.11 not)."""
+    return policy if torch._C._dispatch_has_kernel_for_dispatch_key(operator, "AutocastCUDA") \
+        else "none"
+
+
 def active() -> bool:
     """Whether autocast is on for any device type: one call, cheap enough for every call."""
     return torch._C._is_any_autocast_enabled()

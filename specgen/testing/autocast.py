@@ -5,7 +5,6 @@ specs, so that a spec declaring another policy fails.
 """
 
 import torch
-import torch.nn.functional as F
 
 # torch.autocast's policy for each op's torch counterpart; an op not named runs as it is:
 # "lower": floating inputs (not float64) cast to the autocast dtype (torch's matmuls; a fused
@@ -17,19 +16,14 @@ import torch.nn.functional as F
 TORCH_POLICY = {
     "mm": "lower", "bmm": "lower", "matmul": "lower", "addmm": "lower", "linear": "lower",
     "linear_gelu": "lower", "linear_residual": "lower",
-    "layer_norm": "float32", "rms_norm": "float32", "logsumexp": "float32",
+    "layer_norm": "float32", "logsumexp": "float32",
     "cross_entropy": "float32",
     "softmax": "float32 dtype", "log_softmax": "float32 dtype", "sum": "float32 dtype",
     "prod": "float32 dtype",
 }
-
-# the torch function whose autocast an op's follows, where its reference is another: rms_norm's
-# reference spells F.rms_norm out in torch ops (specgen/references.py), which autocast runs as
-# they are
-TORCH_COUNTERPART = {
-    "rms_norm": lambda x, normalized_shape, weight=None, eps=None:
-        F.rms_norm(x, normalized_shape, weight, eps),
-}
+# rms_norm joined torch's float32 list after torch 2.11: its policy is the running torch's
+if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):
+    TORCH_POLICY["rms_norm"] = "float32"
 
 # fused ops whose policy casts more than torch's autocast of their reference does: the residual
 # of linear_residual enters the kernel with the matmul's operands, in their dtype (the matmul
