@@ -54,16 +54,6 @@ def test_autocast_casts_as_torch(name, data):
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
 
 
-def test_out_calls_are_not_autocast():
-    """As torch's: an op called with out= runs as it is under autocast (here add, whose plain
-    call has no policy either; an authored op's out= path is tested in test_build.py)."""
-    x = testing.make_tensor((4, 8), torch.float32, testing.Layout.contiguous(2))
-    out = torch.empty(4, 8, device=testing.device())
-    with torch.autocast(testing.device(), dtype=torch.bfloat16):
-        generated.add(x, x, out=out)
-    torch.testing.assert_close(out, x + x, rtol=0, atol=0)
-
-
 def test_gradients_reach_the_uncast_inputs():
     """Under autocast a float32 weight's gradient is float32, and is the gradient through its
     cast (torch's autocast casts with a differentiable ``to``)."""

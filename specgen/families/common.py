@@ -247,6 +247,16 @@ class CommonPlan:
     autocast: str                   # the spec's policy under torch.autocast (model.AUTOCAST)
     autocast_follows: str           # the torch operator whose autocast it follows, or ""
 
+    def autocast_condition(self, takes_out: bool) -> str:
+        """When a public function applies its policy: under autocast, where the policy follows
+        a torch operator only where this torch autocasts it (the module's AUTOCAST), and for an
+        op with out= only without it (torch does not autocast out= calls)."""
+        terms = ['AUTOCAST != "none"'] if self.autocast_follows else []
+        terms.append("rt.autocast.active()")
+        if takes_out:
+            terms.append("out is None")
+        return " and ".join(terms)
+
     @property
     def autocast_lines(self) -> tuple[str, ...]:
         """What a public function does first under torch.autocast (specgen/runtime/autocast.py):
