@@ -69,6 +69,15 @@ def test_good_spec_plans():
     assert {c["BLOCK_M"] for c in plan.configs} == {64, 128}
     assert {c["num_stages"] for c in plan.configs} == {3}
     assert plan.outputs[0].code == "(acc + bias) * scale + residual"
+    assert plan.promoted == () and plan.uncast == ()
+
+
+def test_a_promoted_operand_keeps_its_dtype_under_autocast():
+    plan = family.plan(parse(GOOD.replace("[epilogue]", '[epilogue]\npromote = "residual"')
+                             .replace('family = "matmul"', 'family = "matmul"\nautocast = "lower"')))
+    assert plan.promoted == ("residual",)
+    assert plan.autocast_lines[-1] == 'x, w, bias = rt.autocast.cast("lower", x, w, bias)'
+    assert any("promotes=True" in info for info in plan.arg_infos if '"residual"' in info)
 
 
 def test_config_list_and_default_space():
@@ -104,6 +113,13 @@ CASES = [
      "acc, the tile of their product"),
     ("bad out dtype", "[epilogue]", '[epilogue]\ndtype = "int8"', "epilogue.dtype",
      "unknown dtype 'int8'"),
+    ("a matmul operand promoted", "[epilogue]", '[epilogue]\npromote = ["w"]', "epilogue.promote",
+     "'w' is an operand of the matmul, which takes one dtype for its operands; only epilogue "
+     "operands (bias, residual) may promote"),
+    ("an unknown name promoted", "[epilogue]", '[epilogue]\npromote = ["scale"]', "epilogue.promote",
+     "'scale' is not an epilogue operand; expected some of: bias, residual"),
+    ("a name promoted twice", "[epilogue]", '[epilogue]\npromote = ["residual", "residual"]',
+     "epilogue.promote", "names an operand twice"),
     ("no outputs", 'out = "(acc + bias) * scale + residual"', "", "epilogue",
      "expected at least one output"),
     ("bad swizzle", 'swizzle = "grouped"', 'swizzle = "hilbert"', "schedule.swizzle",
@@ -293,6 +309,13 @@ def test_matmul_vectors_drop_their_dim():
      "same dtype"),
     (lambda: generated.linear(randn(3, 4), randn(5, 4), randn(6)), ValueError,
      "argument 'bias' has shape (6,)"),
+    # the residual promotes (F.linear(...) + residual), the bias is F.linear's: one dtype
+    (lambda: generated.linear_residual(randn(3, 4, dtype=torch.float16),
+                                       randn(5, 4, dtype=torch.float16), randn(5), randn(3, 5)),
+     TypeError, "argument 'bias' has dtype torch.float32, but 'x' has torch.float16"),
+    (lambda: generated.linear_residual(randn(3, 4), randn(5, 4), randn(5),
+                                       randn(3, 5, dtype=torch.float64)),
+     TypeError, "argument 'residual' has dtype torch.float64; supported: float16, bfloat16, float32"),
     (lambda: generated.addmm(randn(3, 5), randn(3, 4), randn(4, 5), beta="x"),
      TypeError, "argument 'beta' must be float"),
     (lambda: generated.mm(randn(3, 4), [[1.0]]), TypeError, "must be a torch.Tensor"),

@@ -188,7 +188,7 @@ def arg_plans(spec: OpSpec) -> tuple[ArgPlan, ...]:
     return tuple(plans)
 
 
-def arg_info_code(spec: OpSpec) -> tuple[str, ...]:
+def arg_info_code(spec: OpSpec, promoted: tuple[str, ...] = ()) -> tuple[str, ...]:
     """``rt.ArgInfo(...)`` source for each argument (the registry entry the tests read)."""
     infos = []
     for arg in spec.args:
@@ -200,6 +200,8 @@ def arg_info_code(spec: OpSpec) -> tuple[str, ...]:
                 fields += [f"low={arg.low!r}", f"high={arg.high!r}"]
             if arg.dims:
                 fields.append(f"dims={arg.dims!r}")
+            if arg.name in promoted:
+                fields.append("promotes=True")
         elif isinstance(arg, ChoiceArg):
             fields = [f'"{arg.name}"', '"choice"', f"default={arg.default!r}",
                       f"choices={arg.values!r}"]
@@ -246,6 +248,7 @@ class CommonPlan:
     output_names: tuple[str, ...]
     autocast: str                   # the spec's policy under torch.autocast (model.AUTOCAST)
     autocast_follows: str           # the torch operator whose autocast it follows, or ""
+    uncast: tuple[str, ...]         # tensors the autocast policy leaves as they are
 
     def autocast_condition(self, takes_out: bool) -> str:
         """When a public function applies its policy: under autocast, where the policy follows
@@ -262,10 +265,11 @@ class CommonPlan:
         """What a public function does first under torch.autocast (specgen/runtime/autocast.py):
         a float32 policy sets an op's ``dtype=`` argument where it has one (torch's softmax and
         sum: a float32 result, the input read as it is); otherwise the tensor arguments are cast
-        as torch casts them (a copy, as torch's)."""
+        as torch casts them (a copy, as torch's), but for those that join by type promotion,
+        which torch's autocast of an element-wise op leaves as they are."""
         if self.autocast == "none":
             return ()
-        tensors = [a.name for a in self.args if a.kind == "tensor"]
+        tensors = [a.name for a in self.args if a.kind == "tensor" and a.name not in self.uncast]
         dtype_args = [a.name for a in self.args if a.kind == "dtype"]
         if self.autocast == "float32" and dtype_args:
             return ("# as torch's softmax and sum: an unset dtype= is float32 (the input read as it is)",
@@ -273,8 +277,11 @@ class CommonPlan:
         comment = ("# as torch's matmuls: floating inputs in the autocast dtype (a copy where it differs)"
                    if self.autocast == "lower" else
                    "# as torch's norms and losses: floating inputs in float32 (a copy where it differs)")
+        kept = ((f"# {', '.join(self.uncast)}: as it is, as torch's autocast leaves the element-wise "
+                 f"op that adds it",) if self.uncast else ())
         targets = tensors[0] + "," if len(tensors) == 1 else ", ".join(tensors)
-        return (comment, f'{targets} = rt.autocast.cast("{self.autocast}", {", ".join(tensors)})')
+        return (comment, *kept,
+                f'{targets} = rt.autocast.cast("{self.autocast}", {", ".join(tensors)})')
 
     @property
     def reference_imports(self) -> tuple[str, ...]:
@@ -427,10 +434,13 @@ def _tuple_code(names) -> str:
     return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
 
 
-def common_plan(spec: OpSpec, output_names: tuple[str, ...]) -> CommonPlan:
+def common_plan(spec: OpSpec, output_names: tuple[str, ...],
+                promoted: tuple[str, ...] = ()) -> CommonPlan:
+    """``promoted``: tensors of their own dtype, which the result's promotes with, as torch's
+    element-wise ops: the tests draw their dtypes apart, and autocast leaves them as they are."""
     return CommonPlan(
         name=spec.name, family=spec.family, doc=spec.doc, reference=spec.reference,
         spec_path=spec.source.path, spec_sha256=spec.source.sha256[:16], dtypes=spec.dtypes,
-        indexing=spec.indexing, args=arg_plans(spec), arg_infos=arg_info_code(spec),
+        indexing=spec.indexing, args=arg_plans(spec), arg_infos=arg_info_code(spec, promoted),
         output_names=output_names, autocast=spec.autocast,
-        autocast_follows=spec.autocast_follows)
+        autocast_follows=spec.autocast_follows, uncast=promoted)

@@ -6,7 +6,8 @@ vector) or ``M, N`` (a residual, broadcast like torch). A leading ``"..."`` adds
 broadcast as in ``torch.matmul``; a leading ``"B"`` one batch dim that must match (``torch.bmm``).
 
 Spec tables: ``[epilogue]`` (one output per key, over ``acc``, the epilogue operands, scalars and
-earlier outputs; ``dtype`` sets the output dtype, default the inputs'), ``[schedule]``
+earlier outputs; ``dtype`` sets the output dtype, default the inputs'; ``promote`` names the
+epilogue operands that join by torch's type promotion rather than the matmul's one dtype), ``[schedule]``
 (``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches: an
 explicit ``configs`` list, or lists whose product is the space).
 """
@@ -123,6 +124,7 @@ class MatmulBody:
     epilogue_inputs: tuple[Operand, ...]
     outputs: tuple[Output, ...]
     out_dtype: str | None
+    promoted: tuple[str, ...]       # epilogue operands of their own dtype (``[epilogue] promote``)
     swizzle: str
     split_k: str
     tuning: dict
@@ -175,14 +177,41 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
     if "B" in batches and not (a.batched and b.batched):
         raise args_where.error("with a \"B\" batch dim, both A and B must have it (as torch.bmm)")
 
-    outputs, out_dtype = _parse_epilogue(top.pop_table("epilogue"), spec_args, (a.name, b.name))
+    epilogue = top.pop_table("epilogue")
+    promoted = _parse_promote(epilogue, a, b, epilogue_inputs)
+    outputs, out_dtype = _parse_epilogue(epilogue, spec_args, (a.name, b.name))
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     swizzle = schedule.pop_choice("swizzle", SWIZZLES, SWIZZLES[0])
     split_k = schedule.pop_choice("split_k", SPLIT_K_MODES, SPLIT_K_MODES[0])
     schedule.finish()
     tuning = _parse_tuning(top.pop_table("tuning", required=False)
                            or Table({}, top.where.child("tuning")), swizzle)
-    return MatmulBody(a, b, tuple(epilogue_inputs), outputs, out_dtype, swizzle, split_k, tuning)
+    return MatmulBody(a, b, tuple(epilogue_inputs), outputs, out_dtype, promoted, swizzle, split_k,
+                      tuning)
+
+
+def _parse_promote(table: Table, a: Operand, b: Operand,
+                   epilogue_inputs: list[Operand]) -> tuple[str, ...]:
+    """``[epilogue] promote``: epilogue operands outside the matmul torch's reference calls, as
+    the residual of ``F.linear(x, weight, bias) + residual``. torch's matmuls take one dtype for
+    their operands (a bias included); an operand added after them by an element-wise op keeps
+    its own, and the result's dtype promotes with it (torch.autocast leaves it as it is too)."""
+    where = table.where.child("promote")
+    if "promote" not in table:
+        return ()
+    names = parse_list(table.pop_any("promote"), str, where)
+    epilogue_names = [o.name for o in epilogue_inputs]
+    for name in names:
+        if name in (a.name, b.name):
+            raise where.error(f"'{name}' is an operand of the matmul, which takes one dtype for "
+                              f"its operands; only epilogue operands ({', '.join(epilogue_names)}) "
+                              f"may promote")
+        if name not in epilogue_names:
+            raise where.error(f"'{name}' is not an epilogue operand; expected some of: "
+                              f"{', '.join(epilogue_names) or '(none: the op has no epilogue operands)'}")
+    if len(set(names)) != len(names):
+        raise where.error("names an operand twice")
+    return tuple(names)
 
 
 def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
@@ -317,6 +346,7 @@ class MatmulPlan(CommonPlan):
     epilogue_inputs: tuple[Operand, ...] = ()
     outputs: tuple[OutputTensor, ...] = ()
     out_dtype: str | None = None
+    promoted: tuple[str, ...] = ()      # epilogue operands of their own dtype
     batch_rank: int = 0
     swizzle: str = "grouped"
     split_k: str = "auto"
@@ -406,9 +436,10 @@ def plan(spec: OpSpec) -> MatmulPlan:
     operands = (body.a, body.b, *body.epilogue_inputs)
     batches = {o.dims[0] for o in operands if o.batched}
     batch_rank = 0 if not batches else (1 if "B" in batches else BROADCAST_BATCH_RANK)
-    common = common_plan(spec, tuple(o.name for o in body.outputs))
+    common = common_plan(spec, tuple(o.name for o in body.outputs), promoted=body.promoted)
     return MatmulPlan(**common.__dict__, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
-                      outputs=outputs, out_dtype=body.out_dtype, batch_rank=batch_rank,
+                      outputs=outputs, out_dtype=body.out_dtype, promoted=body.promoted,
+                      batch_rank=batch_rank,
                       swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
                       split_factors=tuple(sorted(set(t["SPLIT_K"]))),
                       helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))

@@ -23,6 +23,7 @@ from specgen.runtime.checks import check_tensors, is_real
 from specgen.runtime.launch import (Overrides, interpreting, max_programs, multiprocessors,
                                     overrides, untraced, use_int64)
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
+from specgen.runtime.pointwise import result_dtype
 from specgen.runtime.replay import empty, note_tuning, zeros
 
 BATCH = ("...", "B")
@@ -158,7 +159,8 @@ class Space:
 
 
 def check_same_dtype(op: str, tensors: Mapping[str, torch.Tensor | None]) -> torch.dtype:
-    """torch's matmuls take one dtype for all operands (no promotion)."""
+    """torch's matmuls take one dtype for all operands (no promotion): every tensor but the
+    epilogue's promoted ones."""
     (first_name, first), *rest = [(n, t) for n, t in tensors.items() if t is not None]
     for name, tensor in rest:
         if tensor.dtype != first.dtype:
@@ -479,6 +481,7 @@ class OpLayout:
     dims: tuple[tuple[str, tuple[str, ...]], ...]   # the inputs in call order, with their dims
     outputs: tuple[str, ...]
     out_dtype: torch.dtype | None                   # None: the inputs' dtype
+    promoted: tuple[str, ...]                       # epilogue operands of their own dtype
     a: str
     b: str
     epilogue: tuple[tuple[str, str, bool], ...]     # (name, letters, has batch strides), then outputs
@@ -584,7 +587,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     named = dict(zip((name for name, _ in op.dims), tensors))
     dims = dict(op.dims)
     present = {name: t for name, t in named.items() if t is not None}
-    dtype = check_same_dtype(op.name, present)
+    dtype = check_same_dtype(op.name, {n: t for n, t in present.items() if n not in op.promoted})
     prob = problem(op.name, named, dims)
     # outputs are allocated contiguous, as torch allocates matmul results
     stand_in = torch.empty(prob.shape, device="meta")
@@ -616,7 +619,10 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     timed = (strategy_.split and forced == Overrides() and device.type == "cuda"
              and not interpreting())
     return LaunchPlan(
-        shape=prob.shape, dtype=op.out_dtype or dtype,
+        shape=prob.shape, dtype=op.out_dtype or result_dtype(
+            # the matmul's result, then what the reference adds to it by element-wise ops
+            [torch.empty(prob.shape, dtype=dtype, device="meta"),
+             *(present[name] for name in op.promoted if name in present)]),
         empty=space.m == 0 or space.n == 0 or batch == 0, strategy=strategy_,
         index_64=index_64, layout=layout, precision=precision,
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,

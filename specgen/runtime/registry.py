@@ -23,6 +23,7 @@ class ArgInfo:
     low: float = -3.0               # tensors are drawn uniformly from [low, high]
     high: float = 3.0
     dims: tuple[str, ...] = ()      # named dims, for families whose operands have fixed ranks
+    promotes: bool = False          # a matmul epilogue operand of its own dtype ([epilogue] promote)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,9 @@ TORCH_POLICY = {
 if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):
     TORCH_POLICY["rms_norm"] = "float32"
 
-# fused ops whose policy casts more than torch's autocast of their reference does: the residual
-# of linear_residual enters the kernel with the matmul's operands, in their dtype (the matmul
-# family takes one dtype), where autocast of F.linear(...) + residual leaves a float32 residual
-# and promotes the sum to float32
-CASTS_MORE = {"linear_residual"}
+# the arguments torch's autocast leaves as they are: linear_residual's reference is
+# F.linear(x, weight, bias) + residual, and autocast casts F.linear's arguments, not the `+`'s
+UNCAST = {"linear_residual": {"residual"}}
 
 
 def _eligible(value) -> bool:
@@ -48,7 +46,8 @@ def torch_autocast_args(name: str, args: dict, dtype: torch.dtype) -> dict:
             return {**args, "dtype": torch.float32}
         return args
     target = dtype if policy == "lower" else torch.float32
-    return {k: v.to(target) if _eligible(v) else v for k, v in args.items()}
+    kept = UNCAST.get(name, set())
+    return {k: v.to(target) if _eligible(v) and k not in kept else v for k, v in args.items()}
 
 
 def supported(info, case, dtype: torch.dtype) -> bool:

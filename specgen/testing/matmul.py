@@ -125,9 +125,11 @@ def matmul_cases(draw, info: OpInfo) -> Case:
             target = _epilogue_target(arg.dims, batch, m, n, not vector_a, not vector_b)
             shape = draw(broadcast_operand(target))
         layout = draw(layouts(len(shape)))
-        args[arg.name] = make_tensor(shape, dtype, layout, low=arg.low, high=arg.high,
+        # a promoted epilogue operand (a residual) has a dtype of its own: it never enters tl.dot
+        own = draw(st.sampled_from(info.dtypes)) if arg.promotes else dtype
+        args[arg.name] = make_tensor(shape, own, layout, low=arg.low, high=arg.high,
                                      seed=seed + i)
-        notes.append(f"{arg.name}: {shape} {dtype} {layout}")
+        notes.append(f"{arg.name}: {shape} {own} {layout}")
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=matmul_tolerances(k))
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import generated
 from specgen import testing
 from specgen.runtime import override
-from specgen.testing.autocast import CASTS_MORE, TORCH_POLICY, supported, torch_autocast_args
+from specgen.testing.autocast import TORCH_POLICY, supported, torch_autocast_args
 from specgen.testing.core import assert_matches, cast_first, outputs, reference64
 
 pytestmark = pytest.mark.gpu
@@ -18,12 +18,8 @@ pytestmark = pytest.mark.gpu
 
 def _check(info, case, dtype, results):
     """``results`` (ours under autocast) against torch's autocast of the reference."""
-    if info.name in CASTS_MORE:
-        # torch's result for the arguments the op's policy casts
-        torchs = outputs(info.reference(**torch_autocast_args(info.name, case.args, dtype)))
-    else:
-        with torch.autocast("cuda", dtype=dtype):
-            torchs = outputs(info.reference(**case.args))
+    with torch.autocast("cuda", dtype=dtype):
+        torchs = outputs(info.reference(**case.args))
     # reference_args: an eps of None spelled out as float32's, which autocast's float32 keeps
     cast_args = torch_autocast_args(info.name, case.reference_args or case.args, dtype)
     if TORCH_POLICY.get(info.name) == "float32 dtype" and cast_args.get("dtype") is not None:
