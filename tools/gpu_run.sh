@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier, then the benchmarks. Logs go to $OUT (the device tool's folder)
 # or ./gpu-logs. Usage: tools/gpu_run.sh [pytest args...]; BENCH="--only pointwise" to pick families,
-# SKIP_TESTS=1 or SKIP_BENCH=1 to do one half.
-# The tier's time is mostly Triton and Inductor compiling on the host, one test after another: one
-# process ran it in 4 calls of 6-9 minutes each (H200, 2026-11-23: tests/test_ops.py 8.3 min; the
-# reduce + matmul GPU files with test_traced_errors and test_generated_kernels 6; the rowwise,
-# replay, pointwise and dynamic GPU files about 6; the CPU-tier files that run on CUDA 9).
+# SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..4 runs one quarter of the tier (below).
+# The tier's time is mostly Triton and Inductor compiling on the host, one test after another.
 # pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
-# cores; WORKERS=0 runs them in one): 541 tests fit one call (8m17s on 8 workers, H200, 2026-11-23;
-# 7m57s on 14, where compiling contends for the cores); the 819 of 2026-11-24 take two calls of
-# 6-8 minutes (README, "Testing", names the two groups).
-# The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with the whole
-# tier they outlast a 10-minute device call: SKIP_BENCH=1 in one call, SKIP_TESTS=1 in the next.
+# cores; WORKERS=0 runs them in one). The whole tier (1027 tests on 2026-11-24) outlasts one
+# 10-minute device call, so it runs in four groups, one call each (H200, 8 workers: group 1 took
+# 8m53s on a machine that started cold, groups 2-4 2m43s, 2m57s and 7m17s after it, warm).
+# The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
+# the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# the tier's four groups: the property suites with gradients; derived ops, traced errors and
+# builds; replays, dynamic shapes, row-wise sizes and autocast; then every other file
+groups=(
+    "tests/test_ops.py tests/test_autograd.py"
+    "tests/test_derive.py tests/gpu/test_autograd_gpu.py tests/test_traced_errors.py tests/test_build.py"
+    "tests/gpu/test_dynamic_gpu.py tests/test_replay.py tests/gpu/test_replay_gpu.py
+     tests/gpu/test_rowwise_gpu.py tests/gpu/test_autocast_gpu.py tests/test_autocast.py"
+)
+selected=()
+case "${GROUP:-}" in
+    "") ;;
+    1|2|3) read -r -a selected <<< "$(echo ${groups[$((GROUP - 1))]})" ;;
+    4) selected=(tests)
+       for file in ${groups[*]}; do selected+=("--ignore=$file"); done ;;
+    *) echo "GROUP must be 1, 2, 3 or 4, got '$GROUP'" >&2; exit 2 ;;
+esac
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
 "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$LOGS/versions.txt"
 status=0
@@ -31,7 +44,7 @@ if [ "$WORKERS" != 0 ]; then
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
     env "${test_env[@]}" python3 -m pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" \
-        "$@" 2>&1 | tee "$LOGS/tests.log"
+        "${selected[@]}" "$@" 2>&1 | tee "$LOGS/tests.log"
     status=${PIPESTATUS[0]}
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
