@@ -25,7 +25,8 @@ groups=(
 selected=()
 case "${GROUP:-}" in
     "") ;;
-    1|2|3) read -r -a selected <<< "$(echo ${groups[$((GROUP - 1))]})" ;;
+    # shellcheck disable=SC2206 # a group is a list of paths: split on whitespace
+    1|2|3) selected=(${groups[$((GROUP - 1))]}) ;;
     4) selected=(tests)
        for file in ${groups[*]}; do selected+=("--ignore=$file"); done ;;
     *) echo "GROUP must be 1, 2, 3 or 4, got '$GROUP'" >&2; exit 2 ;;

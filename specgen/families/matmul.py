@@ -196,9 +196,9 @@ def _parse_promote(table: Table, a: Operand, b: Operand,
     the residual of ``F.linear(x, weight, bias) + residual``. torch's matmuls take one dtype for
     their operands (a bias included); an operand added after them by an element-wise op keeps
     its own, and the result's dtype promotes with it (torch.autocast leaves it as it is too)."""
-    where = table.where.child("promote")
     if "promote" not in table:
         return ()
+    where = table.where.child("promote")
     names = parse_list(table.pop_any("promote"), str, where)
     epilogue_names = [o.name for o in epilogue_inputs]
     for name in names:
@@ -346,7 +346,6 @@ class MatmulPlan(CommonPlan):
     epilogue_inputs: tuple[Operand, ...] = ()
     outputs: tuple[OutputTensor, ...] = ()
     out_dtype: str | None = None
-    promoted: tuple[str, ...] = ()      # epilogue operands of their own dtype
     batch_rank: int = 0
     swizzle: str = "grouped"
     split_k: str = "auto"
@@ -354,6 +353,12 @@ class MatmulPlan(CommonPlan):
     split_factors: tuple[int, ...] = ()
 
     helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the epilogue calls
+
+    @property
+    def promoted(self) -> tuple[str, ...]:
+        """The epilogue operands of their own dtype (``[epilogue] promote``): the ones autocast
+        leaves as they are."""
+        return self.uncast
 
     @property
     def dims_code(self) -> str:
@@ -438,8 +443,7 @@ def plan(spec: OpSpec) -> MatmulPlan:
     batch_rank = 0 if not batches else (1 if "B" in batches else BROADCAST_BATCH_RANK)
     common = common_plan(spec, tuple(o.name for o in body.outputs), promoted=body.promoted)
     return MatmulPlan(**common.__dict__, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
-                      outputs=outputs, out_dtype=body.out_dtype, promoted=body.promoted,
-                      batch_rank=batch_rank,
+                      outputs=outputs, out_dtype=body.out_dtype, batch_rank=batch_rank,
                       swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
                       split_factors=tuple(sorted(set(t["SPLIT_K"]))),
                       helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))

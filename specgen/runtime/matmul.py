@@ -619,10 +619,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     timed = (strategy_.split and forced == Overrides() and device.type == "cuda"
              and not interpreting())
     return LaunchPlan(
-        shape=prob.shape, dtype=op.out_dtype or result_dtype(
-            # the matmul's result, then what the reference adds to it by element-wise ops
-            [torch.empty(prob.shape, dtype=dtype, device="meta"),
-             *(present[name] for name in op.promoted if name in present)]),
+        shape=prob.shape, dtype=_result_dtype(op, dtype, prob.shape, present),
         empty=space.m == 0 or space.n == 0 or batch == 0, strategy=strategy_,
         index_64=index_64, layout=layout, precision=precision,
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
@@ -630,6 +627,17 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
         tma=tma, programs=max_programs(device, "persistent", per_sm=1),
         candidates=(tile_strategy(space.m, device, tma is not None), strategy_) if timed else ())
+
+
+def _result_dtype(op: OpLayout, dtype: torch.dtype, shape: tuple[int, ...],
+                  present: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The spec's output dtype, or the operands' ``dtype`` promoted with the promoted operands'
+    as torch's element-wise ops promote ``F.linear(...) + residual``."""
+    promoted = [present[name] for name in op.promoted if name in present]
+    if op.out_dtype is not None or not promoted:
+        return op.out_dtype or dtype
+    # the matmul's result (its rank matters: a 0-dim operand does not promote a matrix)
+    return result_dtype([torch.empty(shape, dtype=dtype, device="meta"), *promoted])
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(_plan_of_key)

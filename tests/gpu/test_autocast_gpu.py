@@ -16,6 +16,14 @@ from specgen.testing.core import assert_matches, cast_first, outputs, reference6
 pytestmark = pytest.mark.gpu
 
 
+def _draw(name, dtype, data):
+    """An op's info and a drawn case whose inputs the op takes in the dtypes autocast casts to."""
+    info = generated.REGISTRY[name]
+    case = testing.draw_case(data, info)
+    assume(supported(info, case, dtype))
+    return info, case
+
+
 def _check(info, case, dtype, results):
     """``results`` (ours under autocast) against torch's autocast of the reference."""
     with torch.autocast("cuda", dtype=dtype):
@@ -38,9 +46,7 @@ def _check(info, case, dtype, results):
 @settings(max_examples=6)
 @given(data=st.data(), dtype=st.sampled_from([torch.bfloat16, torch.float16]))
 def test_autocast_matches_torch(name, dtype, data):
-    info = generated.REGISTRY[name]
-    case = testing.draw_case(data, info)
-    assume(supported(info, case, dtype))
+    info, case = _draw(name, dtype, data)
     with override(**case.overrides), torch.autocast("cuda", dtype=dtype):
         results = outputs(case.call(info))
     _check(info, case, dtype, results)
@@ -51,9 +57,7 @@ def test_autocast_matches_torch(name, dtype, data):
 @given(data=st.data(), dtype=st.sampled_from([torch.bfloat16, torch.float16]))
 def test_autocast_compiled_matches_torch(name, dtype, data):
     """The ops that autocast changes, inside a compiled graph entered under autocast."""
-    info = generated.REGISTRY[name]
-    case = testing.draw_case(data, info)
-    assume(supported(info, case, dtype))
+    info, case = _draw(name, dtype, data)
     torch._dynamo.reset()
     compiled = torch.compile(lambda args: info.function(**args), fullgraph=True)
     with torch.autocast("cuda", dtype=dtype):
