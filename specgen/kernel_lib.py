@@ -93,3 +93,14 @@ def round_to_float16(x):
 @triton.jit
 def round_to_bfloat16(x):
     return x.to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def compensated_add(total, carry, value):
+    # Kahan's step: carry holds what the last add lost (negated), taken off the next value, so a
+    # program's column sums over thousands of blocks of rows stay within an ulp or two of exact
+    # rather than losing sqrt(blocks) ulps of their largest running value
+    value -= carry
+    added = total + value
+    carry = (added - total) - value
+    return added, carry

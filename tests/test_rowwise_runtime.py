@@ -462,6 +462,22 @@ def test_one_pass_variance_is_exact_with_a_large_mean():
                                        atol=5e-3, rtol=0)
 
 
+@pytest.mark.parametrize("strategy", ["single", "looped"])
+def test_a_programs_column_sums_keep_what_each_block_adds(strategy):
+    # one program sums every row's grad_out into grad_bias. After the first row, each block of
+    # rows (up to 128 of them) adds less than half an ulp of the running sum 2**20: a plain
+    # float32 sum drops every such add (0.097 lost over 400 rows); a compensated one keeps them
+    rows, n = 400, 64
+    grad_out = torch.full((rows, n), 2.0**-12, device=device())
+    grad_out[0] = 2.0**20
+    x, weight, bias = randn(rows, n), randn(n), randn(n)
+    with runtime.override(strategy=strategy, max_programs=1):
+        grad_bias = generated.layer_norm_backward(x, weight, bias, grad_out, [n])[2]
+    exact = 2.0**20 + (rows - 1) * 2.0**-12
+    # float32's ulp there is 0.125: the sum must round to the nearest float32, as exact sums do
+    assert (grad_bias.double() - exact).abs().max().item() <= 0.0625
+
+
 def test_symbolic_sizes_get_computed_masks():
     # under torch.compile with dynamic shapes a size is a symbol: its factors are unknown (and
     # Inductor cannot print a bitwise and of one), so the masks stay computed

@@ -927,6 +927,8 @@ def plan(spec: OpSpec) -> RowwisePlan:
     called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
     if variance is not None:
         called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
+    if columns:
+        called.add("compensated_add")   # a program's column sums over its blocks of rows
     common = common_plan(spec, tuple(o.name for o in body.outputs + body.column_outputs))
     from specgen.families import rowwise_backward   # it builds on this module
     # a variance pair's mean is corrected by its deviations' sum over N

@@ -412,13 +412,13 @@ class LaunchPlan:
         """The float32 partial sums of ``count`` column outputs, a row of them per program of a
         single or chunked launch (a chunked grid has at most a program a row), one per row of a
         split one (its programs write disjoint shares of it). A chunked program adds to its row
-        block by block, so those start as zeros."""
+        block by block, a compensated sum whose carries follow the sums: those start as zeros."""
         if self.strategy == "single":
             parts = self.grid(self.single)[0]
         elif self.strategy == "split":
             parts = self.space.rows
         else:
-            shape = (max(1, min(self.space.rows, self.cap)), count, self.space.n)
+            shape = (max(1, min(self.space.rows, self.cap)), 2 * count, self.space.n)
             return zeros(shape, torch.float32, device)
         return empty((parts, count, self.space.n), torch.float32, device)
 
