@@ -61,7 +61,7 @@ def main() -> None:
     flushes = {
         "zero-fill (do_bench)": cache.zero_,
         # a read leaves the evicted lines written back before the timed call, and L2 clean
-        "read": lambda: torch.sum(cache, out=total),
+        "read": lambda: torch.sum(cache, 0, out=total),
     }
     big = torch.randn(2**30 // 4, device="cuda")
     big_out = torch.empty_like(big)
