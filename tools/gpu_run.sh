@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier, then the benchmarks. Logs go to $OUT (the device tool's folder)
 # or ./gpu-logs. Usage: tools/gpu_run.sh [pytest args...]; BENCH="--only pointwise" to pick families,
-# SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..4 runs one quarter of the tier (below).
+# SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..5 runs one part of the tier (below).
 # The tier's time is mostly Triton and Inductor compiling on the host, one test after another.
 # pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
-# cores; WORKERS=0 runs them in one). The whole tier (1027 tests on 2026-11-24) outlasts one
-# 10-minute device call, so it runs in four groups, one call each (H200, 8 workers: group 1 took
-# 8m53s on a machine that started cold, groups 2-4 2m43s, 2m57s and 7m17s after it, warm).
+# cores; WORKERS=0 runs them in one). The whole tier (about 1050 tests on 2026-11-25) outlasts one
+# 10-minute device call, so it runs in five groups, one call each (H200, 8 workers: the property
+# and gradient suites together took 8m53s on a machine that started cold, and 9m45s when a failing
+# case shrank for 7 minutes; groups 3-5 2m43s, 2m57s and 7m17s after them, warm).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
 set -uo pipefail
@@ -14,10 +15,11 @@ cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-# the tier's four groups: the property suites with gradients; derived ops, traced errors and
+# the tier's five groups: the property suite; the gradient suite; derived ops, traced errors and
 # builds; replays, dynamic shapes, row-wise sizes and autocast; then every other file
 groups=(
-    "tests/test_ops.py tests/test_autograd.py"
+    "tests/test_ops.py"
+    "tests/test_autograd.py"
     "tests/test_derive.py tests/gpu/test_autograd_gpu.py tests/test_traced_errors.py tests/test_build.py"
     "tests/gpu/test_dynamic_gpu.py tests/test_replay.py tests/gpu/test_replay_gpu.py
      tests/gpu/test_rowwise_gpu.py tests/gpu/test_autocast_gpu.py tests/test_autocast.py"
@@ -26,10 +28,10 @@ selected=()
 case "${GROUP:-}" in
     "") ;;
     # shellcheck disable=SC2206 # a group is a list of paths: split on whitespace
-    1|2|3) selected=(${groups[$((GROUP - 1))]}) ;;
-    4) selected=(tests)
+    1|2|3|4) selected=(${groups[$((GROUP - 1))]}) ;;
+    5) selected=(tests)
        for file in ${groups[*]}; do selected+=("--ignore=$file"); done ;;
-    *) echo "GROUP must be 1, 2, 3 or 4, got '$GROUP'" >&2; exit 2 ;;
+    *) echo "GROUP must be 1, 2, 3, 4 or 5, got '$GROUP'" >&2; exit 2 ;;
 esac
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
 "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$LOGS/versions.txt"
