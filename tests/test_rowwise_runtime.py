@@ -23,6 +23,10 @@ def randn(*shape, dtype=torch.float32):
 @pytest.mark.parametrize("call, error, words", [
     (lambda x: generated.softmax(x, 2), IndexError, "argument 'dim' is 2, out of range"),
     (lambda x: generated.softmax(x, 1.0), TypeError, "argument 'dim' must be int"),
+    # an int takes a 0-dim tensor only (torch's too); an int list takes one element, not two
+    (lambda x: generated.softmax(x, torch.tensor([1])), TypeError, "argument 'dim' must be int"),
+    (lambda x: generated.logsumexp(x, torch.tensor([0, 1])), TypeError,
+     "'dim' must be an int or a sequence of ints, got Tensor"),
     (lambda x: generated.logsumexp(x, [1, -1]), RuntimeError,
      "'dim' names dim 1 more than once"),
     (lambda x: generated.logsumexp(x, []), ValueError, "argument 'dim' names no dim"),

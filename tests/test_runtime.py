@@ -154,6 +154,16 @@ NUMPY_SCALARS = {
         generated.rms_norm, F.rms_norm, ((numpy.int16(5),), None, numpy.float64(0.25))),
     "sum, numpy dims": (generated.sum, torch.sum, ((numpy.int64(1),),)),
     "sum, 0-dim tensor dim": (generated.sum, torch.sum, (torch.tensor(0),)),
+    # an int list (a reduction's dims, a normalized_shape) takes any one-element integer tensor,
+    # a bool one too
+    "sum, one-element tensor dims": (generated.sum, torch.sum, (torch.tensor([1]),)),
+    "amax, one-element bool tensor dims": (generated.amax, torch.amax, (torch.tensor([[True]]),)),
+    "logsumexp, one-element tensor dims": (
+        generated.logsumexp, torch.logsumexp, (torch.tensor([1], dtype=torch.int8),)),
+    "logsumexp, a list of one-element tensors": (
+        generated.logsumexp, torch.logsumexp, ([torch.tensor([0]), torch.tensor(1)],)),
+    "layer_norm, a shape of one-element tensors": (
+        generated.layer_norm, F.layer_norm, ([torch.tensor([5])],)),
     "argmax, numpy dim": (generated.argmax, torch.argmax, (numpy.uint8(1),)),
     "cross_entropy, numpy ignore_index and label_smoothing": (
         lambda x, t: generated.cross_entropy(x, t, ignore_index=numpy.int64(2),

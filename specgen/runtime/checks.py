@@ -112,15 +112,19 @@ def check_choice(op: str, name: str, value: object, choices: Sequence[str]) -> N
         raise ValueError(f"{op}: argument '{name}' must be one of {allowed}, got {value!r}")
 
 
-def as_int(value: object, tensors: bool = True) -> int | torch.SymInt | None:
+def as_int(value: object, tensors: bool = True, listed: bool = False) -> int | torch.SymInt | None:
     """``value`` as torch's argument parser takes an int (a Python or numpy int, torch.compile's
     symbolic int, a 0-dim integer tensor where ``tensors``), or None where it is none (a bool, a
-    float)."""
+    float). ``listed``: an int list or one of its ints (a reduction's dims, a normalized_shape),
+    where torch takes any one-element tensor of an integer or bool dtype."""
     if type(value) is int or isinstance(value, torch.SymInt):
         return value   # the common case first; a symbolic int stays symbolic (also under dynamo)
     if isinstance(value, torch.Tensor):
-        integral = not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
-        return int(value) if tensors and value.dim() == 0 and integral else None
+        if not tensors or value.is_floating_point() or value.is_complex():
+            return None
+        if listed:
+            return int(value.item()) if value.numel() == 1 else None
+        return int(value) if value.dim() == 0 and value.dtype != torch.bool else None
     # numpy's ints are Integral, its bool is not; tested before converting, as dynamo cannot
     # trace an operator.index that raises
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):

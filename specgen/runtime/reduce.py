@@ -51,15 +51,15 @@ def every_dim(dim) -> bool:
 
 def normalize_dims(op: str, dim, ndim: int, single: bool = False) -> tuple[int, ...]:
     """torch's rules: None or () reduce every dim, negatives wrap, a 0-dim tensor takes 0 and -1;
-    numpy ints and 0-dim tensors are ints (not for a ``single`` dim: torch's argmax refuses a
-    tensor), a symbolic dim is specialized."""
+    numpy ints and one-element integer tensors are ints (not for a ``single`` dim: torch's argmax
+    refuses a tensor), a symbolic dim is specialized."""
     if dim is None:
         return tuple(range(ndim))
-    one = as_int(dim, tensors=not single)
+    one = as_int(dim, tensors=not single, listed=not single)
     if single and one is None:
         raise TypeError(f"{op}: argument 'dim' must be an int or None, got {dim!r}")
     listed = list(dim) if one is None and isinstance(dim, (tuple, list)) else [dim]
-    dims = [as_int(d) for d in listed]
+    dims = [as_int(d, listed=True) for d in listed]
     if any(d is None for d in dims):
         raise TypeError(f"{op}: argument 'dim' must be an int, a tuple of ints or None, got {dim!r}")
     # operator.index specializes a symbolic dim, under dynamo too (int() keeps it symbolic there)

@@ -85,16 +85,16 @@ def single_fits(n: int) -> bool:
 
 
 def as_shape(op: str, name: str, value: object) -> list[int]:
-    """torch accepts an int or a sequence of ints for ``normalized_shape`` (numpy ints and 0-dim
-    tensors too); under torch.compile with dynamic shapes its ints may be symbolic
-    (``[x.shape[-1]]``)."""
-    one = as_int(value)
+    """torch accepts an int or a sequence of ints for ``normalized_shape`` (numpy ints and
+    one-element integer tensors too); under torch.compile with dynamic shapes its ints may be
+    symbolic (``[x.shape[-1]]``)."""
+    one = as_int(value, listed=True)
     if one is not None:
         return [one]
     if not isinstance(value, (torch.Size, list, tuple)):
         raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
                         f"got {type(value).__name__}")
-    ints = [as_int(v) for v in value]
+    ints = [as_int(v, listed=True) for v in value]
     for position, (v, given) in enumerate(zip(ints, value)):
         if v is None:
             raise TypeError(f"{op}: argument '{name}' must be an int or a sequence of ints, "
