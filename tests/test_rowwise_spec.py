@@ -182,6 +182,13 @@ def test_spec_error(what, old, new, key, words):
     assert words in info.value.message, str(info.value)
 
 
+def test_a_chunked_programs_column_rows_put_the_sums_before_their_carries():
+    plan = family.plan(parse(GOOD.replace(
+        'rsqrt(var + eps) * weight"', 'rsqrt(var + eps) * weight"\n[columns]\na = "x"\nb = "x * x"', 1)))
+    assert plan.chunked_part_rows == 4
+    assert plan.chunked_column_rows == (("a", 0, 2), ("b", 1, 3))
+
+
 def test_keepdim_shapes_the_per_row_outputs_on_the_host_only():
     text = (SOFTMAX.replace('dim = { kind = "int", default = -1 }',
                             'dim = { kind = "int", default = -1 }\n'

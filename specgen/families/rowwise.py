@@ -800,6 +800,18 @@ class RowwisePlan(CommonPlan):
         return ", ".join(f"{c}_sum" for c in self.column_out_names)
 
     @property
+    def chunked_part_rows(self) -> int:
+        """Rows of N in a chunked program's part of the column workspace: each output's running
+        sum, then each one's carry (``rowwise.LaunchPlan.column_workspace`` allocates them)."""
+        return 2 * len(self.columns)
+
+    @property
+    def chunked_column_rows(self) -> tuple[tuple[str, int, int], ...]:
+        """Each column output with its sum's row and its carry's row in that part."""
+        count = len(self.columns)
+        return tuple((c.name, i, count + i) for i, c in enumerate(self.columns))
+
+    @property
     def launch_params(self) -> str:
         names = [t.name for t in self.inputs] + [a.name for a in self.kernel_scalars]
         names += [c.name for c in self.choices] + list(self.output_names) + ["reduced"]

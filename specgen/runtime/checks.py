@@ -120,11 +120,9 @@ def as_int(value: object, tensors: bool = True, listed: bool = False) -> int | t
     if type(value) is int or isinstance(value, torch.SymInt):
         return value   # the common case first; a symbolic int stays symbolic (also under dynamo)
     if isinstance(value, torch.Tensor):
-        if not tensors or value.is_floating_point() or value.is_complex():
-            return None
-        if listed:
-            return int(value.item()) if value.numel() == 1 else None
-        return int(value) if value.dim() == 0 and value.dtype != torch.bool else None
+        integral = not (value.is_floating_point() or value.is_complex())
+        taken = value.numel() == 1 if listed else value.dim() == 0 and value.dtype != torch.bool
+        return int(value) if tensors and integral and taken else None
     # numpy's ints are Integral, its bool is not; tested before converting, as dynamo cannot
     # trace an operator.index that raises
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
