@@ -295,26 +295,25 @@ def test_every_thread_gets_the_launch_allocator_and_a_users_is_kept():
     # triton's launch-time allocator (global memory a kernel asks for, such as the TMA matmul's
     # descriptors) lives in a context variable that a new thread starts without
     from triton.runtime import _allocation
-    # by module path: the package's attribute `launch` is the function of that name
-    launch_module = importlib.import_module("specgen.runtime.launch")
+    from specgen.runtime import context
     found = {}
 
     def fresh():
-        launch_module.ensure_allocator()
+        context.ensure_allocator()
         found["fresh"] = _allocation._allocator.get()
 
     def users():
         def mine(size, alignment, stream):
             return torch.empty(size, dtype=torch.int8)
         triton.set_allocator(mine)
-        launch_module.ensure_allocator()
+        context.ensure_allocator()
         found["users"] = (_allocation._allocator.get(), mine)
 
     for body in (fresh, users):
         thread = threading.Thread(target=body)
         thread.start()
         thread.join()
-    assert found["fresh"] is launch_module._scratch
+    assert found["fresh"] is context._scratch
     assert found["users"][0] is found["users"][1]
 
 

@@ -6,8 +6,8 @@ from specgen.runtime.autograd import (differentiable_call, differentiate_by_refe
 from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, as_scalar, broadcast_shape,
                                     check_choice, check_dtype_arg, check_no_grad, check_out,
                                     check_outs_disjoint, check_tensor_types, check_tensors)
-from specgen.runtime.launch import (configs, interpreting, launch, note_launch, override,
-                                    record_launches, runs_eagerly, untraced, use_int64)
+from specgen.runtime.launch import configs, launch, use_int64
+from specgen.runtime.context import interpreting, note_launch, override, record_launches, runs_eagerly, untraced
 from specgen.runtime.layout import next_power_of_2
 from specgen.runtime.registry import ArgInfo, OpInfo
 from specgen.runtime import autocast, replay

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specgen.runtime.launch import transforms_active
+from specgen.runtime.context import transforms_active
 
 
 def _save(ctx, args: Sequence[object]) -> None:

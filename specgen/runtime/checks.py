@@ -10,7 +10,7 @@ import torch
 from torch._C._functorch import TransformType
 from torch.autograd import forward_ad
 
-from specgen.runtime.launch import interpreting, transforms_active
+from specgen.runtime.context import interpreting, transforms_active
 from specgen.runtime.layout import broadcast_shapes, has_internal_overlap, storage_span
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides,
-                                    plan_cache)
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, plan_cache
+from specgen.runtime.context import overrides
 from specgen.runtime.layout import span
 
 # programs per multiprocessor: a 128k-vocabulary row is 256 KB of bf16, so one row per program

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
-import os
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import torch
 import triton
-from torch.autograd import forward_ad
 from torch.library import wrap_triton
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import _disable_current_modes
-from triton.runtime import _allocation
 
 from specgen.runtime import replay
+from specgen.runtime.context import (ensure_allocator, interpreting, launch_logs, overrides,
+                                     untraced)
 from specgen.runtime.layout import span, storage_span
 
 T = TypeVar("T")
@@ -28,86 +23,6 @@ INT32_MAX = 2**31 - 1
 PERSISTENT_PROGRAMS_PER_SM = 4
 # the multiprocessor count assumed where there is no GPU: an H100's (and an H200's)
 NOMINAL_SMS = 132
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Knobs the test suite turns to reach every specialization on small inputs.
-
-    Frozen and hashable, so launch-plan caches key on it directly (a mapping ``config`` does not
-    hash: such calls take the uncached path)."""
-
-    indexing: str | None = None      # force "int32" or "int64" over the spec's choice
-    launch: str | None = None        # force "flat" or "persistent"
-    max_programs: int | None = None  # cap a persistent grid (so a tiny input still loops)
-    strategy: str | None = None      # force a family's strategy (e.g. a reduction's)
-    # plan a row-wise split for chunks this wide rather than the widest (tiny rows then take
-    # several splits a row, and the second stage combines several partials)
-    split_chunk: int | None = None
-    poison: bool = False             # fill every allocation with NaN first (replay.empty)
-    # run config number k of an autotuned kernel (of those its early_config_prune keeps), no
-    # tuning; or a mapping of meta-parameters, in the space or not (small tiles on small inputs)
-    config: int | Mapping[str, int] | None = None
-
-
-_overrides = Overrides()
-
-
-@contextlib.contextmanager
-def override(**knobs) -> Iterator[None]:
-    """``with override(indexing="int64"):`` runs the enclosed launches with forced choices."""
-    global _overrides
-    saved = _overrides
-    _overrides = Overrides(**{**saved.__dict__, **knobs})
-    try:
-        yield
-    finally:
-        _overrides = saved
-
-
-def overrides() -> Overrides:
-    return _overrides
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A launch decision (``kernel``: the strategy or kernel kind the launcher chose) and the
-    names of the jit functions it then started (``kernels``, filled in by ``launch``)."""
-
-    op: str
-    kernel: str
-    index_bits: int
-    details: Mapping[str, object] = field(default_factory=dict)
-    kernels: list[str] = field(default_factory=list)
-
-
-_launch_logs: list[list[Launch]] = []
-
-
-@contextlib.contextmanager
-def record_launches() -> Iterator[list[Launch]]:
-    """Collects a ``Launch`` for every kernel started inside the block (tests and tools)."""
-    log: list[Launch] = []
-    _launch_logs.append(log)
-    try:
-        yield log
-    finally:
-        _launch_logs.remove(log)
-
-
-def launches_watched() -> bool:
-    """Whether a ``record_launches`` block is open (replays are off then: the log must see the
-    launch decisions)."""
-    return bool(_launch_logs)
-
-
-def note_launch(op: str, kernel: str, index_64: bool, **details) -> None:
-    for log in _launch_logs:
-        log.append(Launch(op, kernel, 64 if index_64 else 32, details))
 
 
 def use_int64(op: str, indexing: str, tensors: Mapping[str, torch.Tensor], max_tile: int) -> bool:
@@ -122,7 +37,7 @@ def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int
     tensor plus one tile of masked lanes past the end. ``indexing`` is the spec's choice ("auto",
     "int32" or "int64"), possibly overridden by the test suite.
     """
-    mode = _overrides.indexing or indexing
+    mode = overrides().indexing or indexing
     # each span against the limit, joined by `|`: under torch.compile with dynamic shapes the
     # result stays an expression of the sizes, where picking the largest span first compared
     # sizes with each other (a guard, and a graph of its own each time it flips)
@@ -134,47 +49,6 @@ def choose_int64(op: str, indexing: str, spans: Mapping[str, int], max_tile: int
             f"{op}: indexing is forced to int32, but '{name}' spans {spans[name]:,} elements, "
             f"more than 2**31 - 1 can address; set indexing = \"auto\" or \"int64\" in the spec")
     return mode == "int64" or needs_64
-
-
-def untraced(tensors) -> bool:
-    """Plain tensors, and nothing tracing (``tracing``)."""
-    return not tracing() and all(type(t) is torch.Tensor for t in tensors if t is not None)
-
-
-def tracing() -> bool:
-    """Whether something traces or rewrites calls: torch.compile/export, a dispatch mode, a
-    torch.func transform or forward-mode AD, or a function mode other than a default device.
-    (Under vmap the registered op batches; ``checks.check_tensor_types`` refuses the transforms
-    that differentiate.) A default-device context (``torch.set_default_device``,
-    ``with torch.device(...)``) does neither: it only places factory calls that name no device,
-    and every allocation of an implementation names one, so such calls keep the direct path and
-    their replays."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or transforms_active()):
-        return True
-    if not torch._C._is_torch_function_mode_enabled():
-        return False
-    return not all(type(mode) is DeviceContext for mode in _get_current_function_mode_stack())
-
-
-def transforms_active() -> bool:
-    """Whether a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD level is active:
-    one call and one attribute read, cheap enough for every call."""
-    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
-
-
-def runs_eagerly(*tensors: torch.Tensor | None) -> bool:
-    """True when nothing traces or differentiates this call, so a generated function may run its
-    op's implementation directly and skip the dispatcher (some 40 us a call).
-
-    torch.compile and export, dispatch and function modes and tensor subclasses (fake tensors
-    among them) go through ``torch.ops.specgen.*`` instead; eager autograd (``untraced`` but
-    an input requires grad) runs the implementation inside an ``autograd.Function``
-    (``differentiable_call``), also without the dispatcher.
-    """
-    if not untraced(tensors):
-        return False
-    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
 def plan_cache(plan: Callable[..., T]) -> Callable[..., T]:
@@ -206,11 +80,12 @@ def multiprocessors(device: torch.device) -> int:
 def max_programs(device: torch.device, launch: str,
                  per_sm: int = PERSISTENT_PROGRAMS_PER_SM) -> int:
     """The most programs a grid-stride launch starts: all tiles (flat) or ``per_sm`` per SM."""
-    launch = _overrides.launch or launch
+    forced = overrides()
+    launch = forced.launch or launch
     if launch == "flat":
         return INT32_MAX
-    if _overrides.max_programs is not None:
-        return _overrides.max_programs
+    if forced.max_programs is not None:
+        return forced.max_programs
     return per_sm * multiprocessors(device)
 
 
@@ -232,22 +107,6 @@ def configs(space: Sequence[Mapping[str, int]],
         configs.append(triton.Config(meta, num_warps=point.get("num_warps", 4),
                                      num_stages=point.get("num_stages", 1)))
     return configs
-
-
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global memory a kernel asks Triton for at launch (the TMA matmul's device-side
-    descriptors): triton's allocator protocol, served by torch's caching allocator, whose 512-byte
-    alignment covers any asked for."""
-    # the current device: launch() makes it the launch's tensors' own
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def ensure_allocator() -> None:
-    """Sets triton's launch-time allocator to torch's unless one is set. Triton keeps it in a
-    context variable, which every new thread starts without: checked before every launch (a
-    lookup), so a call from any thread finds it."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
 
 
 # (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner.
@@ -292,7 +151,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             with torch.cuda.device(device):
                 return launch(kernel, grid, *args, tune_key=tune_key, fp_fusion=fp_fusion,
                               **kwargs)
-    if _launch_logs:
+    if launch_logs():
         _note_kernel(kernel)
     ensure_allocator()
     # compile options: not part of any tuning key (traced launches leave them to Inductor)
@@ -311,8 +170,9 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         tuned = _tuned.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): nothing to look up
         key = tuned = None
-    if _overrides.config is not None:
-        config = forced_config(kernel, args, kwargs, _overrides.config)
+    forced = overrides().config
+    if forced is not None:
+        config = forced_config(kernel, args, kwargs, forced)
     elif direct and tuned is not None:
         config = tuned
     elif interpreting():
@@ -374,7 +234,7 @@ def _note_kernel(kernel) -> None:
     its op's decision (cross_entropy's target check) is not counted to another op's."""
     function = _function(kernel)
     op = function.__module__.rpartition(".")[2]
-    for log in _launch_logs:
+    for log in launch_logs():
         if log and log[-1].op == op:
             log[-1].kernels.append(function.__name__)
 

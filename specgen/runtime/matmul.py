@@ -20,8 +20,8 @@ import triton
 import triton.testing
 
 from specgen.runtime.checks import check_tensors, is_real
-from specgen.runtime.launch import (Overrides, interpreting, max_programs, multiprocessors,
-                                    overrides, untraced, use_int64)
+from specgen.runtime.launch import max_programs, multiprocessors, use_int64
+from specgen.runtime.context import Overrides, interpreting, overrides, untraced
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
 from specgen.runtime.pointwise import result_dtype
 from specgen.runtime.replay import empty, note_tuning, zeros

@@ -9,8 +9,8 @@ from typing import Callable, Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides,
-                                    plan_cache)
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, plan_cache
+from specgen.runtime.context import overrides
 from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
 from specgen.runtime.replay import empty

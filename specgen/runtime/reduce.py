@@ -17,8 +17,8 @@ import torch
 import triton
 
 from specgen.runtime.checks import as_int
-from specgen.runtime.launch import (choose_int64, grid_size, max_programs, overrides, plan_cache,
-                                    untraced)
+from specgen.runtime.launch import choose_int64, grid_size, max_programs, plan_cache
+from specgen.runtime.context import overrides, untraced
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
 from specgen.runtime.replay import persistent, zeros
 

@@ -29,7 +29,6 @@ the compiled kernel's launcher directly, as ``JITFunction.run`` does after its c
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import math
 import threading
@@ -40,9 +39,7 @@ import torch
 import triton
 from triton import knobs
 
-# launch.py imports this module; its names are looked up at call time. (By module path: the
-# package's attribute `launch` is the function of that name.)
-launch_state = importlib.import_module("specgen.runtime.launch")
+from specgen.runtime import context
 
 # signatures kept per op; past it the cache starts over (a workload with ever new shapes)
 CACHE_SIZE = 1024
@@ -105,7 +102,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
 
         def make():
             return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    if launch_state.overrides().poison:
+    if context.overrides().poison:
         # the test suite: NaN where no kernel writes (an int's minimum), so that a store a kernel
         # misses fails the comparison rather than passing on whatever the memory held. The
         # overrides key replays: a recording made here is replayed poisoned
@@ -201,7 +198,7 @@ class _Launch:
             args[position] = inputs[index] if source == "in" else buffers[index]
         compiled = self.compiled
         # a kernel that asks Triton for global memory at launch needs its allocator (per thread)
-        launch_state.ensure_allocator()
+        context.ensure_allocator()
         if compiled is not None and _no_launch_hooks() and torch._C._cuda_getDevice() == self.device:
             # what JITFunction.run does once it has found the compiled kernel; with no launch
             # hooks installed (profilers install some) there is no launch metadata to build
@@ -338,7 +335,7 @@ class Replays:
         return result
 
     def _key(self, tensors: Sequence[object], scalars: Sequence[object]) -> tuple | None:
-        if launch_state.launches_watched() or launch_state.tracing():
+        if context.launches_watched() or context.tracing():
             return None
         grad = torch.is_grad_enabled()
         signature = []
@@ -364,5 +361,5 @@ class Replays:
             if listed:
                 v = tuple((type(e), e) for e in v)
             values.append((type(v), v))
-        return (tuple(signature), repeats, tuple(values), launch_state.overrides(),
+        return (tuple(signature), repeats, tuple(values), context.overrides(),
                 self.state() if self.state is not None else None)

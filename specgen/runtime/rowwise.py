@@ -19,7 +19,8 @@ from torch._prims_common import suggest_memory_format
 
 from specgen.runtime import pointwise
 from specgen.runtime.checks import as_int
-from specgen.runtime.launch import multiprocessors, max_programs, overrides, untraced, use_int64
+from specgen.runtime.launch import multiprocessors, max_programs, use_int64
+from specgen.runtime.context import overrides, untraced
 from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
 from specgen.runtime.replay import empty, zeros
 
