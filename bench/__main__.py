@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, matmul, pointwise, reduce, rowwise
+from bench import harness, host, matmul, pointwise, reduce, rowwise
 
 # family -> cases(quick) -> list[harness.Case]. Each family gets its own `## family` section.
 FAMILIES = {
@@ -21,12 +21,15 @@ FAMILIES = {
     "matmul": matmul.cases,
     "rowwise": rowwise.cases,
 }
+# Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
+# host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is.
+SECTIONS = {"host": host.section}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", action="append", choices=FAMILIES, metavar="FAMILY",
-                        help=f"run only this family (repeatable; one of: {', '.join(FAMILIES)})")
+    parser.add_argument("--only", action="append", choices=[*FAMILIES, *SECTIONS], metavar="FAMILY",
+                        help=f"run only this family (repeatable; one of: {', '.join([*FAMILIES, *SECTIONS])})")
     parser.add_argument("--quick", action="store_true", help="16x smaller sizes, for smoke tests")
     parser.add_argument("--out", type=Path, default=Path("bench/RESULTS.md"),
                         help="markdown report; sections of families not run are kept (default: %(default)s)")
@@ -43,7 +46,10 @@ def main() -> None:
     print(f"copy bandwidth: {run.copy_gbps:.0f} GB/s", flush=True)
 
     sections = {}
-    for family in dict.fromkeys(args.only or FAMILIES):  # dedupe, keep order
+    for family in dict.fromkeys(args.only or [*FAMILIES, *SECTIONS]):  # dedupe, keep order
+        if family in SECTIONS:
+            sections[family] = SECTIONS[family](run)
+            continue
         rows = harness.run_cases(FAMILIES[family](args.quick))
         sections[family] = harness.format_section(family, rows, run)
 
