@@ -484,7 +484,7 @@ def test_forced_tma_runs_where_descriptors_fit_and_falls_back_elsewhere():
 
 
 def test_launch_plans_are_cached_on_metadata():
-    op = sys.modules["generated.mm"].OP
+    op = sys.modules["generated.mm"].LAYOUT
     a, b = randn(40, 33), randn(33, 20)
     plan = matmul.launch_plan(op, a, b)
     assert matmul.launch_plan(op, randn(40, 33), randn(33, 20)) is plan

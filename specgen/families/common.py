@@ -204,7 +204,7 @@ def arg_info_code(spec: OpSpec, promoted: tuple[str, ...] = ()) -> tuple[str, ..
                 fields.append("promotes=True")
         elif isinstance(arg, ChoiceArg):
             fields = [f'"{arg.name}"', '"choice"', f"default={arg.default!r}",
-                      f"choices={arg.values!r}"]
+                      f"choices={arg.values!r}", f"constexpr={arg.constexpr!r}"]
         else:
             fields = [f'"{arg.name}"', f'"{arg.type}"', f"default={arg.default!r}"]
             if arg.optional:

@@ -20,8 +20,9 @@ import triton
 import triton.testing
 
 from specgen.runtime.checks import check_tensors, is_real
-from specgen.runtime.launch import max_programs, multiprocessors, use_int64
-from specgen.runtime.context import Overrides, interpreting, overrides, untraced
+from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
+from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
+from specgen.runtime.op import Family, Op
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
 from specgen.runtime.pointwise import result_dtype
 from specgen.runtime.replay import empty, note_tuning, zeros
@@ -666,3 +667,75 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
                  for s in map(usable, plan.candidates)}
         chosen = _settled[key] = min(times, key=times.get)
     return chosen
+
+
+class Matmul(Family):
+    """Matmuls with fused epilogues; the description's ``launch`` is the op's ``OpLayout``.
+    Kernels: ``tile`` and ``tma`` (a tile of the output a program, the second reading A and B by
+    TMA), ``split`` and ``reduce`` (split-K partial sums, then their sum and the epilogue). The
+    tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and strides, the
+    op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional input."""
+
+    def replay_state(self) -> Callable[[], object]:
+        # float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
+        return precision_setting
+
+    def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        d = op.description
+        tensors = [args[i] for i in d.tensor_positions]
+        plan = launch_plan(d.launch, *tensors)
+        outs = tuple(empty(plan.shape, plan.dtype, tensors[0].device) for _ in d.outputs)
+        if not plan.empty:
+            _launch(op, plan, args, outs)
+        return outs[0] if len(outs) == 1 else outs
+
+
+FAMILY = Matmul()
+
+
+def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple) -> None:
+    d = op.description
+    layout: OpLayout = d.launch
+    named = {a.name: v for a, v in zip(d.args, args) if a.kind == "tensor"}
+    a, b = named[layout.a], named[layout.b]
+    strategy = settle(plan, tuple(named.values()), plan.tma_fits(a, b),
+                      lambda strategy: _run(op, strategy, plan, args, named, outs))
+    note_launch(op.name, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
+    _run(op, strategy, plan, args, named, outs)
+
+
+def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
+         named: Mapping[str, torch.Tensor | None], outs: tuple) -> None:
+    d = op.description
+    layout: OpLayout = d.launch
+    kernels = op.kernels
+    a, b = named[layout.a], named[layout.b]
+    epilogue = [named[name] for name, _, _ in layout.epilogue if name not in layout.outputs]
+    scalars = [v for arg, v in zip(d.args, args) if arg.kind in ("float", "int", "bool")]
+    flags = {arg.constexpr: v for arg, v in zip(d.args, args) if arg.kind == "choice"}
+    # an omitted optional input: its kernel flag (the family planner's Operand.flag) is off
+    flags.update({f"HAS_{arg.name.upper()}": v is not None for arg, v in zip(d.args, args)
+                  if arg.kind == "tensor" and arg.optional})
+    common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
+              "EVEN_K": plan.even_k}
+    # autotuning depends on the plan (sizes, layout) and the operands' dtype
+    tune_key = (plan, a.dtype)
+    if not strategy.split:
+        # the tile kernels take the same arguments; TMA's adds how its descriptors read A and B
+        tile_args = (a, b, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
+                     *plan.epilogue_strides, *scalars)
+        if strategy.kind == "tma":
+            batch = ({f"{layout.a}_stride_batch": plan.tma.a_batch,
+                      f"{layout.b}_stride_batch": plan.tma.b_batch} if layout.rank else {})
+            launch(kernels["tma"], plan.tma_grid, *tile_args, **flags, **common, **batch,
+                   **plan.tma.flags, tune_key=tune_key)
+        else:
+            launch(kernels["tile"], plan.grid, *tile_args, **flags, **common, tune_key=tune_key)
+        return
+    # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
+    space = workspace(strategy, plan.batch, plan.m, plan.n, a.device)
+    launch(kernels["split"], plan.grid, a, b, space, *plan.sizes, *plan.ab_strides,
+           SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
+    launch(kernels["reduce"], plan.reduce_grid, space, *epilogue, *outs, *plan.sizes[:2],
+           *plan.sizes[3:], *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
+           SLICES=space.shape[1], tune_key=tune_key)

@@ -1,4 +1,5 @@
-"""Element-wise launches: torch's type promotion and output layout, and cached launch plans."""
+"""The pointwise family's runtime: torch's type promotion and output layout, cached launch plans,
+and the implementation of its ops (``FAMILY``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from typing import Callable, Sequence
 import torch
 import triton
 
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, plan_cache
-from specgen.runtime.context import overrides
+from specgen.runtime.checks import (broadcast_shape, check_out, check_outs_disjoint,
+                                    check_tensors)
+from specgen.runtime.context import note_launch, overrides
+from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
+from specgen.runtime.op import Family, Op
 from specgen.runtime.replay import empty
 
 
@@ -94,4 +98,63 @@ def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device
     return LaunchPlan(False, index_64, space.sizes + strides, grid)
 
 
-__all__ = ["LaunchPlan", "Shape", "empty_output", "output_strides", "plan_launch", "result_dtype"]
+@dataclass(frozen=True)
+class Launch:
+    """A pointwise op's launch data (its description's ``launch``)."""
+
+    max_tile: int    # the widest tile a program may cover: masked lanes past the end form offsets
+    schedule: str    # "flat" (a program a tile) or "persistent" (a grid-stride loop)
+    rank: int        # collapsed dimensions the tiled kernel walks
+
+
+class Pointwise(Family):
+    """Element-wise ops: kernels ``dense`` (one flat offset serves every tensor) and ``tiled``
+    (any strides), each taking the inputs' pointers, then the outputs', the plan's sizes and
+    strides, the scalar arguments, then the choices as constexprs."""
+
+    takes_out = True
+
+    def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        inputs, shape, device = _checked(op, args)
+        dtype = result_dtype(inputs)
+        outs = tuple(empty_output(shape, dtype, device, inputs) for _ in op.description.outputs)
+        _launch(op, args, inputs, outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def run_out(self, op: Op, outs: tuple, args: tuple) -> None:
+        inputs, shape, device = _checked(op, args)
+        named = dict(zip(op.description.tensor_names, inputs))
+        for name, out in zip(op.description.outputs, outs):
+            check_out(op.name, name, out, shape, device, op.description.dtypes, named)
+        if len(outs) > 1:
+            check_outs_disjoint(op.name, dict(zip(op.description.outputs, outs)))
+        _launch(op, args, inputs, outs)
+
+
+FAMILY = Pointwise()
+
+
+def _checked(op: Op, args: tuple) -> tuple[list[torch.Tensor], tuple[int, ...], torch.device]:
+    d = op.description
+    tensors = {d.args[i].name: args[i] for i in d.tensor_positions}
+    device = check_tensors(op.name, tensors, d.dtypes)
+    return list(tensors.values()), broadcast_shape(op.name, tensors), device
+
+
+def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple) -> None:
+    d = op.description
+    spec: Launch = d.launch
+    plan = plan_launch(op.name, d.indexing, (*d.outputs, *d.tensor_names), [*outs, *inputs],
+                       max_tile=spec.max_tile, launch=spec.schedule, rank=spec.rank)
+    if plan is None:
+        return  # some dimension is 0: nothing to compute
+    note_launch(op.name, "dense" if plan.dense else "tiled", plan.index_64)
+    scalars = [args[i] for i, a in enumerate(d.args) if a.kind in ("float", "int", "bool")]
+    choices = {a.constexpr: args[i] for i, a in enumerate(d.args) if a.kind == "choice"}
+    dtypes = tuple(t.dtype for t in (*inputs, *outs))
+    launch(op.kernels["dense" if plan.dense else "tiled"], plan.grid, *inputs, *outs, *plan.args,
+           *scalars, **choices, INDEX_64=plan.index_64, tune_key=(plan, dtypes))
+
+
+__all__ = ["FAMILY", "Launch", "LaunchPlan", "Shape", "empty_output", "output_strides",
+           "plan_launch", "result_dtype"]

@@ -16,11 +16,12 @@ from typing import Sequence
 import torch
 import triton
 
-from specgen.runtime.checks import as_int
-from specgen.runtime.launch import choose_int64, grid_size, max_programs, plan_cache
-from specgen.runtime.context import overrides, untraced
+from specgen.runtime.checks import as_int, check_tensors
+from specgen.runtime.context import note_launch, overrides, untraced
+from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
-from specgen.runtime.replay import persistent, zeros
+from specgen.runtime.op import Family, Op
+from specgen.runtime.replay import empty, persistent, zeros
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
 # (reduce_lib.strided_offsets takes four sizes and strides)
@@ -388,3 +389,103 @@ def fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:
         return fitting
     smallest = min(c.kwargs["BLOCK_K"] * c.kwargs["BLOCK_R"] for c in configs)
     return [c for c in configs if c.kwargs["BLOCK_K"] * c.kwargs["BLOCK_R"] == smallest]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A reduce op's launch data (its description's ``launch``)."""
+
+    combine: str                    # sum, prod, max, min, argmax, argmin
+    schedule: str                   # "flat" or "persistent"
+    split_block_k: dict[str, int]   # the narrowest output tile of each tile family
+    max_tile: int                   # the widest tile a program may cover
+
+    @property
+    def index(self) -> bool:
+        return self.combine in INDEX_COMBINES
+
+
+class Reduce(Family):
+    """Reductions of the op's tensor (its first argument) over ``dim`` (its second), ``keepdim``
+    third. Kernels: ``inner`` and ``outer`` (two tile families of one kernel), and for a sum
+    ``atomic_inner`` and ``atomic_outer`` (the same, zeroing their partials between tuning
+    trials). Each takes x, out and two workspace pointers (two more for an index reduction),
+    the op's float, int and bool scalars but keepdim, then the level's sizes and strides."""
+
+    def spell_out(self, op: Op, args: tuple) -> tuple:
+        x, dim = args[0], args[1]
+        if op.description.launch.index:
+            if dim is not None:
+                normalize_dims(op.name, dim, x.dim(), single=True)
+            return args
+        # the registered op takes a list of ints: check and spell out an int or a tuple here
+        dim = None if every_dim(dim) else list(normalize_dims(op.name, dim, x.dim()))
+        return (x, dim, *args[2:])
+
+    def run(self, op: Op, args: tuple) -> torch.Tensor:
+        d = op.description
+        spec: Launch = d.launch
+        x, dim, keepdim = args[:3]
+        name = d.args[0].name
+        device = check_tensors(op.name, {name: x}, d.dtypes)
+        dims = normalize_dims(op.name, dim, x.dim(), single=spec.index)
+        if spec.combine not in ("sum", "prod"):
+            check_nonempty(op.name, name, x, dims, dim, spec.index)
+        dtype_arg = next((v for a, v in zip(d.args, args) if a.kind == "dtype"), None)
+        # torch returns reductions contiguous, and indices as int64
+        dtype = torch.int64 if spec.index else x.dtype if dtype_arg is None else dtype_arg
+        out = empty(output_shape(x.shape, dims, keepdim), dtype, device)
+        scalars = tuple(v for a, v in zip(d.args[3:], args[3:]) if a.kind in ("float", "int", "bool"))
+        _launch(op, name, x, dims, keepdim, scalars, out)
+        return out
+
+
+FAMILY = Reduce()
+
+
+def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
+            scalars: tuple, out: torch.Tensor) -> None:
+    spec: Launch = op.description.launch
+    plan = plan_launch(op.name, op.description.indexing, spec.schedule, spec.combine, spec.index,
+                       spec.split_block_k, spec.max_tile, name, x, out, dims, keepdim)
+    if plan is None:
+        return  # the output is empty: nothing to compute
+    strategy = plan.strategy
+    dtypes = (x.dtype, out.dtype)
+    kernels = op.kernels
+
+    def run(kernel, level: Level, pointers: tuple) -> None:
+        launch(kernel, level.grid, *pointers, *scalars, *level.args, KEPT_DIMS=level.kept_dims,
+               RED_DIMS=level.red_dims, STAGE=level.stage, LEVEL=level.level,
+               INDEX_64=plan.index_64, tune_key=(plan, level, dtypes))
+
+    if plan.counters:
+        # one launch: partials, and the last program of each output tile combines them into out
+        part = empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
+        counters = launch_counters(x, plan.counters)
+        note_launch(op.name, strategy.name, plan.index_64, splits=strategy.splits)
+        run(kernels[strategy.tiles], plan.first, (x, out, part, counters))
+        return
+    if plan.second is None:
+        note_launch(op.name, strategy.name, plan.index_64)
+        run(kernels[strategy.tiles], plan.first, (x, out, out, out) + (out, out) * spec.index)
+        return
+    if spec.combine == "sum":
+        atomic = strategy.name == "atomic"
+        part = (zeros if atomic else empty)((plan.part_rows, plan.num_kept), torch.float32,
+                                            x.device)
+        note_launch(op.name, strategy.name, plan.index_64, splits=strategy.splits)
+        run(kernels[("atomic_" if atomic else "") + strategy.tiles], plan.first,
+            (x, out, part, part))
+        second = (part, out, part, part)
+    else:
+        part = empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
+        note_launch(op.name, strategy.name, plan.index_64, splits=plan.part_rows)
+        if spec.index:
+            part_index = empty((plan.part_rows, plan.num_kept), torch.int64, x.device)
+            run(kernels[strategy.tiles], plan.first, (x, out, part, part, out, part_index))
+            second = (part, out, part, part, part_index, part_index)
+        else:
+            run(kernels[strategy.tiles], plan.first, (x, out, part, part))
+            second = (part, out, part, part)
+    run(kernels[plan.second.tiles], plan.second, second)

@@ -24,6 +24,7 @@ class ArgInfo:
     high: float = 3.0
     dims: tuple[str, ...] = ()      # named dims, for families whose operands have fixed ranks
     promotes: bool = False          # a matmul epilogue operand of its own dtype ([epilogue] promote)
+    constexpr: str = ""             # a choice's name in the kernels (a constexpr)
 
 
 @dataclass(frozen=True)
