@@ -81,8 +81,10 @@ class Family:
     takes_out = False
 
     def run(self, op: Op, args: tuple) -> Any:
-        """The implementation: checks, allocations and launches; the outputs."""
-        raise NotImplementedError
+        """The implementation: checks, allocations and launches; the outputs. By default the
+        generated module's own (``Op``'s ``implementation``: row-wise ops, whose launches
+        their template still writes out)."""
+        return op.implementation(*args)
 
     def run_out(self, op: Op, outs: tuple, args: tuple) -> None:
         """The ``out=`` implementation, where ``takes_out``."""
@@ -99,16 +101,20 @@ class Family:
         return None
 
     def backward(self, op: Op) -> Callable | None:
-        """A derived backward for eager calls (``differentiable_call``), or None."""
-        return None
+        """A derived backward for eager calls (``differentiable_call``): by default the
+        generated module's (``Op``'s ``backward``), if any."""
+        return op.backward
 
 
 class Op:
     """A generated op: its public function, registered operators, replays and description."""
 
     def __init__(self, description: OpDescription, family: Family, kernels: Mapping[str, Any],
-                 reference: Callable, module: str) -> None:
+                 reference: Callable, module: str, implementation: Callable | None = None,
+                 backward: Callable | None = None) -> None:
         self.description = d = description
+        self.implementation = implementation
+        self.backward = backward
         self.name = d.name
         self.family = family
         self.kernels = dict(kernels)

@@ -22,6 +22,7 @@ from specgen.runtime.checks import as_int
 from specgen.runtime.launch import multiprocessors, max_programs, use_int64
 from specgen.runtime.context import overrides, untraced
 from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
+from specgen.runtime.op import Family, Op
 from specgen.runtime.replay import empty, zeros
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
@@ -480,3 +481,18 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
             _plans.clear()
         _plans[key] = plan
     return plan
+
+
+class Rowwise(Family):
+    """Row-wise ops: their generated module writes out the implementation (the checks of the
+    rows, the outputs' allocation, the launches of each strategy) and, where the spec derives
+    one, the backward its eager calls take; normalized shapes are spelled out as lists here."""
+
+    def spell_out(self, op: Op, args: tuple) -> tuple:
+        if not any(a.kind == "shape" for a in op.description.args):
+            return args
+        return tuple(as_shape(op.name, a.name, v) if a.kind == "shape" else v
+                     for a, v in zip(op.description.args, args))
+
+
+FAMILY = Rowwise()

@@ -197,7 +197,7 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
 
     from specgen.runtime.rowwise import COL_RANK, ROW_RANK
 
-    floats = {arg.name for arg in module.ARGS if arg.kind == "float"}
+    floats = {arg.name for arg in module.DESCRIPTION.args if arg.kind == "float"}
     done = []
     for name, kernel in sorted(vars(module).items()):
         if not name.endswith("_kernel"):
