@@ -6,6 +6,7 @@ from specgen.runtime.autograd import (differentiable_call, differentiate_by_refe
 from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, as_scalar, broadcast_shape,
                                     check_choice, check_dtype_arg, check_no_grad, check_out,
                                     check_outs_disjoint, check_tensor_types, check_tensors)
+from specgen.runtime.cross_entropy import validating
 from specgen.runtime.launch import (configs, interpreting, launch, note_launch, override,
                                     record_launches, runs_eagerly, untraced, use_int64)
 from specgen.runtime.layout import next_power_of_2
@@ -19,5 +20,6 @@ __all__ = [
     "check_tensor_types", "check_tensors", "configs", "differentiable_call",
     "differentiate_by_reference", "empty", "full", "interpreting", "launch", "next_power_of_2",
     "note_launch", "op_function", "override", "record_launches", "reference_grads",
-    "reference_vjp", "replay", "runs_eagerly", "sibling", "untraced", "use_int64", "zeros",
+    "reference_vjp", "replay", "runs_eagerly", "sibling", "untraced", "use_int64", "validating",
+    "zeros",
 ]
