@@ -344,7 +344,10 @@ def test_cross_entropy_rejects_bad_targets_and_shapes():
     logits = torch.randn(5, 11)
     for bad in (11, -1):
         target = torch.tensor([0, 1, bad, 3, 4])
-        with pytest.raises(ValueError, match=rf"target\[2\] is {bad}, outside \[0, 11\)"):
+        # a bad target raises in validating mode only (by default its row's loss is NaN:
+        # tests/test_cross_entropy_targets.py)
+        with runtime.validating(), \
+                pytest.raises(ValueError, match=rf"target\[2\] is {bad}, outside \[0, 11\)"):
             generated.cross_entropy(logits, target)
     with pytest.raises(TypeError, match="class indices"):
         generated.cross_entropy(logits, torch.zeros(5))
@@ -381,20 +384,21 @@ def test_split_fills_the_gpu_with_the_narrowest_tile():
 
 
 def test_cross_entropy_target_check_on_every_path():
-    # the check kernel runs before the loss kernel and the host reads its verdict while the loss
-    # kernel runs: first, recorded and replayed eager calls, autograd and the registered op raise
+    # in validating mode (the whole test runs under it) the check kernel runs before the loss
+    # kernel and the host reads its verdict while the loss kernel runs: first, recorded and
+    # replayed eager calls, autograd and the registered op raise
     logits = torch.randn(5, 11)
     good = torch.tensor([0, 1, 2, 3, -100])
     bad = torch.tensor([0, 1, 11, 3, -100])
     message = r"target\[2\] is 11, outside \[0, 11\) and not ignore_index \(-100\)"
-    with runtime.replay.record_at_once():
+    with runtime.validating(), runtime.replay.record_at_once():
         for _ in range(3):
             generated.cross_entropy(logits, good)
             with pytest.raises(ValueError, match=message):
                 generated.cross_entropy(logits, bad)
         with pytest.raises(ValueError, match=message):
             generated.cross_entropy(logits.clone().requires_grad_(), bad)
-    with pytest.raises(ValueError, match=message):
+    with runtime.validating(), pytest.raises(ValueError, match=message):
         generated.REGISTRY["cross_entropy"].op(logits, bad, None, -100, "mean", 0.0)
 
 

@@ -93,9 +93,10 @@ def test_differentiated_calls_replay_their_forward():
 
 
 def test_cross_entropy_checks_targets_on_a_replay():
+    # in validating mode (this test runs under it) a replayed call checks its targets too
     logits = _randn(6, 11)
     target = torch.randint(0, 11, (6,), device=testing.device())
-    with replay.record_at_once():
+    with runtime.validating(), replay.record_at_once():
         for _ in range(2):  # the first call may autotune, which is not recorded
             generated.cross_entropy(logits, target)
         before = _replayed("cross_entropy")

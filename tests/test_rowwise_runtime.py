@@ -87,15 +87,19 @@ def test_forced_strategy_is_the_one_launched(strategy):
 
 
 def test_a_kernel_counts_to_its_own_ops_launch():
-    # cross_entropy checks its targets with a kernel before its own launch decision: that kernel
-    # must not be counted to the softmax launched before it
+    # cross_entropy checks its targets with a kernel before its loss's launch decision (in
+    # validating mode, which this test runs under): that kernel must not be counted to the
+    # softmax launched before it
     x = randn(3, 40)
-    with runtime.record_launches() as launches:
+    with runtime.validating(), runtime.record_launches() as launches:
         generated.softmax(x, -1)
         generated.cross_entropy(x, torch.tensor([0, 5, 39], device=x.device))
     assert launches[0].op == "softmax"
     assert launches[0].kernels == ["_softmax_single_kernel"]
     assert all(k.startswith("_cross_entropy") for launch in launches[1:] for k in launch.kernels)
+    # the check is a launch decision of its own, with its kernel
+    assert (launches[1].op, launches[1].kernel, launches[1].kernels) == (
+        "cross_entropy", "targets", ["_cross_entropy_targets_kernel"])
 
 
 @pytest.mark.parametrize("strategy", ["single", "looped", "online"])

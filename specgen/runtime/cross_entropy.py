@@ -1,10 +1,20 @@
-"""Row-wise launches of the cross_entropy family (one program per row, grid-stride over rows) and
-the eager target check."""
+"""Row-wise launches of the cross_entropy family (one program per row, grid-stride over rows),
+the validating mode and its eager target check.
+
+By default no call reads anything back from the device: a row whose target is neither a class
+nor ignore_index gets a NaN loss and a NaN gradient row. In validating mode (``validating()``, or
+``SPECGEN_VALIDATE=1`` in the environment) an eager call also runs a target-check kernel and
+reads its verdict, raising for the first bad row: a device-to-host sync, by design.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -44,9 +54,49 @@ def _plan(op, indexing, max_tile, n_rows, metas, _overrides, device) -> RowsLaun
     return RowsLaunch(index_64, (grid_size(n_rows, cap),))
 
 
+# the environment variable that turns validating mode on for the whole process ("1", or any value
+# but "" and "0"); read once, when this module is imported: a call must not pay for reading it
+VALIDATE_ENV = "SPECGEN_VALIDATE"
+
+
+def _validate_from_environment() -> bool:
+    return os.environ.get(VALIDATE_ENV, "").strip() not in ("", "0")
+
+
+_environment_validates = _validate_from_environment()
+# set by ``validating``; None: the environment decides. A context variable, so that a block in one
+# thread (or task) does not switch another's calls
+_validating: ContextVar[bool | None] = ContextVar("specgen_validating", default=None)
+
+
+@contextlib.contextmanager
+def validating(enabled: bool = True) -> Iterator[None]:
+    """``with specgen.runtime.validating():`` eager calls inside the block check their arguments'
+    values on the device and raise for a bad one, reading the verdict back (a sync per call).
+
+    Today that is cross_entropy's targets: a target outside [0, C) that is not ignore_index
+    raises ``ValueError("cross_entropy: target[i] is t, outside [0, C) and not ignore_index
+    (...)")``, where by default that row's loss and gradient are NaN. ``validating(False)`` turns
+    the mode off inside the block, over ``SPECGEN_VALIDATE=1``. Traced calls (torch.compile)
+    never read back: they give the NaN in either mode.
+    """
+    token = _validating.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _validating.reset(token)
+
+
+def validates() -> bool:
+    """Whether calls now run in validating mode (``validating``, else ``SPECGEN_VALIDATE``)."""
+    forced = _validating.get()
+    return _environment_validates if forced is None else forced
+
+
 class TargetVerdict:
     """The target-check kernel's verdict (first bad row + 1, or 0; then that row's target), read
-    without waiting for the kernels queued after it.
+    without waiting for the kernels queued after it. Validating mode only: by default no call
+    makes one.
 
     On a GPU the two words are copied to pinned host memory right after the check kernel and an
     event is recorded there; ``check`` waits on that event only, so the host reads the verdict

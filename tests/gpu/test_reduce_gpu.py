@@ -183,13 +183,18 @@ def test_sum_atomic_compiled_full_reduction():
     torch.testing.assert_close(result.double(), x.double().sum(), rtol=1e-4, atol=1e-3)
 
 
-def test_cross_entropy_bad_target_raises_eagerly_and_is_nan_compiled():
+def test_cross_entropy_bad_target_raises_when_validating_and_is_nan_otherwise():
     logits = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
     target = torch.randint(0, 1000, (64,), device="cuda")
     target[5] = 1000
-    with pytest.raises(ValueError, match=r"target\[5\] is 1000"):
+    # validating mode: the eager call reads the check kernel's verdict (through pinned memory)
+    with runtime.validating(), pytest.raises(ValueError, match=r"target\[5\] is 1000"):
         generated.cross_entropy(logits, target)
-    # a compiled graph cannot sync to read the flag: the loss says it instead
+    # by default nothing is read back: the loss says it, eager and compiled (a compiled graph
+    # never syncs to read the flag, validating or not)
+    assert torch.isnan(generated.cross_entropy(logits, target))
     torch._dynamo.reset()
-    loss = torch.compile(lambda l, t: generated.cross_entropy(l, t), fullgraph=True)(logits, target)
+    with runtime.validating():
+        loss = torch.compile(lambda l, t: generated.cross_entropy(l, t), fullgraph=True)(logits,
+                                                                                        target)
     assert torch.isnan(loss)

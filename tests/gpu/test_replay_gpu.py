@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import generated
+from specgen import runtime
 from specgen.runtime import replay
 from specgen.runtime.cross_entropy import TargetVerdict
 
@@ -71,13 +72,14 @@ def test_replayed_calls_match_torch(name):
 
 def test_under_a_default_cuda_device_on_a_new_thread():
     # torch.set_default_device("cuda") keeps the direct path and replays: cross_entropy's pinned
-    # verdict buffer, made on a thread's first call, must still be a host tensor, and the calls
-    # replay as without the context
+    # verdict buffer (validating mode, which the thread turns on: the mode does not pass to a new
+    # thread), made on a thread's first call, must still be a host tensor, and the calls replay
+    # as without the context
     failures, replayed = [], []
 
     def work():
         try:
-            with torch.device("cuda"):
+            with runtime.validating(), torch.device("cuda"):
                 op = generated.REGISTRY["cross_entropy"]
                 before = op.replays.replayed
                 for _ in range(4):
