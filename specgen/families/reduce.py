@@ -42,7 +42,8 @@ SCALAR_KINDS = ("float", "int", "bool")
 # declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
-    "inner_kernel", "outer_kernel", "reduction",  # its imports
+    "inner_kernel", "outer_kernel", "atomic_inner_kernel", "atomic_outer_kernel",  # its kernels
+    "reduction",  # its imports
     "acc", "acc_index", "atomic", "count", "counter_ptr", "counters", "dim", "dims", "dtypes",
     "keepdim", "kept", "kept_mask", "kept_size_", "kept_tile", "kept_tiles", "kernel", "key",
     "level", "n_float", "num_kept", "num_red", "num_splits", "out", "out_kept_stride_",

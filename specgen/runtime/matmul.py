@@ -682,7 +682,9 @@ class Matmul(Family):
 
     def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
         d = op.description
-        tensors = [args[i] for i in d.tensor_positions]
+        named = {a.name: v for a, v in zip(d.args, args) if a.kind == "tensor"}
+        # in the layout's order (A, B, then the epilogue's), which may not be the signature's
+        tensors = [named[name] for name, _ in d.launch.dims]
         plan = launch_plan(d.launch, *tensors)
         outs = tuple(empty(plan.shape, plan.dtype, tensors[0].device) for _ in d.outputs)
         if not plan.empty:

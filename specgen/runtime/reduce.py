@@ -354,7 +354,13 @@ _retired: list[torch.Tensor] = []
 def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     """At least ``count`` zeroed ticket counters for the current stream of ``device`` (allocated
     once, grown as needed). A replayed call looks them up again, on its own stream."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    return persistent(_stream_counters(device, count), lambda: _stream_counters(device, count))
+
+
+def _stream_counters(device: torch.device, count: int) -> torch.Tensor:
+    # the raw stream query (Triton's own): torch.cuda.current_stream builds a Stream object,
+    # several microseconds of a replayed call
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None
     counters = _counters.get((device, stream))
     if counters is None or counters.numel() < count:
         if counters is not None:
@@ -362,7 +368,7 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
         size = max(count, 1024, 2 * counters.numel() if counters is not None else 0)
         counters = torch.zeros(size, dtype=torch.int32, device=device)
         _counters[device, stream] = counters
-    return persistent(counters, lambda: tile_counters(device, count))
+    return counters
 
 
 def launch_counters(x: torch.Tensor, count: int) -> torch.Tensor:

@@ -335,31 +335,42 @@ class Replays:
         return result
 
     def _key(self, tensors: Sequence[object], scalars: Sequence[object]) -> tuple | None:
-        if context.launches_watched() or context.tracing():
+        # every eager call computes this: the common cases first, no call that can be avoided
+        if context._launch_logs or context.tracing():
             return None
         grad = torch.is_grad_enabled()
         signature = []
-        ids = []
         for t in tensors:
             if t is None:
                 signature.append(None)
-                continue
-            if type(t) is not torch.Tensor or grad and t.requires_grad:
+            elif type(t) is not torch.Tensor or grad and t.requires_grad:
                 return None
-            signature.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-            ids.append(id(t))
+            else:
+                signature.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
         # one tensor passed as two arguments is recorded as one input (slots go by identity):
         # such a call has a signature of its own, its pattern of repeats
-        repeats = None if len(set(ids)) == len(ids) else tuple(map(ids.index, ids))
+        repeats = None
+        if len(tensors) > 1:
+            ids = [id(t) for t in tensors if t is not None]
+            if len(set(ids)) < len(ids):
+                repeats = tuple(map(ids.index, ids))
         values = []
         for v in scalars:
-            listed = type(v) in (list, tuple, torch.Size)
+            kind = type(v)
+            if kind in _PLAIN:
+                values.append((kind, v))
+                continue
+            listed = kind in (list, tuple, torch.Size)
             # a tensor given as a scalar (a 0-dim dim) hashes by identity, and its value may
             # change in place: such a call is not keyed
             if any(isinstance(e, torch.Tensor) for e in (v if listed else (v,))):
                 return None
             if listed:
                 v = tuple((type(e), e) for e in v)
-            values.append((type(v), v))
+            values.append((kind, v))
         return (tuple(signature), repeats, tuple(values), context.overrides(),
                 self.state() if self.state is not None else None)
+
+
+# scalar types whose value is its own key (the common scalars of a call)
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype})
