@@ -4,10 +4,10 @@
 # SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..5 runs one part of the tier (below).
 # The tier's time is mostly Triton and Inductor compiling on the host, one test after another.
 # pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
-# cores; WORKERS=0 runs them in one). The whole tier (about 1050 tests on 2026-11-25) outlasts one
-# 10-minute device call, so it runs in five groups, one call each (H200, 8 workers: the property
-# and gradient suites together took 8m53s on a machine that started cold, and 9m45s when a failing
-# case shrank for 7 minutes; groups 3-5 2m43s, 2m57s and 7m17s after them, warm).
+# cores; WORKERS=0 runs them in one). The whole tier outlasts one 10-minute device call, so it
+# runs in five groups, one call each (H200, 8 workers: the property and gradient suites together
+# took 8m53s on a machine that started cold, and 9m45s when a failing case shrank for 7 minutes;
+# groups 3-5 2m43s, 2m57s and 7m17s after them, warm).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
 set -uo pipefail

@@ -4,7 +4,7 @@ For every case of the chosen bench families (specgen and eager; torch.compile is
 ``python3 -m bench``): the do_bench median as the benchmark takes it, the host time of one call
 (no sync), and the device time of each kernel the call starts (torch.profiler).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/profile_cases.py [--only FAMILY ...]
+Usage (GPU machine): PYTHONPATH=. python3 tools/perf/profile_cases.py [--only FAMILY ...]
 [--match TEXT] [--cprofile N]; --match keeps the cases whose op contains TEXT, --cprofile prints
 the N functions of most cumulative host time in 20 calls of specgen's side (cProfile inflates
 Python frames: compare within one run).

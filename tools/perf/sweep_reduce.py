@@ -1,8 +1,8 @@
 """GPU sweep of the reduce and cross_entropy kernels: device time per forced variant.
 
-    PYTHONPATH=. python tools/sweep_reduce.py            # the bench shapes, about 2-3 minutes
-    PYTHONPATH=. python tools/sweep_reduce.py --quick    # fewer variants
-    PYTHONPATH=. python tools/sweep_reduce.py --part wide   # cross_entropy, wide or full only
+    PYTHONPATH=. python tools/perf/sweep_reduce.py            # the bench shapes, about 2-3 minutes
+    PYTHONPATH=. python tools/perf/sweep_reduce.py --quick    # fewer variants
+    PYTHONPATH=. python tools/perf/sweep_reduce.py --part wide   # cross_entropy, wide or full only
 
 One line per variant: the case, the forced strategy / config / program cap, the device time in us
 and its share of the speed of light (the case's bytes at the copy bandwidth measured here). Each

@@ -8,7 +8,7 @@ a call, then the lines of Inductor's wrapper that launch our kernels and the spe
 (`tt.divisibility`) it compiled them with, and the configs its autotuning chose for ours. With
 ``--code DIR`` each case's generated wrapper code is written there.
 
-Usage: PYTHONPATH=. python3 tools/compiled_ops.py [--code DIR] [--only SUBSTRING ...]
+Usage: PYTHONPATH=. python3 tools/perf/compiled_ops.py [--code DIR] [--only SUBSTRING ...]
 [--rounds N] [--compile-first]
 """
 
@@ -25,7 +25,7 @@ from torch._inductor.utils import run_and_get_code
 
 import generated
 from bench.harness import bench_ms
-from tools.profile_cases import host_us, kernels, launch_module
+from tools.perf.profile_cases import host_us, kernels, launch_module
 
 DTYPE = torch.bfloat16
 

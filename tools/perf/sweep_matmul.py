@@ -13,7 +13,7 @@ what the autotuner picks from the spec's space (the config it chose is printed).
 ``linear`` at the large shapes, with the configs that win, separates the GELU epilogue's cost
 from the layout's (it has linear_gelu's operands and batch loop, and no GELU).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/sweep_matmul.py [--only mm4096 ...] [--quick]
+Usage (GPU machine): PYTHONPATH=. python3 tools/perf/sweep_matmul.py [--only mm4096 ...] [--quick]
 [--no-graph: do_bench instead of CUDA graphs, host time included where it exceeds the kernels']
 """
 

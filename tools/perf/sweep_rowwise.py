@@ -19,7 +19,7 @@ For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in ben
 Columns: ``graph`` = do_bench median of a CUDA-graph replay of the op call (L2 flushed before each
 replay; the graph leaves out the host's launch path, so this is the kernels' device time);
 ``prof`` = torch.profiler device time of the kernels of one direct call, L2 warm (what
-tools/profile_cases.py reports; an 8x262144 case fits in L2); ``sol`` = bytes moved (x read, out
+tools/perf/profile_cases.py reports; an 8x262144 case fits in L2); ``sol`` = bytes moved (x read, out
 written, weight/bias read) over the measured copy bandwidth, and ``graph`` as a share of it.
 
 Reading it: the fastest single line per shape sets ``TILE_TARGET`` / ``ELEMENTS_PER_THREAD``
@@ -29,7 +29,7 @@ configs the tuner never picks can leave the family's default chunked space (``CH
 beats the flat one says ``launch_plan`` should cap that strategy's grid.
 
 Usage (GPU machine, one call, about 3 minutes, most of it compiling):
-    PYTHONPATH=. python3 tools/sweep_rowwise.py [--only OP ...] [--part single|chunked|split ...]
+    PYTHONPATH=. python3 tools/perf/sweep_rowwise.py [--only OP ...] [--part single|chunked|split ...]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Python alone), and cProfile's functions of most own time (``--cprofile N``).
 call between CUDA events), with the host's own time of the call beside the events' span, and a
 count of the calls that synchronize with the device (torch's sync debug mode).
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/probe_backward_host.py [--cprofile N] [--flushed]
+Usage (GPU machine): PYTHONPATH=. python3 tools/perf/probe_backward_host.py [--cprofile N] [--flushed]
 """
 
 import argparse
@@ -20,9 +20,6 @@ import torch
 
 import generated
 from specgen.runtime import replay
-# torch's softmax kernels in a Function (backward by its formula, no nested engine call), an
-# empty Function and ours in the least Python a Function needs
-from tools.probe_function_forms import Launch, TorchOps, View
 
 
 def host_us(fn, calls=50):
@@ -36,6 +33,47 @@ def host_us(fn, calls=50):
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / calls * 1e6
     return host, wall
+
+
+class View(torch.autograd.Function):
+    """An empty Function: the floor of any Python Function's forward + backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Launch(torch.autograd.Function):
+    """Our forward and derived backward ops, replayed, in the least Python a Function needs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return generated.softmax(x, -1)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return generated.softmax_backward(x, g, -1)
+
+
+class TorchOps(torch.autograd.Function):
+    """torch's softmax kernels in a Function: backward by its formula, no nested engine call."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch._softmax(x, -1, False)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        return torch._softmax_backward_data(g, y, -1, y.dtype)
 
 
 class Nested(torch.autograd.Function):

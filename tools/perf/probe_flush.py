@@ -7,10 +7,10 @@ under a read of the same 256 MB, which evicts as much but leaves every line clea
 share of the 85%-of-copy gap that belongs to the flush, and the share that belongs to a kernel,
 can be told apart. Each flush has its own copy bandwidth (the 1 GiB copy bench/ divides by),
 timed under it. Impls: torch's copy of the same bytes, our softmax / layer_norm / rms_norm,
-torch.compile of each, and the layer_norm tutorial form (tools/probe_memory.py), in ROUNDS
-interleaved rounds; each line gives the median of the rounds' medians and their range.
+torch.compile of each, and a tutorial-style layer_norm kernel with the generated numerics
+(``layer_norm_kernel`` below), in ROUNDS interleaved rounds; each line gives the median of the rounds' medians and their range.
 
-Usage (GPU machine): PYTHONPATH=. python3 tools/probe_flush.py [--rounds 7]
+Usage (GPU machine): PYTHONPATH=. python3 tools/perf/probe_flush.py [--rounds 7]
 """
 
 from __future__ import annotations
@@ -22,11 +22,45 @@ import statistics
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 
-from tools.probe_memory import DTYPE, N, ROWS, bench_us, layer_norm_kernel
+from specgen.kernel_lib import add_pairs
 
+ROWS, N = 32768, 1024
+DTYPE = torch.bfloat16
 FLUSH_BYTES = 256 * 10**6  # do_bench's buffer
 REPS = 300
+
+
+def bench_us(fn, sets) -> float:
+    """do_bench's median (its own zero-fill flush), input sets rotated, as bench/ times."""
+    for s in sets:
+        fn(*s)
+    torch.cuda.synchronize()
+    cycle = itertools.cycle(sets)
+    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=25, rep=100,
+                                   return_mode="median") * 1e3
+
+
+@triton.jit
+def layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, stride, eps, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, LOAD: tl.constexpr, STORE: tl.constexpr = ""):
+    # the generated single tile's numerics in the tutorial's form (no row loop, N a constexpr):
+    # mean, then the squared deviations with the mean correction (the sum of the deviations) in
+    # one tuple reduction
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    offs = rows * stride + cols
+    x = tl.load(x_ptr + offs, eviction_policy=LOAD).to(tl.float32)
+    mean = tl.sum(x, 1, keep_dims=True) / BLOCK_N
+    dev = x - mean
+    shift, m2 = tl.reduce((dev, dev * dev), 1, add_pairs, keep_dims=True)
+    mean += shift / BLOCK_N
+    rstd = tl.rsqrt(m2 / BLOCK_N + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    b = tl.load(b_ptr + cols).to(tl.float32)
+    tl.store(out_ptr + offs, ((x - mean) * rstd * w + b).to(out_ptr.dtype.element_ty),
+             eviction_policy=STORE)
 
 
 def timed_us(fn, sets, flush) -> float:
