@@ -23,7 +23,7 @@ def cases(quick: bool) -> list[Case]:
     out = [_case(op, rows, n, vectors, specgen, eager)
            for rows, n in shapes for op, _, vectors, specgen, eager in _OPS]
     # training at the square shape: the forward and the gradients of every input, in eager code
-    # through the ops' derived backward kernels (README, "Derived backward ops")
+    # through the ops' derived backward kernels (docs/families.md, "Derived backward ops")
     rows, n = shapes[0]
     out += [_case(f"{name} fwd+bwd", rows, n, vectors, specgen, eager, training=True)
             for _, name, vectors, specgen, eager in _OPS]

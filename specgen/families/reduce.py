@@ -132,7 +132,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
     outer = tile_pairs(tuning, "OUTER", ((64, 64), (64, 128), (128, 32), (128, 64), (256, 16),
                                          (512, 8)), "kept, reduced")
     # 16 warps: a full reduction's long splits reach 94% of copy bandwidth with them (H200 sweep,
-    # tools/sweep_reduce.py), 83% with 8
+    # tools/perf/sweep_reduce.py), 83% with 8
     num_warps = warps_list(tuning, (4, 8, 16))
     tuning.finish()
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))

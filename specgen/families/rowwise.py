@@ -44,13 +44,13 @@ N_SYMBOL = "N"
 # chunked kernels: elements of a chunk each thread holds (the config space keeps the CHUNK x
 # num_warps pairs in range). The wide end matters for long rows: at 1024x32768 bf16 (H200)
 # rms_norm's two passes ran in 37.8 us with 16384-wide chunks on 32 warps, 42.9 us with 4096 on 16
-# (tools/probe_memory.py --part long; torch.compile: 38.1 us)
+# (docs/performance.md, "Removed probes"; torch.compile: 38.1 us)
 THREAD_ELEMENTS = (2, 32)
 # the widest chunk of a split program (a share of one row): wider ones leave fewer programs a row
 SPLIT_CHUNK_MAX = 4096
 # and its most warps: at 8x262144 bf16 (H200), chunks of 1024-4096, the split kernels of softmax,
 # layer_norm and rms_norm took 10.9-13.9 us on 4 or 8 warps, 12.0-26.6 us on 16 or 32
-# (tools/sweep_rowwise.py --part split): a share of a row is too short to feed more warps
+# (tools/perf/sweep_rowwise.py --part split): a share of a row is too short to feed more warps
 SPLIT_WARPS_MAX = 8
 
 # names the generated module binds for itself, in its kernels and host functions: a spec that

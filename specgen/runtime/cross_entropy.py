@@ -24,7 +24,7 @@ from specgen.runtime.layout import span
 
 # programs per multiprocessor: a 128k-vocabulary row is 256 KB of bf16, so one row per program
 # up to 32 per SM keeps the most loads in flight (H200, 4096 x 128256: 274 us at 32 per SM,
-# 291 at 8, 385 at 4 with 2048-wide chunks; tools/probe_memory.py --part lse)
+# 291 at 8, 385 at 4 with 2048-wide chunks; docs/performance.md, "Removed probes")
 PROGRAMS_PER_SM = 32
 
 

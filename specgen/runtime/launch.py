@@ -196,7 +196,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # that a compiled graph computes what eager calls do, bit for bit; a launch eager has not
         # tuned is tuned here, on stand-ins. Left to Inductor, which tunes by its own
         # benchmarking, H200, rms_norm 1024x32768 bf16 took 4096-wide chunks on 16 warps (41.6 us
-        # of device time) where ours took 8192 on 32 (34.8 us; tools/compiled_ops.py). Inductor
+        # of device time) where ours took 8192 on 32 (34.8 us; tools/perf/compiled_ops.py). Inductor
         # benchmarks without a kernel's reset_to_zero hook, so atomic targets would keep every
         # trial's sums: such a kernel runs the first config that fits when eager has not tuned it
         config = tuned or _tuned.get(key) or forced_config(kernel, args, kwargs, 0)

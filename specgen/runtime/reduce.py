@@ -193,7 +193,7 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     # programs; wider tiles run fewer, longer programs, which autotuning weighs. (Planning for the
     # widest tile instead made 8x as many programs of the narrow tiles the tuner picks: H200,
     # sum(x, 0) of 32768x1024 bf16 in 36.5 us, against 27.1 us with 4 programs per SM;
-    # tools/sweep_reduce.py --part wide)
+    # tools/perf/sweep_reduce.py --part wide)
     kept_tiles = math.ceil(prob.kept.numel / split_block_k[tiles])
     splits = target // max(kept_tiles, 1)
     if forced is None:

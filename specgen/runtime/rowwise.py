@@ -44,14 +44,14 @@ SPLIT_MIN = 16384
 # 80.5 / 86, log_softmax alike; logsumexp, which has no output pass, 39.6 / 37.7 at 1024x32768
 # but 98.8 / 123.1 at 4096x32768). At 65536 they tie (bfloat16) or online wins (float32, 5-11%),
 # and past it the rows in flight outgrow L2, the re-reads go to memory and online wins by 25-35%
-# (tools/sweep_rowwise.py --part long; docs/performance.md, item 000p)
+# (tools/perf/sweep_rowwise.py --part long; docs/performance.md, item 000p)
 LOOPED_MAX = 32768
 # programs per multiprocessor a split launch aims for, so that few long rows still fill the GPU
 SPLIT_PROGRAMS_PER_SM = 4
 # single tile: elements a program moves when rows are short (several rows a program). Small
 # programs: at 32768x1024 bf16 (H200) a row a program on 2 warps ran softmax / layer_norm /
 # rms_norm in 36.6 / 38.7 / 38.2 us, 4 rows on 8 warps in 37.7 / 45.8 / 38.5 us (a row spread
-# over more warps takes more shared-memory rounds per reduction; tools/probe_memory.py)
+# over more warps takes more shared-memory rounds per reduction; docs/performance.md, "Removed probes")
 TILE_TARGET = 1024
 # single tile: elements a thread holds, which sets num_warps
 ELEMENTS_PER_THREAD = 16
