@@ -116,9 +116,9 @@ def tracing() -> bool:
     ``with torch.device(...)``) does neither: it only places factory calls that name no device,
     and every allocation of an implementation names one, so such calls keep the direct path and
     their replays."""
-    # every eager call asks: the C queries inline, the Python one (is_compiling) last
-    if (torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active()
-            or forward_ad._current_level >= 0 or torch.compiler.is_compiling()):
+    # is_compiling first: under dynamo the C queries after it cannot be traced
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or transforms_active()):
         return True
     if not torch._C._is_torch_function_mode_enabled():
         return False
