@@ -1,4 +1,4 @@
-"""cross_entropy's out-of-range targets (docs/cross_entropy-targets.md): by default a row whose
+"""cross_entropy's out-of-range targets (docs/families.md, "Cross-entropy"): by default a row whose
 target is neither a class nor ignore_index has a NaN loss and a NaN gradient row, and no call reads
 anything back from the device; in validating mode (``runtime.validating()``, SPECGEN_VALIDATE=1)
 an eager call checks the targets and raises. (The error's own tests, run under validating mode,
