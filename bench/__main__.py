@@ -12,15 +12,14 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, host, matmul, pointwise, reduce, rowwise
+from bench import harness, host
+from specgen.families import FAMILIES as KERNEL_FAMILIES
+from specgen.families.contract import resolve
 
-# family -> cases(quick) -> list[harness.Case]. Each family gets its own `## family` section.
-FAMILIES = {
-    "pointwise": pointwise.cases,
-    "reduce": reduce.cases,
-    "matmul": matmul.cases,
-    "rowwise": rowwise.cases,
-}
+# family -> cases(quick) -> list[harness.Case], from each kernel family's `bench` (a family whose
+# rows another's section holds has none). Each gets its own `## family` section.
+FAMILIES = {name: resolve(family.bench) for name, family in KERNEL_FAMILIES.items()
+            if family.bench}
 # Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
 # host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is.
 SECTIONS = {"host": host.section}

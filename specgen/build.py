@@ -13,7 +13,7 @@ from specgen.errors import SpecError, SpecErrors
 from specgen.families import FAMILIES
 from specgen.model import OpSpec
 from specgen.parse import load_spec, relative_path
-from specgen.render import derived_ops, render_index, render_op, text_sha256
+from specgen.render import render_index, render_op, text_sha256
 
 INDEX = "__init__.py"
 # how the first line of each file specgen writes begins: the index, a module
@@ -54,7 +54,7 @@ def discover(paths: Iterable[Path]) -> list[Path]:
 def _operators(op: OpSpec) -> dict[str, str]:
     """The operator names ``op``'s module registers (``specgen::<op>`` and its family's others),
     each with the words that tell it from the op's name in a message."""
-    suffixes = getattr(FAMILIES[op.family].module, "OPERATOR_SUFFIXES", ())
+    suffixes = FAMILIES[op.family].operator_suffixes
     return {op.name: "", **{op.name + s: f" (its operator {op.name + s})" for s in suffixes}}
 
 
@@ -89,7 +89,7 @@ def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
         except SpecError as err:
             errors.append(SpecError(named, err.key, err.message))
             continue
-        ops = (spec, *derived_ops(spec))
+        ops = (spec, *spec.derived)
         clash = _clash(ops, owners)
         if clash is not None:
             errors.append(SpecError(named, "op.name", clash))

@@ -113,7 +113,7 @@ def new(name: str, family: str, spec_dir: Path) -> None:
     check_name(name, Where(str(path), ("op", "name")), "op")
     if path.exists():
         raise click.ClickException(f"{path} already exists")
-    text = FAMILIES[family].module.scaffold(name)
+    text = FAMILIES[family].scaffold(name)
     # parsed before it is written: a name a family reserves (a reduce_lib helper's) is refused
     # here, not at the first build
     parse_spec(text, Source(str(path), "", text))

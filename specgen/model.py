@@ -85,6 +85,8 @@ class OpSpec:
     # a torch operator (aten::rms_norm) whose autocast the policy follows: the op takes it only
     # where the running torch autocasts that operator ("" for always)
     autocast_follows: str = ""
+    # the ops this spec derives (a row-wise backward), made at the spec stage (Family.derive)
+    derived: tuple[OpSpec, ...] = ()
 
     @property
     def tensors(self) -> tuple[TensorArg, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import importlib
 import os
@@ -14,6 +15,7 @@ import torch
 from specgen.errors import Where, describe
 from specgen.families import FAMILIES
 from specgen.families.common import check_generated_names, check_name
+from specgen.families.contract import resolve
 from specgen.model import AUTOCAST, DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
 from specgen.table import Table, parse_list
 
@@ -62,19 +64,22 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     args = _parse_args(top.pop_table("args"))
     for arg in args:
         _check_family_takes(arg, family_name, top.where.child("args").child(arg.name))
-    _check_reference(reference, reference_where, args,
-                     getattr(family.module, "REFERENCE_NAMES", ()))
-    body = family.module.parse_body(top, args, name)
+    _check_reference(reference, reference_where, args, family.reference_names)
+    body = family.parse_body(top, args, name)
     top.finish()
-    body_names = family.module.body_names(body)
+    body_names = family.body_names(body)
     check_generated_names(top.where, name, family,
                           ((a.name, ("args", a.name)) for a in args), body_names,
                           derived_from=[*(a.name for a in args if isinstance(a, TensorArg)),
                                         *(n for n, _ in body_names)])
     _check_reference_uses(reference, reference_where, args)
-    return OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
+    spec = OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
                   dtypes=dtypes, indexing=indexing, source=source, body=body,
                   autocast=autocast, autocast_follows=autocast_follows)
+    if not family.derive:
+        return spec
+    # the ops the spec derives (a row-wise backward) are specs too, made here, before planning
+    return dataclasses.replace(spec, derived=resolve(family.derive)(spec))
 
 
 def _parse_autocast(op: Table) -> tuple[str, str]:
@@ -186,12 +191,6 @@ def _parse_range(table: Table) -> tuple[float, float]:
     return values[0], values[1]
 
 
-# argument forms a family's module opts into by setting the flag: the other families' templates
-# have no code for them (a shape argument's tuple default, say, breaks torch's op schema)
-_OPT_IN = {"dtype argument": "DTYPE_ARGS", "shape argument": "SHAPE_ARGS",
-           "optional scalar": "OPTIONAL_SCALARS"}
-
-
 def _check_family_takes(arg: Arg, family: str, where: Where) -> None:
     if arg.kind in ("dtype", "shape"):
         form = f"{arg.kind} argument"
@@ -199,9 +198,9 @@ def _check_family_takes(arg: Arg, family: str, where: Where) -> None:
         form = "optional scalar"
     else:
         return
-    flag = _OPT_IN[form]
-    if not getattr(FAMILIES[family].module, flag, False):
-        takers = [name for name, f in FAMILIES.items() if getattr(f.module, flag, False)]
+    # an argument form a family opts into (Family.takes)
+    if form not in FAMILIES[family].takes:
+        takers = [name for name, f in FAMILIES.items() if form in f.takes]
         raise where.error(f"the {family} family takes no {form} "
                           f"(the {' and '.join(takers)} famil{'ies' if len(takers) > 1 else 'y'} "
                           f"{'do' if len(takers) > 1 else 'does'})")

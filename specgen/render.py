@@ -45,14 +45,8 @@ def environment() -> jinja2.Environment:
 def render_op(spec: OpSpec, out: str = "generated") -> str:
     """The module of ``spec``, for the package folder ``out`` (its header's rebuild command)."""
     family = FAMILIES[spec.family]
-    plan = family.module.plan(spec)
+    plan = family.plan(spec)
     return _seal(_tidy(environment().get_template(family.template).render(plan=plan, out=out)))
-
-
-def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
-    """The ops a spec's family derives from it besides the op itself (a row-wise backward)."""
-    derive = getattr(FAMILIES[spec.family].module, "derived_ops", None)
-    return derive(spec) if derive is not None else ()
 
 
 def render_index(modules: list[str], out: str = "generated") -> str:

@@ -71,13 +71,13 @@ def authored(tmp_path, monkeypatch):
 
     from specgen.model import Source
     from specgen.parse import parse_spec
-    from specgen.render import derived_ops, render_op
+    from specgen.render import render_op
 
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def build(text):
         spec = parse_spec(text, Source("specs/authored.toml", "0" * 64, text))
-        for op in (spec, *derived_ops(spec)):   # a derived backward op beside it, as a build
+        for op in (spec, *spec.derived):   # a derived backward op beside it, as a build
             (tmp_path / f"{op.name}.py").write_text(render_op(op))
         return importlib.import_module(spec.name)
 

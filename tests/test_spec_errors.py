@@ -199,7 +199,7 @@ def test_generated_names_cover_what_the_template_binds(path):
     # not declare (check_generated_names): else a spec naming it would shadow it, or be shadowed
     spec = load_spec(path, REPO)
     family = FAMILIES[spec.family]
-    body_names = [name for name, _ in family.module.body_names(spec.body)]
+    body_names = [name for name, _ in family.body_names(spec.body)]
     declared = {a.name for a in spec.args} | set(body_names)
     bases = [a.name for a in spec.args if isinstance(a, TensorArg)] + body_names
     uncovered = set()

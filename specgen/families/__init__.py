@@ -1,34 +1,32 @@
-"""Kernel families. Each has a module with ``parse_body``, ``body_names``, ``plan`` and
-``scaffold``, the names its generated code binds for itself (``GENERATED_NAMES``,
-``GENERATED_PREFIXES``: a spec may not declare them), and a template. Optional: the flags
-``DTYPE_ARGS``, ``SHAPE_ARGS`` and ``OPTIONAL_SCALARS`` (the argument forms it takes; parse.py
-refuses them elsewhere), ``REFERENCE_NAMES`` (names its reference may use besides the
-arguments), ``OPERATOR_SUFFIXES`` (the operators it registers beside ``specgen::<op>``, as
-``<op><suffix>``: build.py refuses an op name that takes one) and ``derived_ops``.
+"""Kernel families. Each module of this package that declares ``FAMILY`` (a ``Family``, see
+contract.py) is one: its body dataclass, parser, planner and scaffold, the names its generated
+code binds for itself, its template ``templates/<name>.py.jinja``, its runtime module
+``specgen/runtime/<name>.py``, and where its property tests and benchmark cases live.
 
-To add a family: write ``families/<name>.py`` (a body dataclass, its parser, a planner returning a
-frozen plan the template reads) and ``templates/<name>.py.jinja``, then list it here
-(tests/test_spec_errors.py checks the generated names against what the template binds).
+To add a family: write ``families/<name>.py`` ending in ``FAMILY = Family(...)``, its template,
+its runtime module (a ``specgen.runtime.op.Family`` subclass as ``FAMILY``) and specs; this
+package finds the module (tests/test_spec_errors.py checks the generated names against what the
+template binds).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import ModuleType
+import importlib
+import pkgutil
 
-from specgen.families import cross_entropy, matmul, pointwise, reduce, rowwise
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    module: ModuleType
-
-    @property
-    def template(self) -> str:
-        return f"{self.name}.py.jinja"
+from specgen.families.contract import Family
 
 
-FAMILIES = {f.name: f for f in (Family("pointwise", pointwise), Family("reduce", reduce),
-                                 Family("cross_entropy", cross_entropy), Family("matmul", matmul),
-                                 Family("rowwise", rowwise))}
+def _discover() -> dict[str, Family]:
+    found = {}
+    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        family = getattr(module, "FAMILY", None)
+        if isinstance(family, Family):
+            found[family.name] = family
+    return found
+
+
+FAMILIES: dict[str, Family] = _discover()
+
+__all__ = ["FAMILIES", "Family"]

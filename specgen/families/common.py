@@ -16,7 +16,7 @@ from specgen.model import ChoiceArg, OpSpec, TensorArg
 from specgen.table import Table, parse_list
 
 if TYPE_CHECKING:
-    from specgen.families import Family
+    from specgen.families.contract import Family
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -78,12 +78,12 @@ def check_generated_names(where: Where, op: str, family: Family,
                           derived_from: Sequence[str]) -> None:
     """No declared name (an argument, or an output or step of the body; each with its key path
     under ``where``) may be the op's name, or one the family's generated code binds for itself
-    (its module's ``GENERATED_NAMES``, where an entry ending in ``_`` stands for its numbered
-    forms, and ``GENERATED_PREFIXES``), or extend a name the code derives names from
+    (its ``generated_names``, where an entry ending in ``_`` stands for its numbered
+    forms, and ``generated_prefixes``), or extend a name the code derives names from
     (``derived_from``: tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``,
     ...). Any of these would shadow or be shadowed in the generated module: wrong results, or a
     module that does not import."""
-    generated, prefixes = family.module.GENERATED_NAMES, family.module.GENERATED_PREFIXES
+    generated, prefixes = family.generated_names, family.generated_prefixes
     for name, path in (*args, *body):
         key = where
         for part in path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from specgen.families.contract import Family
 from specgen.families.common import CommonPlan, common_plan, power_of_two_list, warps_list
 from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
 from specgen.table import Table
@@ -103,3 +104,11 @@ ignore_index = {{ kind = "int", default = -100 }}
 reduction = {{ kind = "choice", values = ["none", "mean", "sum"], default = "mean" }}
 label_smoothing = {{ kind = "float", default = 0.0 }}
 '''
+
+
+FAMILY = Family(
+    name="cross_entropy", parse_body=parse_body, body_names=body_names, plan=plan,
+    scaffold=scaffold, generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    operator_suffixes=OPERATOR_SUFFIXES,
+    # its benchmark rows are in the reduce section (bench/reduce.py)
+    cases="specgen.testing.cross_entropy:cross_entropy_cases")

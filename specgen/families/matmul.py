@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.families.contract import Family
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, check_name, common_plan,
                                      int_list, symbols_of)
 from specgen.model import DTYPES, OpSpec, Output, TensorArg
@@ -469,3 +470,9 @@ out = "relu(acc + bias)"
 swizzle = "grouped"       # grouped | swizzle2d | none
 split_k = "auto"          # auto (two-stage, deterministic) | atomic | off
 '''
+
+
+FAMILY = Family(
+    name="matmul", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
+    generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    cases="specgen.testing.matmul:matmul_cases", bench="bench.matmul:cases")

@@ -10,6 +10,7 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      symbols_of, tile_pairs, warps_list, wrap)
 from specgen.model import OpSpec, Output, TensorArg
@@ -210,3 +211,10 @@ alpha = {{ kind = "float", default = 1.0 }}
 [compute]
 out = "x * sigmoid(alpha * x)"
 '''
+
+
+FAMILY = Family(
+    name="pointwise", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
+    generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    operator_suffixes=OPERATOR_SUFFIXES,
+    cases="specgen.testing.pointwise:pointwise_cases", bench="bench.pointwise:cases")

@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.families.contract import Family
 from specgen.families.common import (ArgPlan, CommonPlan, common_plan, symbols_of, tile_pairs,
                                      warps_list)
 from specgen.model import OpSpec, ScalarArg, TensorArg
@@ -29,8 +30,6 @@ COMBINES = {
     "argmax": ('float("-inf")', "index"),
     "argmin": ('float("inf")', "index"),
 }
-# a spec may declare a dtype argument (parse.py asks the family): torch's dtype= of a reduction
-DTYPE_ARGS = True
 DIM_MODES = ("optional", "required")
 LAUNCHES = ("flat", "persistent")
 # names the reference may use besides the declared arguments: the family adds them to the signature
@@ -276,3 +275,11 @@ x = "tensor"
 combine = "sum"
 map = "x * x"
 '''
+
+
+FAMILY = Family(
+    name="reduce", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
+    generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    # torch's dtype= of a reduction
+    takes=frozenset({"dtype argument"}), reference_names=REFERENCE_NAMES,
+    cases="specgen.testing.reduce:reduce_cases", bench="bench.reduce:cases")

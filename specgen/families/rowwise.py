@@ -20,17 +20,13 @@ import itertools
 from dataclasses import dataclass
 
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
+from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      symbols_of, warps_list)
 from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
 OPS = ("sum", "max", "min")
-# a spec may declare a dtype argument (parse.py asks the family), named by [rows] dtype
-DTYPE_ARGS = True
-# shape arguments (normalized_shape, dim) and optional floats ([rows] finfo_eps say what None is)
-SHAPE_ARGS = True
-OPTIONAL_SCALARS = True
 STRATEGIES = ("auto", "single", "looped", "online", "split")
 # [rows] layout: how element outputs that read a reduction are allocated, as the torch op they
 # stand for allocates its result: contiguous (softmax, log_softmax, layer_norm), in the input's
@@ -876,6 +872,26 @@ ROW_RANK = 4
 COL_RANK = 3
 
 
+def grad_name(name: str) -> str:
+    """The derived backward's name for the gradient of ``name`` (an output's, given; a tensor's,
+    computed)."""
+    return f"grad_{name}"
+
+
+def eager_call(spec: OpSpec) -> DerivedBackward | None:
+    """How ``spec``'s eager autograd calls the backward op derived from it at the spec stage
+    (``spec.derived``: rowwise_backward.py), where it has one."""
+    if not spec.derived:
+        return None
+    (derived,) = spec.derived
+    cotangents = {grad_name(o.name): f"grads[{i}]" for i, o in enumerate(spec.body.outputs)}
+    results = tuple(o.name for o in derived.body.outputs + derived.body.column_outputs)
+    return DerivedBackward(
+        derived.name, ", ".join(cotangents.get(a.name, a.name) for a in derived.args), results,
+        tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args),
+        spec.body.dtype, spec.body.absent)
+
+
 def plan(spec: OpSpec) -> RowwisePlan:
     body: RowwiseBody = spec.body
     absent = dict(body.absent)
@@ -942,7 +958,6 @@ def plan(spec: OpSpec) -> RowwisePlan:
     if columns:
         called.add("compensated_add")   # a program's column sums over its blocks of rows
     common = common_plan(spec, tuple(o.name for o in body.outputs + body.column_outputs))
-    from specgen.families import rowwise_backward   # it builds on this module
     # a variance pair's mean is corrected by its deviations' sum over N
     reads_n = variance is not None or any(N_SYMBOL in e.names for e in _expressions(body))
     return RowwisePlan(
@@ -960,15 +975,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
         split_interpreter_config={"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4},
         max_chunk=max(c["BLOCK_N"] for c in split_configs),
         widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)),
-        backward=rowwise_backward.eager_call(spec), derived_from=body.derived_from)
-
-
-def derived_ops(spec: OpSpec) -> tuple[OpSpec, ...]:
-    """The backward op derived from ``spec``, where one is (built beside the op)."""
-    from specgen.families import rowwise_backward   # it builds on this module
-
-    derived = rowwise_backward.backward_spec(spec)
-    return () if derived is None else (derived,)
+        backward=eager_call(spec), derived_from=body.derived_from)
 
 
 def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:
@@ -1064,3 +1071,13 @@ ms = {{ op = "sum", of = "x * x", scale = "1 / N" }}
 [compute]
 out = "x * rsqrt(ms + eps)"
 '''
+
+
+FAMILY = Family(
+    name="rowwise", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
+    generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    # a dtype argument (named by [rows] dtype), shape arguments (normalized_shape, dim) and
+    # optional floats ([rows] finfo_eps say what None is)
+    takes=frozenset({"dtype argument", "shape argument", "optional scalar"}),
+    derive="specgen.families.rowwise_backward:derived_specs",
+    cases="specgen.testing.rowwise:rowwise_cases", bench="bench.rowwise:cases")

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 
 from specgen import derive, polynomial
 from specgen.derive import NotDifferentiable
 from specgen.errors import Where
 from specgen.families import rowwise
+from specgen.families.rowwise import grad_name
 from specgen.model import OpSpec, TensorArg
 from specgen.polynomial import Poly
 from specgen.table import Table
@@ -48,11 +48,12 @@ from specgen.table import Table
 SUFFIX = "_backward"
 
 
-def grad_name(name: str) -> str:
-    return f"grad_{name}"
+def derived_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
+    """The ops derived from a row-wise spec at the spec stage: its backward, where it has one."""
+    derived = backward_spec(spec)
+    return () if derived is None else (derived,)
 
 
-@functools.lru_cache(maxsize=None)
 def backward_spec(spec: OpSpec) -> OpSpec | None:
     """The derived backward op of a row-wise ``spec``, or None where none is derived. Cached: a
     build asks twice (the op's module calls it, and the derived op is built as one more spec)."""
@@ -266,16 +267,3 @@ def _reference(spec: OpSpec, tensors: list[str], outputs: list[str]) -> str:
     cotangents = "".join(f"{grad_name(o)}, " for o in outputs)
     return (f"rt.reference_vjp(lambda {params}: {spec.reference}, ({primals}), "
             f"({cotangents}))")
-
-
-def eager_call(spec: OpSpec) -> rowwise.DerivedBackward | None:
-    """How ``spec``'s eager autograd calls its derived backward op, where it has one."""
-    derived = backward_spec(spec)
-    if derived is None:
-        return None
-    cotangents = {grad_name(o.name): f"grads[{i}]" for i, o in enumerate(spec.body.outputs)}
-    results = tuple(o.name for o in derived.body.outputs + derived.body.column_outputs)
-    return rowwise.DerivedBackward(
-        derived.name, ", ".join(cotangents.get(a.name, a.name) for a in derived.args), results,
-        tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args),
-        spec.body.dtype, spec.body.absent)

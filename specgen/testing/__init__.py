@@ -1,35 +1,26 @@
 """Hypothesis strategies and checks for property-testing generated ops against their references.
 
-``CASES`` maps each family to a strategy of ``Case``s for one op; ``tests/test_ops.py`` draws from
-it for every op in ``generated.REGISTRY`` and checks each case with ``check_case``
-(``tests/test_autograd.py``: its gradients with ``check_grad``). A new family
-adds its module here and one entry.
+``CASES`` maps each family to a strategy of ``Case``s for one op (its ``Family.cases``);
+``tests/test_ops.py`` draws from it for every op in ``generated.REGISTRY`` and checks each case
+with ``check_case`` (``tests/test_autograd.py``: its gradients with ``check_grad``).
 """
 
 from typing import Callable
 
 from hypothesis import strategies as st
 
+from specgen.families import FAMILIES
+from specgen.families.contract import resolve
 from specgen.runtime import OpInfo
 from specgen.testing.check import check_case
 from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, Observe,
                                   assert_matches, broadcast_operand, device, draw_case, knobs, layouts, make_tensor, max_numel,
                                   reference64, scalar_value, shapes, sizes)
-from specgen.testing.cross_entropy import cross_entropy_cases
 from specgen.testing.grad import PATHS, check_grad
-from specgen.testing.matmul import matmul_cases
-from specgen.testing.pointwise import pointwise_cases
 from specgen.testing.profiles import use_profile
-from specgen.testing.reduce import reduce_cases
-from specgen.testing.rowwise import rowwise_cases
 
 CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
-    "pointwise": pointwise_cases,
-    "reduce": reduce_cases,
-    "cross_entropy": cross_entropy_cases,
-    "matmul": matmul_cases,
-    "rowwise": rowwise_cases,
-}
+    name: resolve(family.cases) for name, family in FAMILIES.items()}
 
 __all__ = [
     "CASES", "Case", "Layout", "Observe", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",

@@ -1,0 +1,53 @@
+"""What a kernel family declares to the generator, the test suite and the benchmarks.
+
+Each family module ends with ``FAMILY = Family(...)``; ``specgen.families`` finds them by importing
+the modules of its package, so a new family is registered by its module alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+# argument forms a family opts into (``takes``): the other families' templates have no code for
+# them (a shape argument's tuple default, say, breaks torch's op schema)
+ARGUMENT_FORMS = ("dtype argument", "shape argument", "optional scalar")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: its spec stage (parsing, derived ops), planning, template, runtime, and
+    where its property tests and benchmark cases live."""
+
+    name: str
+    parse_body: Callable          # (top Table, args, op name) -> the family's frozen body
+    body_names: Callable          # body -> ((name, key path), ...): the names the body declares
+    plan: Callable                # OpSpec -> the frozen plan its template reads
+    scaffold: Callable            # op name -> a starting spec's TOML (`specgen new`)
+    # names its generated code binds for itself, which a spec may not declare (an entry ending
+    # in "_" stands for its numbered forms), and prefixes of such names
+    generated_names: frozenset[str]
+    generated_prefixes: tuple[str, ...] = ()
+    # operators its modules register beside specgen::<op>, as <op><suffix>
+    operator_suffixes: tuple[str, ...] = ()
+    takes: frozenset[str] = frozenset()     # of ARGUMENT_FORMS
+    reference_names: tuple[str, ...] = ()   # names its references may use besides the arguments
+    # "module:function" making the ops a spec derives (OpSpec -> tuple of OpSpec: a row-wise
+    # backward), called at the spec stage, before planning ("": none)
+    derive: str = ""
+    # "module:function" of its property-test strategy (OpInfo -> strategy of testing.Case) and of
+    # its benchmark cases (quick -> list of bench.harness.Case; "" where another family's
+    # section holds them): imported by the test suite and bench only
+    cases: str = ""
+    bench: str = ""
+
+    @property
+    def template(self) -> str:
+        return f"{self.name}.py.jinja"
+
+
+def resolve(path: str) -> Callable:
+    """The function a "module:function" path names."""
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
