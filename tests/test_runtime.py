@@ -1,6 +1,7 @@
 """Launch-time logic: memory order, collapsing, index width, and the argument checks."""
 
 import importlib
+import sys
 import threading
 from pathlib import Path
 
@@ -459,3 +460,19 @@ def test_integer_literals_compute_in_float32(authored, dtype):
     positive = x.double() > 0
     testing.assert_matches(step, positive.double(), "step")
     testing.assert_matches(big, positive.double() * 1e10, "big")
+
+
+def test_the_compiled_public_functions_bind_only_reserved_names():
+    # a spec argument named as a local of the public function that runtime/op.py compiles would
+    # be overwritten there: every such local is reserved (PUBLIC_FUNCTION_NAMES)
+    import ast
+    from specgen.families.contract import PUBLIC_FUNCTION_NAMES
+    from specgen.runtime.op import _public_source
+    for name, info in generated.REGISTRY.items():
+        op = sys.modules[info.function.__module__].OP
+        tree = ast.parse(_public_source(op.description, op.family))
+        function = tree.body[0]
+        params = {a.arg for a in function.args.args + function.args.kwonlyargs}
+        bound = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+                 and isinstance(n.ctx, ast.Store)}
+        assert bound - params <= PUBLIC_FUNCTION_NAMES, (name, sorted(bound - params))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from specgen import kernel_lib, reduce_lib
 from specgen.errors import Where
+from specgen.families.contract import PUBLIC_FUNCTION_NAMES
 from specgen.expr import FUNCTIONS, Symbol
 from specgen.model import ChoiceArg, OpSpec, TensorArg
 from specgen.table import Table, parse_list
@@ -78,12 +79,13 @@ def check_generated_names(where: Where, op: str, family: Family,
                           derived_from: Sequence[str]) -> None:
     """No declared name (an argument, or an output or step of the body; each with its key path
     under ``where``) may be the op's name, or one the family's generated code binds for itself
-    (its ``generated_names``, where an entry ending in ``_`` stands for its numbered
-    forms, and ``generated_prefixes``), or extend a name the code derives names from
+    (its ``generated_names``, where an entry ending in ``_`` stands for its numbered forms, its
+    ``generated_prefixes``, and the compiled public function's ``PUBLIC_FUNCTION_NAMES``), or extend a name the code derives names from
     (``derived_from``: tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``,
     ...). Any of these would shadow or be shadowed in the generated module: wrong results, or a
     module that does not import."""
-    generated, prefixes = family.generated_names, family.generated_prefixes
+    generated = family.generated_names | PUBLIC_FUNCTION_NAMES
+    prefixes = family.generated_prefixes
     for name, path in (*args, *body):
         key = where
         for part in path:
@@ -250,39 +252,6 @@ class CommonPlan:
     autocast_follows: str           # the torch operator whose autocast it follows, or ""
     uncast: tuple[str, ...]         # tensors the autocast policy leaves as they are
 
-    def autocast_condition(self, takes_out: bool) -> str:
-        """When a public function applies its policy: under autocast, where the policy follows
-        a torch operator only where this torch autocasts it (the module's AUTOCAST), and for an
-        op with out= only without it (torch does not autocast out= calls)."""
-        terms = ['AUTOCAST != "none"'] if self.autocast_follows else []
-        terms.append("rt.autocast.active()")
-        if takes_out:
-            terms.append("out is None")
-        return " and ".join(terms)
-
-    @property
-    def autocast_lines(self) -> tuple[str, ...]:
-        """What a public function does first under torch.autocast (specgen/runtime/autocast.py):
-        a float32 policy sets an op's ``dtype=`` argument where it has one (torch's softmax and
-        sum: a float32 result, the input read as it is); otherwise the tensor arguments are cast
-        as torch casts them (a copy, as torch's), but for those that join by type promotion,
-        which torch's autocast of an element-wise op leaves as they are."""
-        if self.autocast == "none":
-            return ()
-        tensors = [a.name for a in self.args if a.kind == "tensor" and a.name not in self.uncast]
-        dtype_args = [a.name for a in self.args if a.kind == "dtype"]
-        if self.autocast == "float32" and dtype_args:
-            return ("# as torch's softmax and sum: an unset dtype= is float32 (the input read as it is)",
-                    f"{dtype_args[0]} = rt.autocast.result_dtype({tensors[0]}, {dtype_args[0]})")
-        comment = ("# as torch's matmuls: floating inputs in the autocast dtype (a copy where it differs)"
-                   if self.autocast == "lower" else
-                   "# as torch's norms and losses: floating inputs in float32 (a copy where it differs)")
-        kept = ((f"# {', '.join(self.uncast)}: as it is, as torch's autocast leaves the element-wise "
-                 f"op that adds it",) if self.uncast else ())
-        targets = tensors[0] + "," if len(tensors) == 1 else ", ".join(tensors)
-        return (comment, *kept,
-                f'{targets} = rt.autocast.cast("{self.autocast}", {", ".join(tensors)})')
-
     @property
     def reference_imports(self) -> tuple[str, ...]:
         """The imports the reference expression needs besides torch."""
@@ -292,13 +261,6 @@ class CommonPlan:
                                               ("F", "import torch.nn.functional as F"),
                                               ("ref", "from specgen import references as ref"))
                      if name in names)
-
-    @property
-    def backward_by_reference(self) -> bool:
-        """Whether the registered op's backward is torch's gradient of its reference
-        (runtime/autograd.py), as every op's is unless its family says otherwise (reduce: not
-        for an index result). A derived backward op serves eager calls beside it."""
-        return True
 
     @property
     def dtypes_code(self) -> str:
@@ -345,22 +307,7 @@ class CommonPlan:
     @property
     def scalar_checks(self) -> tuple[str, ...]:
         """Launcher lines that check scalar, choice and dtype arguments (types, allowed values)."""
-        return self._argument_checks(taken=False)
-
-    @property
-    def public_checks(self) -> tuple[str, ...]:
-        """The public function's scalar_checks, made before it picks the eager or the traced path;
-        there a scalar is also taken as torch takes it (a numpy scalar becomes a Python number,
-        which the dispatcher makes of it on the traced path)."""
-        if not self.scalar_checks:
-            return ()
-        return ("# scalars are checked here too, so that a traced call raises the eager error (the",
-                "# dispatcher raises its own RuntimeError, and takes an int for a bool)",
-                *self._argument_checks(taken=True))
-
-    def _argument_checks(self, taken: bool) -> tuple[str, ...]:
-        checks = [(f"{a.name} = " if taken else "")
-                  + f'rt.as_scalar(NAME, "{a.name}", {a.name}, {a.kind}'
+        checks = [f'rt.as_scalar(NAME, "{a.name}", {a.name}, {a.kind}'
                   + (", optional=True)" if a.default_code == "None" else ")") for a in self.scalars]
         checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
         return (*checks, *self.dtype_checks)
@@ -383,10 +330,6 @@ class CommonPlan:
         return ", ".join(a.param for a in self.args)
 
     @property
-    def signature(self) -> str:
-        return f"{self.signature_no_out}, *, out=None"
-
-    @property
     def op_params(self) -> str:
         return ", ".join(a.typed_param for a in self.args)
 
@@ -396,31 +339,15 @@ class CommonPlan:
         return ", ".join(a.name for a in self.args)
 
     @property
-    def tensor_args(self) -> str:
-        """The tensor arguments as a tuple expression, in signature order (a replay's inputs)."""
-        return _tuple_code(a.name for a in self.args if a.kind == "tensor")
-
-    @property
     def input_dict(self) -> str:
         """The tensor arguments as the entries of a dict literal, name to value, in signature
         order (what the argument checks take)."""
         return ", ".join(f'"{a.name}": {a.name}' for a in self.args if a.kind == "tensor")
 
     @property
-    def optional_tensor_names(self) -> tuple[str, ...]:
-        """The tensor arguments that may be None (omitted); None elsewhere is a TypeError."""
-        return tuple(a.name for a in self.args if a.kind == "tensor" and a.default_code == "None")
-
-    @property
     def differentiable(self) -> bool:
         """Whether the op has a gradient (argmax and argmin have none)."""
         return True
-
-    @property
-    def other_args(self) -> str:
-        """The other arguments as a tuple expression (with the tensors' layouts, a call's
-        signature for replays)."""
-        return _tuple_code(a.name for a in self.args if a.kind != "tensor")
 
     @property
     def return_annotation(self) -> str:

@@ -10,6 +10,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+# the names the public function that runtime/op.py compiles for every op binds besides its
+# parameters: an argument of one of these names would be overwritten (tests/test_runtime.py
+# checks the compiled source against it)
+PUBLIC_FUNCTION_NAMES = frozenset({"key", "replay"})
 # argument forms a family opts into (``takes``): the other families' templates have no code for
 # them (a shape argument's tuple default, say, breaks torch's op schema)
 ARGUMENT_FORMS = ("dtype argument", "shape argument", "optional scalar")

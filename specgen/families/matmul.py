@@ -35,12 +35,9 @@ BROADCAST_BATCH_RANK = 3
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
     "matmul_rt",  # its imports
-    "acc", "batch", "batch_id", "bid", "col", "col0", "common", "first_m", "flags", "group",
-    "group_rows", "k", "k_start", "key", "plan", "programs_in_group", "replay", "row", "row0",
-    "slot", "strategy", "tile_args", "tiles", "tma_fits", "tune_key",
-    "work", "workspace", "ws_ptr", "ws_ptrs",
-    # the launcher's and kernels' names the shipped specs' modules do not show
-    "m", "n", "rest", "ws", "split", "config", "tile"
+    "acc", "batch", "batch_id", "bid", "col", "col0", "first_m", "group", "group_rows", "k",
+    "k_start", "programs_in_group", "row", "row0", "slot", "tiles", "work", "ws_ptr", "ws_ptrs",
+    "m", "n", "rest", "tile",  # the kernels' names the shipped specs' modules do not show
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_", "size_b")
 

@@ -43,13 +43,11 @@ SCALAR_KINDS = ("float", "int", "bool")
 GENERATED_NAMES = frozenset({
     "inner_kernel", "outer_kernel", "atomic_inner_kernel", "atomic_outer_kernel",  # its kernels
     "reduction",  # its imports
-    "acc", "acc_index", "atomic", "count", "counter_ptr", "counters", "dim", "dims", "dtypes",
-    "keepdim", "kept", "kept_mask", "kept_size_", "kept_tile", "kept_tiles", "kernel", "key",
-    "level", "n_float", "num_kept", "num_red", "num_splits", "out", "out_kept_stride_",
-    "out_offsets", "out_ptr", "part", "part_index", "part_index_ptr", "part_mask", "part_ptr",
-    "partials", "plan", "pointers", "red", "red_block", "red_end", "red_mask", "red_size_",
-    "red_start", "replay", "result", "result_index", "second_pointers", "split", "split_block",
-    "split_size", "splits", "strategy", "ticket"
+    "acc", "acc_index", "count", "counter_ptr", "dim", "dims", "keepdim", "kept", "kept_mask",
+    "kept_size_", "kept_tile", "kept_tiles", "n_float", "num_kept", "num_red", "num_splits", "out",
+    "out_kept_stride_", "out_offsets", "out_ptr", "part", "part_index", "part_index_ptr",
+    "part_mask", "part_ptr", "partials", "red", "red_block", "red_end", "red_mask", "red_size_",
+    "red_start", "result", "result_index", "split", "split_block", "split_size", "splits", "ticket"
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -199,11 +197,6 @@ class ReducePlan(CommonPlan):
         if not self.finish_reads_count:
             return self.float32_lines
         return (*self.float32_lines, "n_float = count * 1.0  # the element count as a float")
-
-    @property
-    def backward_by_reference(self) -> bool:
-        # argmax/argmin return indices, which torch does not differentiate either
-        return not self.index
 
     @property
     def out_dtype(self) -> str:

@@ -55,11 +55,11 @@ SPLIT_WARPS_MAX = 8
 GENERATED_NAMES = frozenset({
     "pointwise", "rowwise",  # its imports
     "args", "block", "col_coord", "col_mask", "col_rest", "col_size_", "delta", "deviation",
-    "deviation_m2", "grads", "greater", "hi", "item", "kernel", "key", "lane_n", "lo", "n_float",
+    "deviation_m2", "grads", "greater", "hi", "item", "kernel", "lane_n", "lo", "n_float",
     "n_rows", "n_splits", "new_max", "part", "part_m2", "part_max", "part_mean", "part_n",
-    "part_shift", "part_sum", "pass_m2", "pass_mean", "plan", "pointers", "reduced", "replay",
-    "run_m2", "run_mean", "share", "shift", "span", "split", "split_mask", "splits", "start",
-    "term", "total", "tune_key", "value", "workspace", "ws_ptr"
+    "part_shift", "part_sum", "pass_m2", "pass_mean", "plan", "pointers", "reduced", "run_m2",
+    "run_mean", "share", "shift", "span", "split", "split_mask", "splits", "start", "term",
+    "total", "tune_key", "value", "workspace", "ws_ptr"
 })
 # grad_: the derived backward's gradient inputs and outputs; row_ and acc_: each step's per-row
 # value and running accumulator, each row output's value (row_<name>, acc_<name>)

@@ -79,6 +79,26 @@ class Family:
 
     # whether its ops take ``out=`` (registered as ``specgen::<op>_out``, outputs first)
     takes_out = False
+    # which of the implementation's outputs the public function returns (None: all of them;
+    # cross_entropy's operator returns what its backward reads beside the loss)
+    public_output: int | None = None
+
+    def replays_serve(self) -> bool:
+        """Whether a recorded replay may serve a call now (cross_entropy: not in validating mode,
+        where a call checks its targets too). Only asked where a family overrides it."""
+        return True
+
+    def setup(self, op: Op) -> object:
+        """Per-op state the family keeps (``op.state``)."""
+        return None
+
+    def register(self, op: Op) -> None:
+        """Registers the op's operators and their autograd, and sets ``op.operator``."""
+        op.register_operators()
+
+    def call(self, op: Op, key: tuple | None, args: tuple, out: object = None) -> Any:
+        """A public call that no replay served."""
+        return op.call(key, args, out)
 
     def run(self, op: Op, args: tuple) -> Any:
         """The implementation: checks, allocations and launches; the outputs. By default the
@@ -125,8 +145,9 @@ class Op:
         self._checks = tuple((i, a) for i, a in enumerate(d.args)
                              if a.kind in ("float", "int", "bool", "choice", "dtype"))
         self.differentiable = d.differentiable
+        self.state = family.setup(self)
         self.function = self._compile_public()
-        self._register()
+        family.register(self)
 
     # ---- the public call ---------------------------------------------------------------------
 
@@ -208,8 +229,9 @@ class Op:
 
     def _compile_public(self) -> Callable:
         d = self.description
-        source = _public_source(d, self.family.takes_out)
-        scope = {"_op": self, "_lookup": self.replays.lookup, "_autocast": autocast_policy}
+        source = _public_source(d, self.family)
+        scope = {"_op": self, "_call": self.family.call, "_lookup": self.replays.lookup,
+                 "_autocast": autocast_policy, "_serve": self.family.replays_serve}
         exec(compile(source, f"<specgen {d.name}>", "exec"), scope)
         function = scope[d.name]
         function.__module__ = self.module
@@ -217,7 +239,7 @@ class Op:
         function.__doc__ = _docstring(d, self.family.takes_out)
         return function
 
-    def _register(self) -> None:
+    def register_operators(self) -> None:
         d = self.description
         typed = ", ".join(_typed(a) for a in d.args)
         result = ("torch.Tensor" if len(d.outputs) == 1
@@ -269,23 +291,28 @@ def _tuple(names: Sequence[str]) -> str:
     return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
 
 
-def _public_source(d: OpDescription, takes_out: bool) -> str:
-    """The public function's source: autocast, the replay lookup, then ``Op.call``."""
+def _public_source(d: OpDescription, family: Family) -> str:
+    """The public function's source: autocast, the replay lookup, then the family's ``call``."""
+    takes_out = family.takes_out
     names = [a.name for a in d.args]
     tensors = [a.name for a in d.args if a.kind == "tensor"]
     scalars = [a.name for a in d.args if a.kind != "tensor"]
     params = ", ".join(_param(a) for a in d.args) + (", *, out=None" if takes_out else "")
     lines = [f"def {d.name}({params}):"]
     lines += _autocast_lines(d, takes_out)
+    served = "replay is not None"
+    if type(family).replays_serve is not Family.replays_serve:
+        served += " and _serve()"
+    picked = "" if family.public_output is None else f"[{family.public_output}]"
     body = [f"key, replay = _lookup({_tuple(tensors)}, {_tuple(scalars) if scalars else '()'})",
-            "if replay is not None:",
-            f"    return replay({_tuple(tensors)})"]
+            f"if {served}:",
+            f"    return replay({_tuple(tensors)}){picked}"]
     if takes_out:
         lines += ["    key = None", "    if out is None:", *(f"        {line}" for line in body)]
-        lines.append(f"    return _op.call(key, {_tuple(names)}, out)")
+        lines.append(f"    return _call(_op, key, {_tuple(names)}, out)")
     else:
         lines += [f"    {line}" for line in body]
-        lines.append(f"    return _op.call(key, {_tuple(names)})")
+        lines.append(f"    return _call(_op, key, {_tuple(names)})")
     return "\n".join(lines) + "\n"
 
 
