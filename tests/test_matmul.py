@@ -16,6 +16,7 @@ from specgen import runtime, testing
 from specgen.errors import SpecError
 from specgen.families import matmul as family
 from specgen.model import Source
+from specgen.runtime.op import _autocast_lines
 from specgen.parse import parse_spec
 from specgen.runtime import matmul
 from specgen.runtime.launch import forced_config
@@ -76,8 +77,15 @@ def test_a_promoted_operand_keeps_its_dtype_under_autocast():
     plan = family.plan(parse(GOOD.replace("[epilogue]", '[epilogue]\npromote = "residual"')
                              .replace('family = "matmul"', 'family = "matmul"\nautocast = "lower"')))
     assert plan.promoted == ("residual",)
-    assert plan.autocast_lines[-1] == 'x, w, bias = rt.autocast.cast("lower", x, w, bias)'
     assert any("promotes=True" in info for info in plan.arg_infos if '"residual"' in info)
+    # the public function Op compiles casts the other tensors, not residual (as torch's autocast)
+    args = tuple(eval(info, {"rt": runtime}) for info in plan.arg_infos)
+    description = runtime.OpDescription(
+        name=plan.name, family="matmul", doc="", reference=plan.reference, spec_path="",
+        spec_sha256="", dtypes=(), indexing="auto", autocast=plan.autocast, args=args,
+        outputs=plan.output_names, launch=None)
+    assert _autocast_lines(description, False)[-1].strip() == \
+        'x, w, bias = _autocast.cast("lower", x, w, bias)'
 
 
 def test_config_list_and_default_space():

@@ -300,19 +300,21 @@ def _public_source(d: OpDescription, family: Family) -> str:
     params = ", ".join(_param(a) for a in d.args) + (", *, out=None" if takes_out else "")
     lines = [f"def {d.name}({params}):"]
     lines += _autocast_lines(d, takes_out)
-    served = "replay is not None"
-    if type(family).replays_serve is not Family.replays_serve:
-        served += " and _serve()"
     picked = "" if family.public_output is None else f"[{family.public_output}]"
     body = [f"key, replay = _lookup({_tuple(tensors)}, {_tuple(scalars) if scalars else '()'})",
-            f"if {served}:",
+            "if replay is not None:",
             f"    return replay({_tuple(tensors)}){picked}"]
-    if takes_out:
-        lines += ["    key = None", "    if out is None:", *(f"        {line}" for line in body)]
-        lines.append(f"    return _call(_op, key, {_tuple(names)}, out)")
+    # the conditions under which a replay may serve the call (the lookup is skipped otherwise:
+    # the family's call looks up what it replays, cross_entropy's in validating mode)
+    conditions = ["out is None"] if takes_out else []
+    if type(family).replays_serve is not Family.replays_serve:
+        conditions.append("_serve()")
+    if conditions:
+        lines += ["    key = None", f"    if {' and '.join(conditions)}:",
+                  *(f"        {line}" for line in body)]
     else:
         lines += [f"    {line}" for line in body]
-        lines.append(f"    return _call(_op, key, {_tuple(names)})")
+    lines.append(f"    return _call(_op, key, {_tuple(names)}{', out' if takes_out else ''})")
     return "\n".join(lines) + "\n"
 
 
