@@ -93,7 +93,11 @@ def validating(enabled: bool = True) -> Iterator[None]:
 
 
 def validates() -> bool:
-    """Whether calls now run in validating mode (``validating``, else ``SPECGEN_VALIDATE``)."""
+    """Whether calls now run in validating mode (``validating``, else ``SPECGEN_VALIDATE``).
+    Never while dynamo traces (it cannot trace a ContextVar, and a traced call reads nothing
+    back anyway: a bad row's loss is NaN there)."""
+    if torch.compiler.is_compiling():
+        return False
     forced = _validating.get()
     return _environment_validates if forced is None else forced
 
