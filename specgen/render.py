@@ -37,6 +37,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["pytuple"] = pytuple
+    env.filters["pyrepr"] = repr   # a value as a Python literal
     env.filters["shell"] = shlex.quote   # a path in a command line (a folder name with a space)
     env.globals["TEXT_SHA256"] = TEXT_SHA256
     return env

@@ -524,37 +524,23 @@ class OutputPlan:
     per_row: bool
     layout: str = "contiguous"     # or memory_format, elementwise: over the tensors in `like`
     like: tuple[str, ...] = ()
-    dtype: str | None = None       # an output's dtype where it is not the op's out dtype
+    dtype: str | None = None       # the tensor whose dtype an output takes, where not the op's
 
 
 @dataclass(frozen=True)
 class DerivedBackward:
-    """How the forward's eager autograd calls its derived backward op (rowwise_backward.py)."""
+    """How the forward's eager autograd calls its derived backward op (rowwise_backward.py): the
+    data of the runtime's ``rowwise.Backward``."""
 
     op: str                        # the derived op
-    call: str                      # its arguments, in the forward's names
+    call: tuple[str | int, ...]    # its arguments: forward arguments, or output gradients by index
     results: tuple[str, ...]       # its results, the gradients of these forward tensors
-    grads: tuple[str, ...]         # the gradient of every forward argument, or None
+    grads: tuple[str | None, ...]  # the gradient of every forward argument among them, or None
     dtype: str | None              # the forward's dtype argument, which the derived op lacks:
                                    # it serves casts that leave x's values exact (exact_cast)
     # the forward's optional tensors, which the derived op needs, each with the value it stands
     # for when omitted ([rows] absent): the derived op then reads a tensor of that value
     absent: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def absent_names(self) -> str:
-        return ", ".join(name for name, _ in self.absent)
-
-    @property
-    def absent_pairs(self) -> str:
-        """The arguments of ``rowwise.stand_ins``: each tensor with its value."""
-        return ", ".join(f"({name}, {value!r})" for name, value in self.absent)
-
-    @property
-    def omitted(self) -> str:
-        """True when an omitted one has no stand-in (its value is not exact in the input's dtype):
-        the reference's gradient serves."""
-        return " or ".join(f"{name} is None" for name, _ in self.absent)
 
 
 @dataclass(frozen=True)
@@ -734,18 +720,6 @@ class RowwisePlan(CommonPlan):
             return f"the trailing dims `{self.normalized_shape}`"
         return f"dim `{self.dim}`" if isinstance(self.dim, str) else f"dim {self.dim}"
 
-    @staticmethod
-    def _dict(names) -> str:
-        return ", ".join(f'"{n}": {n}' for n in names)
-
-    @property
-    def like_dict(self) -> str:
-        return self._dict(self.like_names)
-
-    @property
-    def along_dict(self) -> str:
-        return self._dict(self.along_names)
-
     @property
     def _launch_groups(self) -> tuple[tuple[TensorPlan, ...], ...]:
         """launch_plan's three tensor lists: the element-wise tensors, what the launch lays out
@@ -753,34 +727,9 @@ class RowwisePlan(CommonPlan):
         return self.elem_tensors, self.of_role("along", "col_out"), self.of_role("row_out")
 
     @property
-    def elem_list(self) -> str:
-        return ", ".join(t.name for t in self._launch_groups[0])
-
-    @property
-    def along_list(self) -> str:
-        return ", ".join(t.name for t in self._launch_groups[1])
-
-    @property
-    def row_out_list(self) -> str:
-        return ", ".join(t.name for t in self._launch_groups[2])
-
-    @property
     def launch_tensor_names(self) -> tuple[str, ...]:
         """The names of the three lists' tensors, in their order."""
         return tuple(t.name for group in self._launch_groups for t in group)
-
-    @property
-    def pointer_args(self) -> str:
-        workspace = ("cols_ws",) if self.columns else ()
-        return ", ".join(tuple(f"{t.name} if {t.name} is not None else {self.row_tensor}"
-                               if t.optional else t.name
-                               for t in self.inputs + self.of_role("out", "row_out")) + workspace)
-
-    @property
-    def launch_options(self) -> str:
-        """Extra keyword arguments of every launch: a derived op's kernels compile without FMA
-        contraction (specgen/runtime/launch.py)."""
-        return ", fp_fusion=False" if self.derived_from else ""
 
     @property
     def column_out_names(self) -> tuple[str, ...]:
@@ -808,12 +757,6 @@ class RowwisePlan(CommonPlan):
         return tuple((c.name, i, count + i) for i, c in enumerate(self.columns))
 
     @property
-    def launch_params(self) -> str:
-        names = [t.name for t in self.inputs] + [a.name for a in self.kernel_scalars]
-        names += [c.name for c in self.choices] + list(self.output_names) + ["reduced"]
-        return ", ".join(names)
-
-    @property
     def promoted(self) -> tuple[str, ...]:
         """The row tensor's element-wise companions (a residual), whose dtypes promote with its
         into the outputs' as torch's ``x + residual`` does; none under ``[rows] dtype``, or in a
@@ -823,47 +766,30 @@ class RowwisePlan(CommonPlan):
         return self.like_names
 
     @property
-    def out_dtype_lines(self) -> tuple[str, ...]:
-        """Lines before the outputs are allocated: the dtype they take under ``[rows] dtype``, or
-        the promoted dtype of the row tensor and its companions."""
-        if self.dtype:
-            return ("# dtype=None keeps the input's",
-                    f"out_dtype = {self.dtype_arg_result(self.row_tensor, self.dtype)}")
-        if self.promoted:
-            tensors = ", ".join((self.row_tensor, *self.promoted))
-            return ("# as torch's x + residual: bfloat16 and float32 give float32",
-                    f"out_dtype = pointwise.result_dtype([{tensors}])")
-        return ()
-
-    @property
-    def out_dtype(self) -> str:
-        return "out_dtype" if self.out_dtype_lines else f"{self.row_tensor}.dtype"
-
-    def dtype_of(self, output: OutputPlan) -> str:
-        """The dtype an output is allocated with: its own (a derived gradient's) or the op's."""
-        return output.dtype or self.out_dtype
-
-    @property
-    def runtime_modules(self) -> str:
-        """The specgen.runtime modules the generated module calls besides ``rt``: pointwise for an
-        element-wise output layout and for the promoted dtype."""
-        elementwise = any(o.layout == "elementwise" for o in self.outputs)
-        return "pointwise, rowwise" if elementwise or self.promoted else "rowwise"
-
-    @property
-    def checked(self) -> str:
-        """What ``_check_inputs`` returns: the reduced dims, then each optional eps resolved."""
-        return ", ".join(("reduced", *self.finfo_eps))
-
-    @property
-    def row_shape_call(self) -> str:
-        """The shape of a per-row output: without the reduced dims, or with them as 1s."""
-        keepdim = f", {self.keepdim}" if self.keepdim else ""
-        return f"rowwise.row_shape({self.row_tensor}, reduced{keepdim})"
-
-    @property
-    def output_list(self) -> str:
-        return ", ".join(self.output_names)
+    def launch_data(self) -> dict[str, object]:
+        """The runtime's ``rowwise.Launch`` fields beside the module's constants (STRATEGY, ...):
+        the roles of the arguments and outputs, as values."""
+        outputs = [("column", c.name, (), c.dtype) for c in self.columns]
+        for o in self.outputs:
+            kind = "per_row" if o.per_row else o.layout
+            outputs.append((kind, o.name, o.like if kind in ("elementwise", "memory_format")
+                            else (), o.dtype))
+        return {
+            "row_tensor": self.row_tensor, "dim": self.dim,
+            "normalized_shape": self.normalized_shape, "keepdim": self.keepdim,
+            "dtype": self.dtype, "finfo_eps": self.finfo_eps, "like": self.like_names,
+            "along": self.along_names, "promoted": self.promoted,
+            "inputs": tuple(t.name for t in self.inputs),
+            "pointer_outputs": tuple(t.name for t in self.of_role("out", "row_out")),
+            "optional": tuple((t.name, t.has) for t in self.optional_tensors),
+            "kernel_scalars": tuple(a.name for a in self.kernel_scalars),
+            "launch_tensors": tuple(tuple(t.name for t in group) for group in self._launch_groups),
+            "dtype_key": tuple(t.name for t in self.tensors),
+            "outputs": tuple(outputs), "results": self.output_names,
+            # a derived op's kernels compile without FMA contraction (launch.py): terms that
+            # cancel (specgen/polynomial.py)
+            "fp_fusion": not self.derived_from,
+        }
 
 
 # the kernels' row and reduced dims: specgen/runtime/rowwise.py collapses layouts to the same
@@ -884,11 +810,11 @@ def eager_call(spec: OpSpec) -> DerivedBackward | None:
     if not spec.derived:
         return None
     (derived,) = spec.derived
-    cotangents = {grad_name(o.name): f"grads[{i}]" for i, o in enumerate(spec.body.outputs)}
+    cotangents = {grad_name(o.name): i for i, o in enumerate(spec.body.outputs)}
     results = tuple(o.name for o in derived.body.outputs + derived.body.column_outputs)
     return DerivedBackward(
-        derived.name, ", ".join(cotangents.get(a.name, a.name) for a in derived.args), results,
-        tuple(grad_name(a.name) if grad_name(a.name) in results else "None" for a in spec.args),
+        derived.name, tuple(cotangents.get(a.name, a.name) for a in derived.args), results,
+        tuple(grad_name(a.name) if grad_name(a.name) in results else None for a in spec.args),
         spec.body.dtype, spec.body.absent)
 
 
@@ -931,7 +857,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
     looped = _passes(steps, body.steps, None, variance)
     online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
     layouts = {name: (layout, like) for name, layout, like in body.output_layouts}
-    dtypes = {name: f"{tensor}.dtype" for name, tensor in body.output_dtypes}
+    dtypes = dict(body.output_dtypes)
     outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
                                o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())),
                                dtype=dtypes.get(o.name))

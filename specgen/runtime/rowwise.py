@@ -11,16 +11,17 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import triton
 from torch._prims_common import suggest_memory_format
 
 from specgen.runtime import pointwise
-from specgen.runtime.checks import as_int
-from specgen.runtime.launch import multiprocessors, max_programs, use_int64
-from specgen.runtime.context import overrides, untraced
+from specgen.runtime.autograd import sibling
+from specgen.runtime.checks import as_int, check_tensors
+from specgen.runtime.context import note_launch, overrides, untraced
+from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
 from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
 from specgen.runtime.op import Family, Op
 from specgen.runtime.replay import empty, zeros
@@ -483,10 +484,72 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
     return plan
 
 
+@dataclass(frozen=True)
+class Output:
+    """An output of a row-wise op, as its implementation allocates it."""
+
+    name: str
+    # per_row (the reduced dims dropped, or kept as 1s), column (summed over the rows: the reduced
+    # shape), contiguous, memory_format (as torch's rms_norm: the format torch suggests for the
+    # tensors in `like`) or elementwise (as torch lays out an element-wise result of `like`)
+    kind: str
+    like: tuple[str, ...] = ()
+    dtype_of: str | None = None    # the tensor whose dtype it takes (a derived gradient's)
+
+
+@dataclass(frozen=True)
+class Backward:
+    """How an op's eager autograd calls the backward op derived from its spec."""
+
+    op: str
+    # the derived op's arguments: a forward argument's name, or the index of an output's gradient
+    call: tuple[str | int, ...]
+    results: tuple[str, ...]            # its results: the gradients of these forward tensors
+    grads: tuple[str | None, ...]       # each forward argument's gradient among the results
+    # the forward's dtype argument, which the derived op lacks: it serves a cast that leaves the
+    # row tensor's values as they are
+    dtype: str | None = None
+    # optional tensors the derived op needs, each with the constant it stands for when omitted
+    absent: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A row-wise op's launch data (its description's ``launch``): the roles of its arguments
+    and outputs, and its strategies' bounds. Kernels (the module's KERNELS): ``single``,
+    ``looped``, ``online`` (where the op has online passes), ``split`` (a tuple, one a pass),
+    ``split_out``, ``columns`` (where it has column outputs)."""
+
+    strategy: str                       # the spec's: auto, or one strategy forced
+    strategies: tuple[str, ...]         # those its kernels implement
+    max_block: int                      # the longest tile a program forms column offsets for
+    max_chunk: int                      # the widest split chunk
+    slots: int                          # float32 partials a split launch keeps per row and split
+    row_tensor: str
+    dim: str | int | None               # the dim argument's name, or a fixed dim
+    normalized_shape: str | None        # or the normalized_shape argument's name
+    keepdim: str | None                 # the keepdim argument's name (per-row outputs)
+    dtype: str | None                   # the dtype argument's name ([rows] dtype)
+    finfo_eps: tuple[str, ...]          # float arguments whose None is float32's epsilon
+    like: tuple[str, ...]               # tensors shaped as the row tensor
+    along: tuple[str, ...]              # tensors read along the rows (a weight)
+    promoted: tuple[str, ...]           # tensors whose dtypes promote with the row tensor's
+    inputs: tuple[str, ...]             # the kernels' input pointers, in order
+    pointer_outputs: tuple[str, ...]    # then their output pointers
+    launch_tensors: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # launch_plan's lists
+    optional: tuple[tuple[str, str], ...]   # optional tensors with their kernels' flag
+    kernel_scalars: tuple[str, ...]
+    dtype_key: tuple[str, ...]          # the tensors whose dtypes autotuning depends on
+    outputs: tuple[Output, ...]         # in allocation order (column outputs first)
+    results: tuple[str, ...]            # what the implementation returns, in order
+    fp_fusion: bool = True              # False for a derived op (terms that cancel: polynomial.py)
+    backward: Backward | None = None
+
+
 class Rowwise(Family):
-    """Row-wise ops: their generated module writes out the implementation (the checks of the
-    rows, the outputs' allocation, the launches of each strategy) and, where the spec derives
-    one, the backward its eager calls take; normalized shapes are spelled out as lists here."""
+    """Row-wise ops: checks of the rows (dim or normalized shape, tensors alike or along them),
+    the outputs' allocation, each strategy's launches, and the derived backward of their eager
+    autograd; normalized shapes are spelled out as lists for the registered op."""
 
     def spell_out(self, op: Op, args: tuple) -> tuple:
         if not any(a.kind == "shape" for a in op.description.args):
@@ -494,5 +557,143 @@ class Rowwise(Family):
         return tuple(as_shape(op.name, a.name, v) if a.kind == "shape" else v
                      for a, v in zip(op.description.args, args))
 
+    def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        spec: Launch = op.description.launch
+        named = dict(zip((a.name for a in op.description.args), args))
+        reduced = _checked(op, named)
+        x = named[spec.row_tensor]
+        if spec.dtype:
+            # dtype=None keeps the input's
+            out_dtype = x.dtype if named[spec.dtype] is None else named[spec.dtype]
+        elif spec.promoted:
+            # as torch's x + residual: bfloat16 and float32 give float32
+            out_dtype = pointwise.result_dtype([x, *(named[n] for n in spec.promoted)])
+        else:
+            out_dtype = x.dtype
+        keepdim = bool(named[spec.keepdim]) if spec.keepdim else False
+        for out in spec.outputs:
+            dtype = named[out.dtype_of].dtype if out.dtype_of else out_dtype
+            if out.kind == "column":
+                named[out.name] = empty_columns(x, reduced, dtype)
+            elif out.kind == "per_row":
+                named[out.name] = empty(row_shape(x, reduced, keepdim), dtype, x.device)
+            elif out.kind == "elementwise":
+                named[out.name] = pointwise.empty_output(x.shape, dtype, x.device,
+                                                         [named[n] for n in out.like])
+            elif out.kind == "memory_format":
+                named[out.name] = empty_in_memory_format(x.shape, dtype, x.device,
+                                                         [named[n] for n in out.like])
+            else:
+                named[out.name] = empty(x.shape, dtype, x.device)
+        _launch(op, named, reduced)
+        results = tuple(named[n] for n in spec.results)
+        return results[0] if len(results) == 1 else results
+
+    def backward(self, op: Op) -> Callable | None:
+        if op.description.launch.backward is None:
+            return None
+        return lambda args, grads: _derived_backward(op, args, grads)
+
 
 FAMILY = Rowwise()
+
+
+def _checked(op: Op, named: dict) -> tuple[int, ...]:
+    """The checks of a call's tensors and rows; returns the reduced dims. An optional float
+    argument of None becomes float32's machine epsilon in ``named``: torch's kernels take their
+    opmath type's (its docs say the input's, which a 16-bit x would make 8000x larger)."""
+    spec: Launch = op.description.launch
+    tensors = {a.name: named[a.name] for a in op.description.args
+               if a.kind == "tensor" and named[a.name] is not None}
+    check_tensors(op.name, tensors, op.description.dtypes)
+    op.check_scalars(tuple(named[a.name] for a in op.description.args))
+    for name in spec.finfo_eps:
+        if named[name] is None:
+            named[name] = torch.finfo(torch.float32).eps
+    x = named[spec.row_tensor]
+    if isinstance(spec.dim, str):
+        reduced = reduced_by_dim(op.name, spec.dim, x, named[spec.dim])
+    elif spec.dim is not None:
+        reduced = reduced_by_dim(op.name, "dim", x, spec.dim)
+    else:
+        shape = as_shape(op.name, spec.normalized_shape, named[spec.normalized_shape])
+        reduced = reduced_by_shape(op.name, spec.normalized_shape, x, shape)
+    check_like(op.name, spec.row_tensor, x, {n: named[n] for n in spec.like})
+    check_along(op.name, x, reduced, {n: named[n] for n in spec.along})
+    return reduced
+
+
+def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
+    spec: Launch = op.description.launch
+    kernels = op.kernels
+    x = named[spec.row_tensor]
+    elem, along, row_out = ([named[n] for n in group] for group in spec.launch_tensors)
+    columns = [o.name for o in spec.outputs if o.kind == "column"]
+    plan = launch_plan(op.name, spec.strategy, spec.strategies, op.description.indexing,
+                       spec.max_block, spec.max_chunk, bool(row_out), x, reduced, elem, along,
+                       row_out, tuple(n for group in spec.launch_tensors for n in group),
+                       columns=bool(columns))
+    if plan is None:
+        return
+    space = plan.space
+    # column outputs: each program (split: each row) sums its rows into a row of float32
+    # partials, which a last kernel adds up
+    cols_ws = (plan.column_workspace(len(columns), x.device),) if columns else ()
+    # an omitted optional tensor is never read; the row tensor stands in for its pointer
+    pointers = [x if named[n] is None else named[n] for n in spec.inputs]
+    pointers += [named[n] for n in spec.pointer_outputs]
+    args = (*pointers, *cols_ws, space.rows, space.n, *space.kernel_args(),
+            *(named[n] for n in spec.kernel_scalars))
+    constexprs = {a.constexpr: named[a.name] for a in op.description.args if a.kind == "choice"}
+    constexprs.update({flag: named[n] is not None for n, flag in spec.optional})
+    constexprs.update(ROW_DIMS=space.row_dims, COL_DIMS=space.col_dims, INDEX_64=plan.index_64)
+    # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
+    tune_key = (space.n, *(None if named[n] is None else named[n].dtype for n in spec.dtype_key))
+    options = {} if spec.fp_fusion else {"fp_fusion": False}
+    note_launch(op.name, plan.strategy, plan.index_64, rows=space.rows, n=space.n,
+                row_loop=plan.row_loop, splits=plan.splits)
+    if plan.strategy == "single":
+        # block sizes and warps come from the sizes (no config space)
+        launch(kernels["single"], plan.grid(plan.single), *args, **constexprs, **plan.masks,
+               **plan.single, ROW_LOOP=plan.row_loop, **options)
+    elif plan.strategy != "split":
+        launch(kernels[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
+               **plan.masks, ROW_LOOP=plan.row_loop, **options)
+    else:
+        workspace = empty((spec.slots, space.rows, plan.splits), torch.float32, x.device)
+        constexprs["SPLITS_BLOCK"] = next_power_of_2(plan.splits)
+        # the workspace goes by position: keyword arguments are part of the tuned-config key
+        for kernel in (*kernels["split"], kernels["split_out"]):
+            launch(kernel, plan.grid, *args, workspace, plan.splits, tune_key=tune_key,
+                   **constexprs, **options)
+    if columns:
+        columns_grid, columns_meta = columns_launch(space.n, x.device)
+        (ws,) = cols_ws
+        launch(kernels["columns"], columns_grid, ws, *(named[n] for n in columns), ws.shape[0],
+               ws.shape[1], space.n, **columns_meta, INDEX_64=plan.index_64, **options)
+
+
+def _derived_backward(op: Op, args: tuple, grads: tuple) -> tuple | None:
+    """The gradients by the backward op derived from the op's spec (None where it does not
+    apply: the reference's gradient then serves)."""
+    spec: Launch = op.description.launch
+    back: Backward = spec.backward
+    named = dict(zip((a.name for a in op.description.args), args))
+    x = named[spec.row_tensor]
+    if back.dtype and named[back.dtype] is not None and not exact_cast(x.dtype,
+                                                                        named[back.dtype]):
+        # the derived op computes without the cast: it serves one that leaves x's values as they
+        # are (bfloat16 to float32), not one that rounds them
+        return None
+    if any(named[n] is None for n, _ in back.absent):
+        # the derived op takes every tensor: an omitted one is the constant it stands for (an
+        # eps of None resolves here to the value the derived op would give it)
+        reduced = _checked(op, named)
+        stood = stand_ins(x, reduced, *((named[n], value) for n, value in back.absent))
+        named.update(zip((n for n, _ in back.absent), stood))
+        if any(named[n] is None for n, _ in back.absent):
+            return None  # a constant the input's dtype does not hold
+    call = [grads[a] if isinstance(a, int) else named[a] for a in back.call]
+    found = sibling(op.module, back.op)(*call)
+    found = dict(zip(back.results, found if isinstance(found, tuple) else (found,)))
+    return tuple(None if g is None else found[g] for g in back.grads)
