@@ -42,8 +42,6 @@ RESERVED = IMPORTS | LIBRARY_HELPERS | frozenset({
 OP_RESERVED = IMPORTS | frozenset(callee for _, callee in FUNCTIONS.values()) | frozenset({
     "pointwise", "rowwise", "reduction", "matmul_rt", "plan_rows", "inner_kernel", "outer_kernel"})
 
-_ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
-                "shape": "list[int]", "dtype": "torch.dtype"}
 
 
 def symbols_of(spec_args: Iterable, host: Iterable[str] = ()) -> dict[str, Symbol]:
@@ -157,7 +155,6 @@ def tile_pairs(table: Table, key: str, default: tuple[tuple[int, int], ...],
 class ArgPlan:
     name: str
     kind: str
-    annotation: str
     default_code: str | None        # Python source of the default, None when required
     constexpr: str = ""
     values: tuple[str, ...] = ()
@@ -166,27 +163,20 @@ class ArgPlan:
     def param(self) -> str:
         return self.name if self.default_code is None else f"{self.name}={self.default_code}"
 
-    @property
-    def typed_param(self) -> str:
-        typed = f"{self.name}: {self.annotation}"
-        return typed if self.default_code is None else f"{typed} = {self.default_code}"
-
 
 def arg_plans(spec: OpSpec) -> tuple[ArgPlan, ...]:
     plans = []
     for arg in spec.args:
         if isinstance(arg, TensorArg):
-            annotation = "Optional[torch.Tensor]" if arg.optional else "torch.Tensor"
-            plans.append(ArgPlan(arg.name, "tensor", annotation,
-                                 "None" if arg.optional else None))
+            plans.append(ArgPlan(arg.name, "tensor", "None" if arg.optional else None))
         elif isinstance(arg, ChoiceArg):
             default = None if arg.default is None else repr(arg.default)
-            plans.append(ArgPlan(arg.name, "choice", "str", default, arg.constexpr, arg.values))
+            plans.append(ArgPlan(arg.name, "choice", default, arg.constexpr, arg.values))
         elif arg.optional:
-            plans.append(ArgPlan(arg.name, arg.type, f"Optional[{_ANNOTATIONS[arg.type]}]", "None"))
+            plans.append(ArgPlan(arg.name, arg.type, "None"))
         else:
             default = None if arg.default is None else repr(arg.default)
-            plans.append(ArgPlan(arg.name, arg.type, _ANNOTATIONS[arg.type], default))
+            plans.append(ArgPlan(arg.name, arg.type, default))
     return tuple(plans)
 
 
@@ -305,55 +295,14 @@ class CommonPlan:
         return tuple(a for a in self.args if a.kind == "choice")
 
     @property
-    def scalar_checks(self) -> tuple[str, ...]:
-        """Launcher lines that check scalar, choice and dtype arguments (types, allowed values)."""
-        checks = [f'rt.as_scalar(NAME, "{a.name}", {a.name}, {a.kind}'
-                  + (", optional=True)" if a.default_code == "None" else ")") for a in self.scalars]
-        checks += [f'rt.check_choice(NAME, "{a.name}", {a.name}, {a.values!r})' for a in self.choices]
-        return (*checks, *self.dtype_checks)
-
-    @staticmethod
-    def dtype_arg_result(tensor: str, dtype_arg: str | None) -> str:
-        """The dtype of a result under torch's ``dtype=`` (``dtype_arg``, None: the input's)."""
-        if dtype_arg is None:
-            return f"{tensor}.dtype"
-        return f"{tensor}.dtype if {dtype_arg} is None else {dtype_arg}"
-
-    @property
-    def dtype_checks(self) -> tuple[str, ...]:
-        """Lines that check ``dtype=`` arguments: None or one of the op's dtypes."""
-        return tuple(f'rt.check_dtype_arg(NAME, "{a.name}", {a.name}, DTYPES)'
-                     for a in self.args if a.kind == "dtype")
-
-    @property
     def signature_no_out(self) -> str:
         return ", ".join(a.param for a in self.args)
-
-    @property
-    def op_params(self) -> str:
-        return ", ".join(a.typed_param for a in self.args)
-
-    @property
-    def call_args(self) -> str:
-        """The arguments' names in order: a call's arguments, or an untyped parameter list."""
-        return ", ".join(a.name for a in self.args)
-
-    @property
-    def input_dict(self) -> str:
-        """The tensor arguments as the entries of a dict literal, name to value, in signature
-        order (what the argument checks take)."""
-        return ", ".join(f'"{a.name}": {a.name}' for a in self.args if a.kind == "tensor")
 
     @property
     def differentiable(self) -> bool:
         """Whether the op has a gradient (argmax and argmin have none)."""
         return True
 
-    @property
-    def return_annotation(self) -> str:
-        if len(self.output_names) == 1:
-            return "torch.Tensor"
-        return f"tuple[{', '.join('torch.Tensor' for _ in self.output_names)}]"
 
 
 def _tuple_code(names) -> str:

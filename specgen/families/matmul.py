@@ -402,18 +402,6 @@ class MatmulPlan(CommonPlan):
         return tuple(o for o in self.epilogue_inputs if o.optional)
 
     @property
-    def input_list(self) -> str:
-        return ", ".join(o.name for o in self.inputs)
-
-    @property
-    def input_dict(self) -> str:
-        return ", ".join(f'"{o.name}": {o.name}' for o in self.inputs)
-
-    @property
-    def output_list(self) -> str:
-        return ", ".join(o.name for o in self.outputs)
-
-    @property
     def epilogue_params(self) -> str:
         """The epilogue's pointer parameters: its input tensors', then the outputs'."""
         return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
@@ -422,11 +410,6 @@ class MatmulPlan(CommonPlan):
     def block_ks(self) -> tuple[int, ...]:
         return tuple(sorted({c["BLOCK_K"] for c in self.configs}))
 
-    @property
-    def launch_params(self) -> str:
-        scalars = [a.name for a in self.args if a.kind != "tensor"]
-        return ", ".join(["plan"] + [o.name for o in self.inputs] + scalars
-                         + [o.name for o in self.outputs])
 
 
 

@@ -130,10 +130,6 @@ class PointwisePlan(CommonPlan):
         return ", ".join(t.ptr for t in self.inputs + self.outputs)
 
     @property
-    def pointer_args(self) -> str:
-        return ", ".join(t.name for t in self.inputs + self.outputs)
-
-    @property
     def sizes(self) -> str:
         return ", ".join([f"size_{d}" for d in self.outer_dims] + ["size_m", "size_n"])
 
@@ -151,34 +147,9 @@ class PointwisePlan(CommonPlan):
                    [c["TILE_M"] * c["TILE_N"] for c in self.tiled_configs])
 
     @property
-    def output_list(self) -> str:
-        return ", ".join(o.name for o in self.outputs)
-
-    @property
-    def input_list(self) -> str:
-        return ", ".join(t.name for t in self.inputs)
-
-    @property
-    def dtype_list(self) -> str:
-        """The dtypes autotuning depends on, as a tuple expression."""
-        return "".join(f"{t.name}.dtype, " for t in self.inputs + self.outputs).rstrip(" ")
-
-    @property
     def tensor_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)
 
-    @property
-    def tensor_list(self) -> str:
-        return ", ".join(self.tensor_names)
-
-    @property
-    def launch_params(self) -> str:
-        scalars = [a.name for a in self.args if a.kind != "tensor"]
-        return ", ".join([t.name for t in self.inputs] + scalars + [o.name for o in self.outputs])
-
-    @property
-    def out_params(self) -> str:
-        return ", ".join(f"{o.name}: torch.Tensor" for o in self.outputs)
 
 
 def plan(spec: OpSpec) -> PointwisePlan:

@@ -199,11 +199,6 @@ class ReducePlan(CommonPlan):
         return (*self.float32_lines, "n_float = count * 1.0  # the element count as a float")
 
     @property
-    def out_dtype(self) -> str:
-        """The result's dtype: int64 for an index, else the dtype argument or x's."""
-        return "torch.int64" if self.index else self.dtype_arg_result(self.x, self.dtype)
-
-    @property
     def max_tile(self) -> int:
         return max(c["BLOCK_K"] * c["BLOCK_R"] for c in self.inner_configs + self.outer_configs)
 
@@ -227,9 +222,7 @@ def plan(spec: OpSpec) -> ReducePlan:
 
     common = common_plan(spec, ("out",))
     dim_default = None if body.dim == "required" else "None"
-    dim_annotation = "Optional[int]" if index else "Optional[list[int]]"
-    extra = (ArgPlan("dim", "dims", dim_annotation, dim_default),
-             ArgPlan("keepdim", "bool", "bool", "False"))
+    extra = (ArgPlan("dim", "dims", dim_default), ArgPlan("keepdim", "bool", "False"))
     # kind "dim": one int (argmax/argmin), "dims": an int or a tuple; optional: None is allowed
     dim_info = f'rt.ArgInfo("dim", "{"dim" if index else "dims"}"'
     dim_info += ", optional=True)" if body.dim == "optional" else ")"

@@ -682,15 +682,6 @@ class RowwisePlan(CommonPlan):
                          f"None if {t.name} is None else {t.name}.dtype" for t in self.tensors)
 
     @property
-    def input_list(self) -> str:
-        return ", ".join(t.name for t in self.inputs)
-
-    @property
-    def shape_args(self) -> tuple[str, ...]:
-        """Arguments torch takes as an int or a list of ints, passed on as a list."""
-        return tuple(a.name for a in self.args if a.kind == "shape")
-
-    @property
     def used_tensors(self) -> tuple[str, ...]:
         """Inputs any step or output reads: what the single-tile kernel loads."""
         names = {t for s in self.steps for t in s.tensors} | set(self.output_tensors)

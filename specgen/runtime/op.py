@@ -101,10 +101,8 @@ class Family:
         return op.call(key, args, out)
 
     def run(self, op: Op, args: tuple) -> Any:
-        """The implementation: checks, allocations and launches; the outputs. By default the
-        generated module's own (``Op``'s ``implementation``: row-wise ops, whose launches
-        their template still writes out)."""
-        return op.implementation(*args)
+        """The implementation: checks, allocations and launches; the outputs."""
+        raise NotImplementedError
 
     def run_out(self, op: Op, outs: tuple, args: tuple) -> None:
         """The ``out=`` implementation, where ``takes_out``."""
@@ -121,20 +119,17 @@ class Family:
         return None
 
     def backward(self, op: Op) -> Callable | None:
-        """A derived backward for eager calls (``differentiable_call``): by default the
-        generated module's (``Op``'s ``backward``), if any."""
-        return op.backward
+        """A derived backward for eager calls (``differentiable_call``: given the arguments and
+        the outputs' gradients, each argument's gradient, or None where it does not apply)."""
+        return None
 
 
 class Op:
     """A generated op: its public function, registered operators, replays and description."""
 
     def __init__(self, description: OpDescription, family: Family, kernels: Mapping[str, Any],
-                 reference: Callable, module: str, implementation: Callable | None = None,
-                 backward: Callable | None = None) -> None:
+                 reference: Callable, module: str) -> None:
         self.description = d = description
-        self.implementation = implementation
-        self.backward = backward
         self.name = d.name
         self.family = family
         self.kernels = dict(kernels)
