@@ -495,7 +495,7 @@ def test_chunked_kernels_with_column_outputs_tune_on_zeroed_partials():
     for name, info in generated.REGISTRY.items():
         module = importlib.import_module(f"generated.{name}")
         if info.family == "rowwise" and hasattr(module, f"_{name}_columns_kernel"):
-            for kernel in module.CHUNKED_KERNELS.values():
+            for kernel in (module.KERNELS[s] for s in ("looped", "online") if s in module.KERNELS):
                 assert kernel.reset_to_zero == ["cols_ws_ptr"], name
             checked.append(name)
     assert {"layer_norm_backward", "rms_norm_backward"} <= set(checked)

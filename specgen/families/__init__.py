@@ -4,7 +4,7 @@ code binds for itself, its template ``templates/<name>.py.jinja``, its runtime m
 ``specgen/runtime/<name>.py``, and where its property tests and benchmark cases live.
 
 To add a family: write ``families/<name>.py`` ending in ``FAMILY = Family(...)``, its template,
-its runtime module (a ``specgen.runtime.op.Family`` subclass as ``FAMILY``) and specs; this
+its runtime module (a ``specgen.runtime.op.FamilyRuntime`` subclass as ``RUNTIME``) and specs; this
 package finds the module (tests/test_spec_errors.py checks the generated names against what the
 template binds).
 """
@@ -23,6 +23,9 @@ def _discover() -> dict[str, Family]:
         module = importlib.import_module(f"{__name__}.{module_info.name}")
         family = getattr(module, "FAMILY", None)
         if isinstance(family, Family):
+            if family.name in found:
+                raise ImportError(f"{module.__name__}: family '{family.name}' is declared by "
+                                  f"{found[family.name].plan.__module__} too")
             found[family.name] = family
     return found
 

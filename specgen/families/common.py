@@ -305,10 +305,6 @@ class CommonPlan:
 
 
 
-def _tuple_code(names) -> str:
-    names = list(names)
-    return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
-
 
 def common_plan(spec: OpSpec, output_names: tuple[str, ...],
                 promoted: tuple[str, ...] = ()) -> CommonPlan:

@@ -700,12 +700,6 @@ class RowwisePlan(CommonPlan):
         return tuple(n for n in self.output_tensors if n not in self.step_tensors)
 
     @property
-    def rows_code(self) -> str:
-        return repr({"tensor": self.row_tensor, "dim": self.dim,
-                     "normalized_shape": self.normalized_shape, "along": self.along_names,
-                     "like": self.like_names})
-
-    @property
     def axis_doc(self) -> str:
         if self.normalized_shape:
             return f"the trailing dims `{self.normalized_shape}`"
@@ -716,11 +710,6 @@ class RowwisePlan(CommonPlan):
         """launch_plan's three tensor lists: the element-wise tensors, what the launch lays out
         along a row (the tensors read there, the column outputs), the per-row outputs."""
         return self.elem_tensors, self.of_role("along", "col_out"), self.of_role("row_out")
-
-    @property
-    def launch_tensor_names(self) -> tuple[str, ...]:
-        """The names of the three lists' tensors, in their order."""
-        return tuple(t.name for group in self._launch_groups for t in group)
 
     @property
     def column_out_names(self) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 """The cross_entropy family's runtime: its launches (one program per row, grid-stride over
-rows), the validating mode and its eager target check, and its ops' host path (``FAMILY``).
+rows), the validating mode and its eager target check, and its ops' host path (``RUNTIME``).
 
 By default no call reads anything back from the device: a row whose target is neither a class
 nor ignore_index gets a NaN loss and a NaN gradient row. In validating mode (``validating()``, or
@@ -23,7 +23,7 @@ from specgen.runtime.checks import check_no_grad, check_tensor_types, check_tens
 from specgen.runtime.context import note_launch, overrides, runs_eagerly, untraced
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import span
-from specgen.runtime.op import Family, Op
+from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.registry import triton_op
 from specgen.runtime.replay import Replays, empty, full
 
@@ -166,12 +166,14 @@ class _State:
     function: type
 
 
-class CrossEntropy(Family):
+class CrossEntropy(FamilyRuntime):
     """Cross entropy of (N, C) logits against class targets (the family's fixed signature:
     logits, target, weight, ignore_index, reduction, label_smoothing). The registered operator
     returns the loss, each row's logsumexp and the loss's denominator, what the backward kernel
     reads; the public function returns the loss. Kernels: ``forward``, ``finish`` (a "mean" or
     "sum" over the rows), ``backward`` and ``targets`` (validating mode's check)."""
+
+    doc_note = "for (N, C) logits and (N,) targets; differentiable in logits."
 
     public_output = 0
 
@@ -247,7 +249,7 @@ class CrossEntropy(Family):
         return op.operator(*args)[0]
 
 
-FAMILY = CrossEntropy()
+RUNTIME = CrossEntropy()
 
 
 def _check_inputs(op: Op, logits, target, weight, ignore_index, reduction, label_smoothing):

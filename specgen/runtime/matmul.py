@@ -22,7 +22,7 @@ import triton.testing
 from specgen.runtime.checks import check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
 from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
-from specgen.runtime.op import Family, Op
+from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
 from specgen.runtime.pointwise import result_dtype
 from specgen.runtime.replay import empty, note_tuning, zeros
@@ -669,12 +669,14 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
     return chosen
 
 
-class Matmul(Family):
+class Matmul(FamilyRuntime):
     """Matmuls with fused epilogues; the description's ``launch`` is the op's ``OpLayout``.
     Kernels: ``tile`` and ``tma`` (a tile of the output a program, the second reading A and B by
     TMA), ``split`` and ``reduce`` (split-K partial sums, then their sum and the epilogue). The
     tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and strides, the
     op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional input."""
+
+    doc_note = "computed by one fused kernel (two for a split-K launch)."
 
     def replay_state(self) -> Callable[[], object]:
         # float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
@@ -692,7 +694,7 @@ class Matmul(Family):
         return outs[0] if len(outs) == 1 else outs
 
 
-FAMILY = Matmul()
+RUNTIME = Matmul()
 
 
 def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple) -> None:

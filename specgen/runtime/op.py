@@ -11,7 +11,7 @@ A public call goes, in this order, for every family:
    eager code, that implementation inside an ``autograd.Function``, or, for traced calls
    (torch.compile, modes, subclasses), the registered operator ``torch.ops.specgen.<op>``.
 
-The family supplies what differs (``Family``): the implementation (checks of shapes, the
+The family supplies what differs (``FamilyRuntime``): the implementation (checks of shapes, the
 outputs' allocation, the launches), an ``out=`` form, scalars it spells out before the
 implementation (a reduction's dims), a derived backward, and state its launches read.
 
@@ -22,6 +22,7 @@ replay path of a repeated call costs a lookup and the replay itself.
 
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -74,11 +75,13 @@ class OpDescription:
         return tuple(a.name for a in self.args if a.kind == "tensor" and a.optional)
 
 
-class Family:
-    """What a family's runtime module supplies to ``Op`` (``FAMILY`` there)."""
+class FamilyRuntime:
+    """What a family's runtime module supplies to ``Op`` (its ``RUNTIME``)."""
 
     # whether its ops take ``out=`` (registered as ``specgen::<op>_out``, outputs first)
     takes_out = False
+    # what the public function's docstring adds after "Same as ``<reference>``"
+    doc_note = ""
     # which of the implementation's outputs the public function returns (None: all of them;
     # cross_entropy's operator returns what its backward reads beside the loss)
     public_output: int | None = None
@@ -127,8 +130,8 @@ class Family:
 class Op:
     """A generated op: its public function, registered operators, replays and description."""
 
-    def __init__(self, description: OpDescription, family: Family, kernels: Mapping[str, Any],
-                 reference: Callable, module: str) -> None:
+    def __init__(self, description: OpDescription, family: FamilyRuntime,
+                 kernels: Mapping[str, Any], reference: Callable, module: str) -> None:
         self.description = d = description
         self.name = d.name
         self.family = family
@@ -225,13 +228,14 @@ class Op:
     def _compile_public(self) -> Callable:
         d = self.description
         source = _public_source(d, self.family)
+        filename = _remember(f"<specgen {d.name}>", source)
         scope = {"_op": self, "_call": self.family.call, "_lookup": self.replays.lookup,
                  "_autocast": autocast_policy, "_serve": self.family.replays_serve}
-        exec(compile(source, f"<specgen {d.name}>", "exec"), scope)
+        exec(compile(source, filename, "exec"), scope)
         function = scope[d.name]
         function.__module__ = self.module
         function.__qualname__ = d.name
-        function.__doc__ = _docstring(d, self.family.takes_out)
+        function.__doc__ = _docstring(d, self.family)
         return function
 
     def register_operators(self) -> None:
@@ -246,7 +250,7 @@ class Op:
             outs = ", ".join(f"{o}: torch.Tensor" for o in d.outputs)
             source += (f"def _{d.name}_out({outs}, {typed}) -> None:\n"
                        f"    _run_out({', '.join(d.outputs)}, {names})\n")
-        exec(compile(source, f"<specgen {d.name} operators>", "exec"), scope)
+        exec(compile(source, _remember(f"<specgen {d.name} operators>", source), "exec"), scope)
         for suffix, mutates in (("", ()), ("_out", d.outputs)):
             if suffix and not self.family.takes_out:
                 continue
@@ -260,6 +264,13 @@ class Op:
         if self.differentiable:
             # the backward: the vector-Jacobian product of `reference` at the saved inputs
             differentiate_by_reference(f"specgen::{d.name}", self.reference)
+
+
+def _remember(filename: str, source: str) -> str:
+    """``filename``, with ``source`` kept in linecache under it: tracebacks and ``inspect``
+    show the compiled functions' lines (as dataclasses' and attrs' generated methods)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return filename
 
 
 def _typed(arg: ArgInfo) -> str:
@@ -286,7 +297,7 @@ def _tuple(names: Sequence[str]) -> str:
     return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
 
 
-def _public_source(d: OpDescription, family: Family) -> str:
+def _public_source(d: OpDescription, family: FamilyRuntime) -> str:
     """The public function's source: autocast, the replay lookup, then the family's ``call``."""
     takes_out = family.takes_out
     names = [a.name for a in d.args]
@@ -302,7 +313,7 @@ def _public_source(d: OpDescription, family: Family) -> str:
     # the conditions under which a replay may serve the call (the lookup is skipped otherwise:
     # the family's call looks up what it replays, cross_entropy's in validating mode)
     conditions = ["out is None"] if takes_out else []
-    if type(family).replays_serve is not Family.replays_serve:
+    if type(family).replays_serve is not FamilyRuntime.replays_serve:
         conditions.append("_serve()")
     if conditions:
         lines += ["    key = None", f"    if {' and '.join(conditions)}:",
@@ -331,11 +342,11 @@ def _autocast_lines(d: OpDescription, takes_out: bool) -> list[str]:
     return [f"    if {condition}:", f"        {action}"]
 
 
-def _docstring(d: OpDescription, takes_out: bool) -> str:
-    text = f"{d.doc}\n\nSame as ``{d.reference}``."
-    if takes_out:
+def _docstring(d: OpDescription, family: FamilyRuntime) -> str:
+    text = f"{d.doc}\n\nSame as ``{d.reference}``"
+    text += f", {family.doc_note}" if family.doc_note else "."
+    if family.takes_out:
         n = len(d.outputs)
         what = f"a tuple of {n} tensors" if n > 1 else "one tensor"
         text += f" Pass ``out=`` to write into an existing tensor ({what})."
     return text
-

@@ -1,5 +1,5 @@
 """The pointwise family's runtime: torch's type promotion and output layout, cached launch plans,
-and the implementation of its ops (``FAMILY``)."""
+and the implementation of its ops (``RUNTIME``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from specgen.runtime.context import note_launch, overrides
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
-from specgen.runtime.op import Family, Op
+from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
 
 
@@ -107,7 +107,7 @@ class Launch:
     rank: int        # collapsed dimensions the tiled kernel walks
 
 
-class Pointwise(Family):
+class Pointwise(FamilyRuntime):
     """Element-wise ops: kernels ``dense`` (one flat offset serves every tensor) and ``tiled``
     (any strides), each taking the inputs' pointers, then the outputs', the plan's sizes and
     strides, the scalar arguments, then the choices as constexprs."""
@@ -131,7 +131,7 @@ class Pointwise(Family):
         _launch(op, args, inputs, outs)
 
 
-FAMILY = Pointwise()
+RUNTIME = Pointwise()
 
 
 def _checked(op: Op, args: tuple) -> tuple[list[torch.Tensor], tuple[int, ...], torch.device]:
@@ -156,5 +156,5 @@ def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple) -> Non
            *scalars, **choices, INDEX_64=plan.index_64, tune_key=(plan, dtypes))
 
 
-__all__ = ["FAMILY", "Launch", "LaunchPlan", "Shape", "empty_output", "output_strides",
+__all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "empty_output", "output_strides",
            "plan_launch", "result_dtype"]

@@ -20,7 +20,7 @@ from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
-from specgen.runtime.op import Family, Op
+from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty, persistent, zeros
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
@@ -411,7 +411,7 @@ class Launch:
         return self.combine in INDEX_COMBINES
 
 
-class Reduce(Family):
+class Reduce(FamilyRuntime):
     """Reductions of the op's tensor (its first argument) over ``dim`` (its second), ``keepdim``
     third. Kernels: ``inner`` and ``outer`` (two tile families of one kernel), and for a sum
     ``atomic_inner`` and ``atomic_outer`` (the same, zeroing their partials between tuning
@@ -446,7 +446,7 @@ class Reduce(Family):
         return out
 
 
-FAMILY = Reduce()
+RUNTIME = Reduce()
 
 
 def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool,

@@ -336,7 +336,7 @@ class Replays:
 
     def _key(self, tensors: Sequence[object], scalars: Sequence[object]) -> tuple | None:
         # every eager call computes this: the common cases first, no call that can be avoided
-        if context._launch_logs or context.tracing():
+        if context.launches_watched() or context.tracing():
             return None
         grad = torch.is_grad_enabled()
         signature = []

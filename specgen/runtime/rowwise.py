@@ -23,7 +23,7 @@ from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
 from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
-from specgen.runtime.op import Family, Op
+from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty, zeros
 
 ROW_RANK = 4    # collapsed row dims a kernel splits a row id into
@@ -543,10 +543,11 @@ class Launch:
     outputs: tuple[Output, ...]         # in allocation order (column outputs first)
     results: tuple[str, ...]            # what the implementation returns, in order
     fp_fusion: bool = True              # False for a derived op (terms that cancel: polynomial.py)
+    derived_from: str | None = None     # the op this one is the backward of
     backward: Backward | None = None
 
 
-class Rowwise(Family):
+class Rowwise(FamilyRuntime):
     """Row-wise ops: checks of the rows (dim or normalized shape, tensors alike or along them),
     the outputs' allocation, each strategy's launches, and the derived backward of their eager
     autograd; normalized shapes are spelled out as lists for the registered op."""
@@ -595,18 +596,18 @@ class Rowwise(Family):
         return lambda args, grads: _derived_backward(op, args, grads)
 
 
-FAMILY = Rowwise()
+RUNTIME = Rowwise()
 
 
 def _checked(op: Op, named: dict) -> tuple[int, ...]:
-    """The checks of a call's tensors and rows; returns the reduced dims. An optional float
-    argument of None becomes float32's machine epsilon in ``named``: torch's kernels take their
-    opmath type's (its docs say the input's, which a 16-bit x would make 8000x larger)."""
+    """The checks of a call's tensors and rows (``Op.run`` checked its scalars); returns the
+    reduced dims. An optional float argument of None becomes float32's machine epsilon in
+    ``named``: torch's kernels take their opmath type's (its docs say the input's, which a 16-bit
+    x would make 8000x larger)."""
     spec: Launch = op.description.launch
     tensors = {a.name: named[a.name] for a in op.description.args
                if a.kind == "tensor" and named[a.name] is not None}
     check_tensors(op.name, tensors, op.description.dtypes)
-    op.check_scalars(tuple(named[a.name] for a in op.description.args))
     for name in spec.finfo_eps:
         if named[name] is None:
             named[name] = torch.finfo(torch.float32).eps

@@ -36,8 +36,15 @@ CHUNKED_ROWS = 32
 
 
 def _roles(info: OpInfo) -> dict[str, Any]:
-    """The ROWS table of the op's generated module: which argument plays which part."""
-    return sys.modules[info.function.__module__].ROWS
+    """Which argument plays which part: the op's launch data (runtime/rowwise.py's Launch)."""
+    launch = _launch(info)
+    return {"tensor": launch.row_tensor, "dim": launch.dim,
+            "normalized_shape": launch.normalized_shape, "along": launch.along,
+            "like": launch.like}
+
+
+def _launch(info: OpInfo):
+    return sys.modules[info.function.__module__].OP.description.launch
 
 
 def _strategies(info: OpInfo) -> tuple[str, ...]:
@@ -162,15 +169,15 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     # op lays its gradients out as its forward lays out its results; torch's vector-Jacobian
     # product has the layout of whichever op its graph ends in (add_rms_norm's x: the sum of two
     # gradients, laid out by TensorIterator's rule), which is no contract of torch's
-    module = sys.modules[info.function.__module__]
-    derived = getattr(module, "DERIVED_FROM", None)
+    launch = _launch(info)
+    derived = launch.derived_from
     # Gradients cancel by design (layer_norm's over two elements is a difference of nearly equal
     # terms), on the forward's eager path too, which runs the derived op: an element is held to
     # torch's accuracy near the drawn input (Case.nearby). At 8 nearby inputs rather than 3: where
     # one ulp of rstd moves a gradient 4x past the tolerance (rms_norm over rows of one float32
     # element, x**2 near 1600 eps), torch is accurate at a few inputs by the luck of its rounding,
     # and a GPU draw of 527744 such rows found 2 where it was at the drawn one and all 3 nearby
-    backward = derived or getattr(module, "BACKWARD_OP", None)
+    backward = derived or launch.backward
     return Case(args, (), forced, describe="; ".join(notes), tolerances=TOLERANCES,
                 reference_args=reference_args,
                 layout_reference=None if derived else "eager", nearby=8 if backward else 0)
