@@ -224,3 +224,20 @@ def test_another_function_mode_takes_the_dispatcher():
         out = generated.softmax(x, -1)
     torch.testing.assert_close(out, torch.softmax(x, -1))
     assert torch.ops.specgen.softmax in watch.seen
+
+
+def test_an_out_call_is_never_served_by_a_replay():
+    # out= takes the checked path every time (its out tensor is checked against the inputs)
+    storage = _randn(36)
+    x, y = storage[:35].view(5, 7), _randn(5, 7)
+    out = torch.empty(5, 7, device=testing.device())
+    with replay.record_at_once():
+        for _ in range(3):
+            generated.add(x, y)
+        before = _replayed("add")
+        for _ in range(3):
+            generated.add(x, y, out=out)
+        with pytest.raises(RuntimeError, match="overlaps input"):
+            generated.add(x, y, out=storage[1:].view(5, 7))   # x shifted by one element
+    assert _replayed("add") == before
+    torch.testing.assert_close(out, x + y)

@@ -397,3 +397,33 @@ def test_the_generator_and_the_runtime_agree_on_the_kernels_ranks():
     # the kernels split row ids and column indices into these many dims; the runtime collapses
     # every layout to at most that many
     assert (family.ROW_RANK, family.COL_RANK) == (rowwise.ROW_RANK, rowwise.COL_RANK)
+
+
+def test_a_derived_backward_is_made_at_the_spec_stage_and_handed_to_the_planner():
+    spec = parse(GOOD)
+    (derived,) = spec.derived
+    assert derived.name == "norm_backward" and derived.body.derived_from == "norm"
+    call = family.plan(spec).backward
+    assert call.op == "norm_backward"
+    # the derived op's arguments in the forward's names, the output's gradient by its index
+    assert call.call == tuple(0 if a.name == "grad_out" else a.name for a in derived.args)
+    # a gradient for each forward tensor, none for its other arguments
+    assert call.grads == ("grad_x", None, "grad_weight", None)
+    # an omitted weight is the constant the spec says it stands for
+    assert call.absent == (("weight", 1.0),)
+
+
+def test_launch_data_gives_the_roles_the_runtime_launches_by():
+    spec = parse(GOOD)
+    data = family.plan(spec).launch_data
+    assert data["row_tensor"] == "x" and data["normalized_shape"] == "normalized_shape"
+    # the optional weight gets its kernels' flag; the launch lists put the outputs first
+    assert data["optional"] == (("weight", "HAS_WEIGHT"),)
+    elem, along, row_out = data["launch_tensors"]
+    assert elem == ("out", "x") and along == ("weight",) and row_out == ()
+    assert data["inputs"][0] == "x" and data["kernel_scalars"] == ("eps",)
+    assert data["fp_fusion"] and data["results"] == ("out",)
+    # a derived op's kernels compile without FMA contraction (terms that cancel)
+    derived = family.plan(spec.derived[0]).launch_data
+    assert not derived["fp_fusion"]
+    assert ("column", "grad_weight", (), "weight") in derived["outputs"]
