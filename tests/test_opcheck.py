@@ -16,9 +16,12 @@ import importlib
 import pytest
 import torch
 
-import generated  # noqa: F401  (registers torch.ops.specgen.*)
+import generated  # registers torch.ops.specgen.*
 from specgen import runtime
+from specgen.families import FAMILIES
+from specgen.families.contract import resolve
 from specgen.testing import device
+from specgen.testing.samples import Make
 
 launch = importlib.import_module("specgen.runtime.launch")
 
@@ -26,9 +29,29 @@ UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
          "test_aot_dispatch_dynamic")
 
 
+def _family_samples(dev):
+    """Per operator: the samples its op's family draws (``Family.samples``), for every op in
+    ``generated.REGISTRY``: what a new op or family gets with no edit here."""
+    make = Make(dev)
+    found = {}
+    for info in generated.REGISTRY.values():
+        for name, calls in resolve(FAMILIES[info.family].samples)(info, make).items():
+            found.setdefault(name, []).extend(calls)
+    return found
+
+
 def _samples(dev):
-    """Per operator: a few small float32 cases, with inputs requiring grad and non-contiguous
-    (transposed, sliced) layouts; out= variants with a transposed out."""
+    """Per operator: the family's samples, then the shipped ops' own (small float32 cases, with
+    inputs requiring grad and non-contiguous (transposed, sliced) layouts; out= variants with a
+    transposed out): layouts and arguments the family's draw leaves out (a channels_last
+    rms_norm, a 1-D matmul, a float16 softmax reduced in float32, addmm's scalars)."""
+    found = _family_samples(dev)
+    for name, calls in _curated_samples(dev).items():
+        found.setdefault(name, []).extend(calls)
+    return found
+
+
+def _curated_samples(dev):
     def r(*s, g=False, lo=-2.0, hi=2.0):
         return torch.empty(*s, device=dev).uniform_(lo, hi).requires_grad_(g)
 
@@ -99,6 +122,12 @@ def test_every_operator_has_samples():
     # a new op (or out= variant) must get opcheck samples here
     with torch.no_grad():
         assert set(OPERATORS) <= set(_samples(device()))
+
+
+def test_every_family_draws_samples_for_every_operator_of_its_ops():
+    # from the family alone: an op needs no samples listed in this file
+    with torch.no_grad():
+        assert set(OPERATORS) <= set(_family_samples(device()))
 
 
 @pytest.fixture(scope="module")

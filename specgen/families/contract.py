@@ -40,10 +40,12 @@ class Family:
     # "module:function" making the ops a spec derives (OpSpec -> tuple of OpSpec: a row-wise
     # backward), called at the spec stage, before planning ("": none)
     derive: str = ""
-    # "module:function" of its property-test strategy (OpInfo -> strategy of testing.Case) and of
-    # its benchmark cases (quick -> list of bench.harness.Case; "" where another family's
-    # section holds them): imported by the test suite and bench only
+    # "module:function" of its property-test strategy (OpInfo -> strategy of testing.Case), of
+    # its opcheck samples (OpInfo, testing.samples.Make -> {operator: [args, ...]} for every
+    # operator an op registers) and of its benchmark cases (quick -> list of bench.harness.Case;
+    # "" where another family's section holds them): imported by the tests and bench only
     cases: str = ""
+    samples: str = ""
     bench: str = ""
 
     @property

@@ -111,4 +111,5 @@ FAMILY = Family(
     scaffold=scaffold, generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     operator_suffixes=OPERATOR_SUFFIXES,
     # its benchmark rows are in the reduce section (bench/reduce.py)
-    cases="specgen.testing.cross_entropy:cross_entropy_cases")
+    cases="specgen.testing.cross_entropy:cross_entropy_cases",
+    samples="specgen.testing.cross_entropy:cross_entropy_samples")

@@ -455,4 +455,5 @@ split_k = "auto"          # auto (two-stage, deterministic) | atomic | off
 FAMILY = Family(
     name="matmul", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
-    cases="specgen.testing.matmul:matmul_cases", bench="bench.matmul:cases")
+    cases="specgen.testing.matmul:matmul_cases",
+    samples="specgen.testing.matmul:matmul_samples", bench="bench.matmul:cases")

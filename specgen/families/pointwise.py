@@ -187,4 +187,5 @@ FAMILY = Family(
     name="pointwise", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     operator_suffixes=OPERATOR_SUFFIXES,
-    cases="specgen.testing.pointwise:pointwise_cases", bench="bench.pointwise:cases")
+    cases="specgen.testing.pointwise:pointwise_cases",
+    samples="specgen.testing.pointwise:pointwise_samples", bench="bench.pointwise:cases")

@@ -268,4 +268,5 @@ FAMILY = Family(
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     # torch's dtype= of a reduction
     takes=frozenset({"dtype argument"}), reference_names=REFERENCE_NAMES,
-    cases="specgen.testing.reduce:reduce_cases", bench="bench.reduce:cases")
+    cases="specgen.testing.reduce:reduce_cases",
+    samples="specgen.testing.reduce:reduce_samples", bench="bench.reduce:cases")

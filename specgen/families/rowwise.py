@@ -986,4 +986,5 @@ FAMILY = Family(
     # optional floats ([rows] finfo_eps say what None is)
     takes=frozenset({"dtype argument", "shape argument", "optional scalar"}),
     derive="specgen.families.rowwise_backward:derived_specs",
-    cases="specgen.testing.rowwise:rowwise_cases", bench="bench.rowwise:cases")
+    cases="specgen.testing.rowwise:rowwise_cases",
+    samples="specgen.testing.rowwise:rowwise_samples", bench="bench.rowwise:cases")

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo
 from specgen.testing.core import Case, device, knobs, layouts, make_tensor, sizes
+from specgen.testing.samples import Make
 
 # float32 math over C classes; the loss is rounded once to the logits dtype
 _TOLERANCES = {
@@ -41,3 +42,17 @@ def cross_entropy_cases(draw, info: OpInfo) -> Case:
                 describe=f"logits {tuple(logits.shape)} {dtype} strides {logits.stride()}; "
                          f"weight {weight is not None}; {args['reduction']} "
                          f"smoothing {args['label_smoothing']} ignore {ignore_index}")
+
+
+def cross_entropy_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
+    """Mean over 3 rows of 5 classes; then per row, transposed logits, class weights, an ignored
+    row and label smoothing; its backward operator on what the forward saves."""
+    target = torch.tensor([0, 4, 2], device=make.device)
+    forward = [(make.r(3, 5, g=True), target, None, -100, "mean", 0.0),
+               (make.t(3, 5, g=True), torch.tensor([1, -100, 3], device=make.device),
+                make.r(5, lo=0.5), -100, "none", 0.1)]
+    logits = make.r(3, 5)
+    _, lse, denom = getattr(torch.ops.specgen, info.name)(logits, target, None, -100, "mean", 0.0)
+    backward = [(torch.ones((), device=make.device), logits, target, None, lse, denom, -100,
+                 "mean", 0.0)]
+    return {info.name: forward, f"{info.name}_backward": backward}

@@ -25,6 +25,7 @@ from specgen.testing.core import (
     scalar_value,
     sizes,
 )
+from specgen.testing.samples import Make, default
 
 # Small tiles reach every code path on small inputs; on the GPU they also keep the number of
 # distinct compilations per example low.
@@ -144,3 +145,34 @@ def _epilogue_target(dims: tuple[str, ...], batch: tuple[int, ...], m: int, n: i
         elif d == "N" and keeps_n:
             shape.append(n)
     return tuple(shape)
+
+
+# the sizes of a sample's named dims: none equal, so that a dim mixed up with another fails
+SAMPLE_DIMS = {"M": 3, "K": 4, "N": 5, "B": 2}
+
+
+def matmul_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
+    """Every operand at its dims (with a batch of 2 where it takes one), then without the batch,
+    the A operand transposed and the optional operands omitted."""
+    def call(batched: bool):
+        args = []
+        for a in info.args:
+            if a.kind != "tensor":
+                args.append(default(a))
+            elif not batched and a.optional:
+                args.append(None)
+            else:
+                dims = [d for d in a.dims if d != "..." or batched]
+                shape = [2 if d == "..." else SAMPLE_DIMS[d] for d in dims]
+                if not batched and len(shape) == 2 and a is info.args[_a_operand(info)]:
+                    args.append(make.t(*shape, g=True))
+                else:
+                    args.append(make.r(*shape, g=True))
+        return tuple(args)
+
+    return {info.name: [call(True), call(False)]}
+
+
+def _a_operand(info: OpInfo) -> int:
+    """The A operand's position: the tensor with M and K."""
+    return next(i for i, a in enumerate(info.args) if {"M", "K"} <= set(a.dims))

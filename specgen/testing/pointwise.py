@@ -12,6 +12,7 @@ from specgen.runtime import OpInfo
 from specgen.runtime.pointwise import result_dtype
 from specgen.testing.core import (Case, broadcast_operand, knobs, layouts, make_tensor,
                                   scalar_value, shapes)
+from specgen.testing.samples import Make, default
 
 
 @st.composite
@@ -51,3 +52,19 @@ def _layout_reference(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     if op is None or len({t.dtype for t in tensors}) > 1:
         return None
     return op(*tensors)
+
+
+def pointwise_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
+    """The first tensor dense, transposed and sliced; the others broadcast, full and 0-dim (away
+    from 0: a divisor); out= into transposed outputs."""
+    def call(first, others):
+        tensors = iter([first, *others])
+        return tuple(next(tensors) if a.kind == "tensor" else default(a) for a in info.args)
+
+    count = sum(a.kind == "tensor" for a in info.args) - 1
+    samples = [call(make.r(3, 5, g=True), [make.r(5, g=True, lo=0.5)] * count),
+               call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count),
+               call(make.sl(3, 5, g=True), [torch.tensor(1.5, device=make.device)] * count)]
+    outs = tuple(make.out_t(3, 5) for _ in info.outputs)
+    return {info.name: samples,
+            f"{info.name}_out": [outs + call(make.t(3, 5), [make.r(5, lo=0.5)] * count)]}

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from specgen.runtime import OpInfo
 from specgen.testing.core import (Case, cast_first, dtype_arg, knobs, layouts, make_tensor,
                                   scalar_value, shapes)
+from specgen.testing.samples import Make, default
 
 # a reduction of n float32 terms carries error growing with n; the output rounding dominates below
 _REDUCE_TOLERANCES = {
@@ -97,3 +98,22 @@ def _empty_reduction(shape: tuple[int, ...], dim) -> bool:
     if not dims:
         return 0 in shape
     return any(shape[d] == 0 for d in dims) if shape else False
+
+
+def reduce_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
+    """A transposed and a dense input, over one dim and over every dim (kept), and a float16
+    input reduced in float32 where the op takes dtype=; positive values (a product, a mean)."""
+    x, dim = info.args[0], info.args[1]
+    index = dim.kind == "dim"
+    every = None if dim.optional else ([0] if not index else 0)
+
+    def call(tensor, dims, keepdim, dtype=None):
+        rest = tuple(dtype if a.kind == "dtype" else default(a) for a in info.args[3:])
+        return (tensor, dims, keepdim, *rest)
+
+    samples = [call(make.t(3, 5, g=not index, lo=0.5), 1 if index else [1], False),
+               call(make.r(3, 5, g=True, lo=0.5), every, True)]
+    if any(a.kind == "dtype" for a in info.args):
+        half = make.r(3, 5, lo=0.5).half().requires_grad_()
+        samples.append(call(half, [0], False, torch.float32))
+    return {info.name: samples}

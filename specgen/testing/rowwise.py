@@ -15,6 +15,7 @@ from specgen.runtime import OpInfo, interpreting
 from specgen.runtime.rowwise import single_fits
 from specgen.testing.core import (Case, cast_first, dtype_arg, knobs, layouts, make_tensor,
                                   max_numel, scalar_value, shapes)
+from specgen.testing.samples import Make, default
 
 # float32 sums over a row round at every step; the bound grows a little with the length
 TOLERANCES = {
@@ -238,3 +239,34 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
                 raise AssertionError(f"{name}: float64 math under torch.compile: {wide[:3]}")
             done.append(f"{name} int{64 if index_64 else 32}")
     return done
+
+
+def rowwise_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
+    """A transposed 3 x 5 row tensor reduced over its last dim, then a 2 x 3 x 5 one over its two
+    last (by normalized shape) or its last (by dim), optional tensors omitted and keepdim on;
+    tensors along the rows shaped as the reduced dims, the others as the row tensor."""
+    launch = _launch(info)
+
+    def call(shape: tuple[int, ...], full: bool):
+        reduced = shape[1:] if launch.normalized_shape and len(shape) == 3 else shape[-1:]
+        args = []
+        for a in info.args:
+            if a.kind == "tensor":
+                if a.optional and not full:
+                    args.append(None)
+                elif a.name == launch.row_tensor:
+                    args.append(make.t(*shape, g=True) if len(shape) == 2
+                                else make.r(*shape, g=True))
+                else:
+                    args.append(make.r(*(reduced if a.name in launch.along else shape), g=True))
+            elif a.name == launch.normalized_shape:
+                args.append(list(reduced))
+            elif a.name == launch.dim:
+                args.append([-1] if a.kind == "shape" else -1)
+            elif a.name == launch.keepdim:
+                args.append(not full)
+            else:
+                args.append(default(a))
+        return tuple(args)
+
+    return {info.name: [call((3, 5), True), call((2, 3, 5), False)]}
