@@ -53,6 +53,10 @@ def parse_spec(text: str, source: Source) -> OpSpec:
         raise op.where.child("family").error(
             f"unknown family '{family_name}'; expected one of: {', '.join(sorted(FAMILIES))}")
     family = FAMILIES[family_name]
+    if name in family.generated_names:
+        raise op.where.child("name").error(
+            f"op name '{name}' is a name the {family_name} family's generated code uses for "
+            f"itself; choose another")
     doc = op.pop("doc", str, "")
     reference_where = op.where.child("reference")
     reference = op.pop("reference", str)

@@ -143,6 +143,8 @@ CASES = [
     ("name of a jit helper", 'alpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "float", default = 1.0 }\ngelu_f32 = { kind = "float", default = 1.0 }',
      "args.gelu_f32", "argument name 'gelu_f32' is reserved"),
+    ("op named as its module's import", 'name = "scaled_add"', 'name = "pointwise"', "op.name",
+     "op name 'pointwise' is a name the pointwise family's generated code uses for itself"),
     ("the op's own name", 'alpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "float", default = 1.0 }\nscaled_add = { kind = "float", default = 1.0 }',
      "args.scaled_add", "'scaled_add' is the op's name"),

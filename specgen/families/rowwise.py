@@ -53,7 +53,7 @@ SPLIT_WARPS_MAX = 8
 # declared one would shadow it or be shadowed (an entry ending in "_" stands for its numbered
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
-    "pointwise", "rowwise",  # its imports
+    "rowwise",  # its imports
     "args", "block", "col_coord", "col_mask", "col_rest", "col_size_", "delta", "deviation",
     "deviation_m2", "grads", "greater", "hi", "item", "kernel", "lane_n", "lo", "n_float",
     "n_rows", "n_splits", "new_max", "part", "part_m2", "part_max", "part_mean", "part_n",
