@@ -143,7 +143,7 @@ class TargetVerdict:
                              f"not ignore_index ({ignore_index})")
 
 
-# ---- the family's ops ------------------------------------------------------------------------------
+# ---- the family's ops -------------------------------------------------------------------------
 
 # as torch: class indices are int64
 TARGET_DTYPES = (torch.int64,)

@@ -715,8 +715,8 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
     kernels = op.kernels
     a, b = named[layout.a], named[layout.b]
     epilogue = [named[name] for name, _, _ in layout.epilogue if name not in layout.outputs]
-    scalars = [v for arg, v in zip(d.args, args) if arg.kind in ("float", "int", "bool")]
-    flags = {arg.constexpr: v for arg, v in zip(d.args, args) if arg.kind == "choice"}
+    scalars = [args[i] for i in d.scalar_positions]
+    flags = d.choices_of(args)
     # an omitted optional input: its kernel flag (the family planner's Operand.flag) is off
     flags.update({f"HAS_{arg.name.upper()}": v is not None for arg, v in zip(d.args, args)
                   if arg.kind == "tensor" and arg.optional})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import linecache
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -62,17 +63,33 @@ class OpDescription:
     launch: object                  # the family's launch data (its runtime module's ``Launch``)
     differentiable: bool = True     # argmax and argmin have no gradient
 
-    @property
+    # the roles of the arguments, by position: what every family's implementation reads of a
+    # call's arguments (computed once an op: implementations run on every call no replay serves)
+    @cached_property
     def tensor_positions(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.args) if a.kind == "tensor")
 
-    @property
+    @cached_property
     def tensor_names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args if a.kind == "tensor")
+        return tuple(self.args[i].name for i in self.tensor_positions)
 
-    @property
+    @cached_property
     def optional_tensors(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.args if a.kind == "tensor" and a.optional)
+
+    @cached_property
+    def scalar_positions(self) -> tuple[int, ...]:
+        """The float, int and bool arguments: what kernels take by position, in this order."""
+        return tuple(i for i, a in enumerate(self.args) if a.kind in ("float", "int", "bool"))
+
+    @cached_property
+    def choice_positions(self) -> tuple[tuple[int, str], ...]:
+        """Each choice argument with its kernels' constexpr name."""
+        return tuple((i, a.constexpr) for i, a in enumerate(self.args) if a.kind == "choice")
+
+    def choices_of(self, args: Sequence) -> dict[str, object]:
+        """A call's choices as its kernels' constexprs."""
+        return {constexpr: args[i] for i, constexpr in self.choice_positions}
 
 
 class FamilyRuntime:
@@ -139,7 +156,6 @@ class Op:
         self.reference = reference
         self.module = module
         self.replays = Replays(d.name, state=family.replay_state())
-        self._tensor_positions = d.tensor_positions
         self._checks = tuple((i, a) for i, a in enumerate(d.args)
                              if a.kind in ("float", "int", "bool", "choice", "dtype"))
         self.differentiable = d.differentiable
@@ -154,7 +170,7 @@ class Op:
         path. ``out``: the ``out=`` argument (a tensor, or a tuple of one for each output)."""
         d = self.description
         outs = () if out is None else self._outs(out)
-        tensors = {d.args[i].name: args[i] for i in self._tensor_positions}
+        tensors = {d.args[i].name: args[i] for i in d.tensor_positions}
         check_tensor_types(self.name, tensors, optional=d.optional_tensors,
                            differentiable=self.differentiable)
         if outs:

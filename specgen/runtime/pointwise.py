@@ -149,11 +149,10 @@ def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple) -> Non
     if plan is None:
         return  # some dimension is 0: nothing to compute
     note_launch(op.name, "dense" if plan.dense else "tiled", plan.index_64)
-    scalars = [args[i] for i, a in enumerate(d.args) if a.kind in ("float", "int", "bool")]
-    choices = {a.constexpr: args[i] for i, a in enumerate(d.args) if a.kind == "choice"}
+    scalars = [args[i] for i in d.scalar_positions]
     dtypes = tuple(t.dtype for t in (*inputs, *outs))
     launch(op.kernels["dense" if plan.dense else "tiled"], plan.grid, *inputs, *outs, *plan.args,
-           *scalars, **choices, INDEX_64=plan.index_64, tune_key=(plan, dtypes))
+           *scalars, **d.choices_of(args), INDEX_64=plan.index_64, tune_key=(plan, dtypes))
 
 
 __all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "empty_output", "output_strides",

@@ -441,7 +441,8 @@ class Reduce(FamilyRuntime):
         # torch returns reductions contiguous, and indices as int64
         dtype = torch.int64 if spec.index else x.dtype if dtype_arg is None else dtype_arg
         out = empty(output_shape(x.shape, dims, keepdim), dtype, device)
-        scalars = tuple(v for a, v in zip(d.args[3:], args[3:]) if a.kind in ("float", "int", "bool"))
+        # the kernels' scalars: the spec's, after x, dim and keepdim (which shape the launch)
+        scalars = tuple(args[i] for i in d.scalar_positions if i > 2)
         _launch(op, name, x, dims, keepdim, scalars, out)
         return out
 

@@ -52,7 +52,8 @@ SPLIT_PROGRAMS_PER_SM = 4
 # single tile: elements a program moves when rows are short (several rows a program). Small
 # programs: at 32768x1024 bf16 (H200) a row a program on 2 warps ran softmax / layer_norm /
 # rms_norm in 36.6 / 38.7 / 38.2 us, 4 rows on 8 warps in 37.7 / 45.8 / 38.5 us (a row spread
-# over more warps takes more shared-memory rounds per reduction; docs/performance.md, "Removed probes")
+# over more warps takes more shared-memory rounds per reduction; docs/performance.md, "Removed
+# probes")
 TILE_TARGET = 1024
 # single tile: elements a thread holds, which sets num_warps
 ELEMENTS_PER_THREAD = 16
@@ -645,7 +646,8 @@ def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
     pointers += [named[n] for n in spec.pointer_outputs]
     args = (*pointers, *cols_ws, space.rows, space.n, *space.kernel_args(),
             *(named[n] for n in spec.kernel_scalars))
-    constexprs = {a.constexpr: named[a.name] for a in op.description.args if a.kind == "choice"}
+    names = [a.name for a in op.description.args]
+    constexprs = {c: named[names[i]] for i, c in op.description.choice_positions}
     constexprs.update({flag: named[n] is not None for n, flag in spec.optional})
     constexprs.update(ROW_DIMS=space.row_dims, COL_DIMS=space.col_dims, INDEX_64=plan.index_64)
     # what autotuning depends on besides the constexprs (the autotuners' key: N and the dtypes)
