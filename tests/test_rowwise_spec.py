@@ -416,12 +416,13 @@ def test_a_derived_backward_is_made_at_the_spec_stage_and_handed_to_the_planner(
 def test_launch_data_gives_the_roles_the_runtime_launches_by():
     spec = parse(GOOD)
     data = family.plan(spec).launch_data
-    assert data["row_tensor"] == "x" and data["normalized_shape"] == "normalized_shape"
+    roles = data["roles"]
+    assert roles["row_tensor"] == "x" and roles["normalized_shape"] == "normalized_shape"
     # the optional weight gets its kernels' flag; the launch lists put the outputs first
-    assert data["optional"] == (("weight", "HAS_WEIGHT"),)
-    elem, along, row_out = data["launch_tensors"]
+    assert roles["optional"] == (("weight", "HAS_WEIGHT"),)
+    elem, along, row_out = roles["launch_tensors"]
     assert elem == ("out", "x") and along == ("weight",) and row_out == ()
-    assert data["inputs"][0] == "x" and data["kernel_scalars"] == ("eps",)
+    assert roles["inputs"][0] == "x" and roles["kernel_scalars"] == ("eps",)
     assert data["fp_fusion"] and data["results"] == ("out",)
     # a derived op's kernels compile without FMA contraction (terms that cancel)
     derived = family.plan(spec.derived[0]).launch_data

@@ -1,7 +1,8 @@
 """Kernel families. Each module of this package that declares ``FAMILY`` (a ``Family``, see
 contract.py) is one: its body dataclass, parser, planner and scaffold, the names its generated
 code binds for itself, its template ``templates/<name>.py.jinja``, its runtime module
-``specgen/runtime/<name>.py``, and where its property tests and benchmark cases live.
+``specgen/runtime/<name>.py``, and where its property tests, opcheck samples and benchmark
+cases live.
 
 To add a family: write ``families/<name>.py`` ending in ``FAMILY = Family(...)``, its template,
 its runtime module (a ``specgen.runtime.op.FamilyRuntime`` subclass as ``RUNTIME``) and specs; this

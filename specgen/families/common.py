@@ -78,10 +78,10 @@ def check_generated_names(where: Where, op: str, family: Family,
     """No declared name (an argument, or an output or step of the body; each with its key path
     under ``where``) may be the op's name, or one the family's generated code binds for itself
     (its ``generated_names``, where an entry ending in ``_`` stands for its numbered forms, its
-    ``generated_prefixes``, and the compiled public function's ``PUBLIC_FUNCTION_NAMES``), or extend a name the code derives names from
-    (``derived_from``: tensors, outputs and steps give ``x_ptr``, ``x_row``, ``x_stride_0``,
-    ...). Any of these would shadow or be shadowed in the generated module: wrong results, or a
-    module that does not import."""
+    ``generated_prefixes``, and the compiled public function's ``PUBLIC_FUNCTION_NAMES``), or
+    extend a name the code derives names from (``derived_from``: tensors, outputs and steps give
+    ``x_ptr``, ``x_row``, ``x_stride_0``, ...). Any of these would shadow or be shadowed in the
+    generated module: wrong results, or a module that does not import."""
     generated = family.generated_names | PUBLIC_FUNCTION_NAMES
     prefixes = family.generated_prefixes
     for name, path in (*args, *body):

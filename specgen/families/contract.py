@@ -14,15 +14,12 @@ from typing import Callable
 # parameters: an argument of one of these names would be overwritten (tests/test_runtime.py
 # checks the compiled source against it)
 PUBLIC_FUNCTION_NAMES = frozenset({"key", "replay"})
-# argument forms a family opts into (``takes``): the other families' templates have no code for
-# them (a shape argument's tuple default, say, breaks torch's op schema)
-ARGUMENT_FORMS = ("dtype argument", "shape argument", "optional scalar")
 
 
 @dataclass(frozen=True)
 class Family:
     """A kernel family: its spec stage (parsing, derived ops), planning, template, runtime, and
-    where its property tests and benchmark cases live."""
+    where its property tests, opcheck samples and benchmark cases live."""
 
     name: str
     parse_body: Callable          # (top Table, args, op name) -> the family's frozen body
@@ -35,7 +32,9 @@ class Family:
     generated_prefixes: tuple[str, ...] = ()
     # operators its modules register beside specgen::<op>, as <op><suffix>
     operator_suffixes: tuple[str, ...] = ()
-    takes: frozenset[str] = frozenset()     # of ARGUMENT_FORMS
+    # argument forms it opts into, of "dtype argument", "shape argument", "optional scalar" (the
+    # other families' templates have no code for them: parse.py refuses them there)
+    takes: frozenset[str] = frozenset()
     reference_names: tuple[str, ...] = ()   # names its references may use besides the arguments
     # "module:function" making the ops a spec derives (OpSpec -> tuple of OpSpec: a row-wise
     # backward), called at the spec stage, before planning ("": none)

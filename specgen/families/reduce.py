@@ -159,6 +159,16 @@ class ReducePlan(CommonPlan):
         return not self.index
 
     @property
+    def kernel_roles(self) -> tuple[tuple[str, str], ...]:
+        """The module's kernels by the roles the runtime launches them in: a sum's atomic
+        split zeroes its partials between tuning trials (a kernel of its own)."""
+        roles = (("inner", "inner_kernel"), ("outer", "outer_kernel"))
+        if self.combine == "sum":
+            roles += (("atomic_inner", "atomic_inner_kernel"),
+                      ("atomic_outer", "atomic_outer_kernel"))
+        return roles
+
+    @property
     def kernel_scalars(self) -> tuple[ArgPlan, ...]:
         """The scalars the kernel takes (after its pointers); keepdim shapes the launch only."""
         return tuple(a for a in self.scalars if a.name != "keepdim")

@@ -746,30 +746,44 @@ class RowwisePlan(CommonPlan):
         return self.like_names
 
     @property
+    def kernel_roles(self) -> tuple[tuple[str, str], ...]:
+        """The module's kernels by the roles the runtime launches them in (the split passes' as
+        one tuple, SPLIT_KERNELS)."""
+        roles = [("single", f"{self.kernel}_single_kernel"),
+                 ("looped", f"{self.kernel}_looped_kernel")]
+        if self.online_passes:
+            roles.append(("online", f"{self.kernel}_online_kernel"))
+        roles += [("split", "SPLIT_KERNELS"), ("split_out", f"{self.kernel}_split_out_kernel")]
+        if self.columns:
+            roles.append(("columns", f"{self.kernel}_columns_kernel"))
+        return tuple(roles)
+
+    @property
     def launch_data(self) -> dict[str, object]:
         """The runtime's ``rowwise.Launch`` fields beside the module's constants (STRATEGY, ...):
-        the roles of the arguments and outputs, as values."""
+        ``roles`` (the arguments' and tensors' parts, in field order), ``outputs`` (kind, name,
+        like, the tensor whose dtype it takes), ``results``, ``fp_fusion``."""
         outputs = [("column", c.name, (), c.dtype) for c in self.columns]
         for o in self.outputs:
             kind = "per_row" if o.per_row else o.layout
             outputs.append((kind, o.name, o.like if kind in ("elementwise", "memory_format")
                             else (), o.dtype))
-        return {
+        roles = {
             "row_tensor": self.row_tensor, "dim": self.dim,
             "normalized_shape": self.normalized_shape, "keepdim": self.keepdim,
             "dtype": self.dtype, "finfo_eps": self.finfo_eps, "like": self.like_names,
             "along": self.along_names, "promoted": self.promoted,
             "inputs": tuple(t.name for t in self.inputs),
             "pointer_outputs": tuple(t.name for t in self.of_role("out", "row_out")),
+            "launch_tensors": tuple(tuple(t.name for t in group) for group in self._launch_groups),
             "optional": tuple((t.name, t.has) for t in self.optional_tensors),
             "kernel_scalars": tuple(a.name for a in self.kernel_scalars),
-            "launch_tensors": tuple(tuple(t.name for t in group) for group in self._launch_groups),
             "dtype_key": tuple(t.name for t in self.tensors),
-            "outputs": tuple(outputs), "results": self.output_names,
-            # a derived op's kernels compile without FMA contraction (launch.py): terms that
-            # cancel (specgen/polynomial.py)
-            "fp_fusion": not self.derived_from,
         }
+        return {"roles": roles, "outputs": tuple(outputs), "results": self.output_names,
+                # a derived op's kernels compile without FMA contraction (launch.py): terms that
+                # cancel (specgen/polynomial.py)
+                "fp_fusion": not self.derived_from}
 
 
 # the kernels' row and reduced dims: specgen/runtime/rowwise.py collapses layouts to the same
