@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgen import testing
+from specgen import runtime, testing
 from specgen.cli import main
 from specgen.families import FAMILIES
 
@@ -507,3 +507,42 @@ def test_an_authored_policy_casts_plain_calls_not_out_calls(tmp_path, monkeypatc
     plain = (x.float(), y.float()) if casts else (x, y)
     torch.testing.assert_close(result, op(*plain), rtol=0, atol=0)
     torch.testing.assert_close(out, op(x, y), rtol=0, atol=0)
+
+
+CHOICE_ROWWISE_SPEC = """
+[op]
+name = "mode_softmax"
+family = "rowwise"
+reference = "torch.softmax(x * (2.0 if mode == 'double' else 1.0), dim)"
+
+[args]
+x = "tensor"
+dim = { kind = "int", default = -1 }
+mode = { kind = "choice", values = ["plain", "double"], default = "plain" }
+
+[rows]
+tensor = "x"
+dim = "dim"
+
+[reduce]
+max = { op = "max", of = "x * 2 if mode == 'double' else x" }
+sum = { op = "sum", of = "exp((x * 2 if mode == 'double' else x) - max)" }
+
+[compute]
+out = "exp((x * 2 if mode == 'double' else x) - max) / sum"
+"""
+
+
+def test_a_row_wise_choice_reaches_every_strategys_kernels(tmp_path, monkeypatch):
+    # a choice is a constexpr of the kernels (the runtime passes it by name): each value takes
+    # its own branch in every strategy
+    mode_softmax = authored_package(tmp_path, monkeypatch, "mode_softmax",
+                                    CHOICE_ROWWISE_SPEC).mode_softmax
+    x = testing.make_tensor((5, 33), torch.float32, testing.Layout.contiguous(2), seed=3,
+                            device=testing.device())
+    for strategy in ("single", "looped", "split"):
+        with runtime.override(strategy=strategy):
+            for mode, scale in (("plain", 1.0), ("double", 2.0)):
+                testing.assert_matches(mode_softmax(x, -1, mode),
+                                       torch.softmax(x.double() * scale, -1),
+                                       f"{strategy}, mode {mode}")
