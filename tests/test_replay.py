@@ -4,10 +4,15 @@ tests/test_ops.py replays every op once per drawn case; these tests cover what m
 replayed and the work that stays outside a replay.
 """
 
+import inspect
+from collections.abc import Mapping
+from types import SimpleNamespace
+
 import pytest
 import torch
 import triton
 import triton.language as tl
+from hypothesis import assume, given, settings, strategies as st
 
 import generated
 from specgen import runtime, testing
@@ -241,3 +246,93 @@ def test_an_out_call_is_never_served_by_a_replay():
             generated.add(x, y, out=storage[1:].view(5, 7))   # x shifted by one element
     assert _replayed("add") == before
     torch.testing.assert_close(out, x + y)
+
+
+@settings(max_examples=3)
+@given(data=st.data())
+@pytest.mark.parametrize("name", sorted(generated.REGISTRY))
+def test_the_public_functions_signature_is_the_lookups(name, data):
+    # the public function writes its signature out (replay.key_source, with each argument's
+    # kind); Replays.lookup computes it for any tensors and scalars. A recording made through the
+    # one must be found by the other, or families that look up their own replays would miss
+    info = generated.REGISTRY[name]
+    case = testing.draw_case(data, info)
+    assume(not isinstance(case.overrides.get("config"), Mapping))  # a mapping is not hashable
+    bound = inspect.signature(info.function).bind(**case.args)
+    bound.apply_defaults()
+    tensors = [bound.arguments[a.name] for a in info.args if a.kind == "tensor"]
+    scalars = [bound.arguments[a.name] for a in info.args if a.kind != "tensor"]
+    with runtime.override(**case.overrides), replay.record_at_once():
+        case.call(info)
+        case.call(info)
+        key, found = info.replays.lookup(tensors, scalars)
+    assert key is not None and found is not None, info.replays.failures
+
+
+def _kernel_double(n_values):
+    """A stand-in for a compiled kernel of _double_kernel-like parameters (x_ptr, out_ptr, n,
+    alpha, ONE, BLOCK): what static_launch reads of Triton's CompiledKernel."""
+    metadata = SimpleNamespace(num_warps=4, num_ctas=1, shared=96, global_scratch_size=0,
+                               profile_scratch_size=0, launch_pdl=False,
+                               launch_cooperative_grid=False)
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "alpha": "fp32",
+                 "one": "i32", "BLOCK": "constexpr"}
+    # Triton makes an int argument equal to 1 a constant, keyed by its position
+    src = SimpleNamespace(signature=signature, constants={(4,): 1, (5,): 32})
+    return SimpleNamespace(metadata=metadata, src=src, function=0xF00)
+
+
+_NAMES = ("x_ptr", "out_ptr", "n", "alpha", "one", "BLOCK")
+
+
+def test_static_launch_passes_the_kernels_non_constant_parameters(monkeypatch):
+    monkeypatch.setattr(replay, "_static_launcher", lambda: SimpleNamespace())
+    x = torch.zeros(3)
+    values = [x, x, 3, 0.5, 1, 32]
+    static = replay.static_launch(_NAMES, _kernel_double(values), values)
+    # two pointers, an i32 and an fp32; then the global and profile scratch pointers
+    assert static == replay.StaticLaunch(0xF00, 4, 96, "OOifOO", (0, 1, 2, 3), 2)
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda k: setattr(k.metadata, "global_scratch_size", 128), "scratch"),
+    (lambda k: setattr(k.metadata, "launch_pdl", True), "programmatic"),
+    (lambda k: setattr(k.metadata, "num_ctas", 2), "cluster"),
+    (lambda k: k.src.signature.update(alpha="fp16"), "alpha of type fp16"),
+    (lambda k: k.src.signature.pop("n"), "n is not in the signature"),
+])
+def test_static_launch_leaves_to_triton_what_torchs_launcher_cannot_start(monkeypatch, change,
+                                                                          why):
+    monkeypatch.setattr(replay, "_static_launcher", lambda: SimpleNamespace())
+    x = torch.zeros(3)
+    values = [x, x, 3, 0.5, 1, 32]
+    kernel = _kernel_double(values)
+    change(kernel)
+    assert why in replay.static_launch(_NAMES, kernel, values)
+
+
+def test_a_written_replay_launches_through_torchs_launcher(monkeypatch):
+    # on a GPU, a replay starts a kernel with torch's launcher of Triton cubins: its written
+    # function must pass the function, grid, warps, shared memory, the parameters' codes and
+    # values (each tensor as its data pointer: an input's or this call's new allocation's, in
+    # parameter order) and the current stream. Run here with a stand-in launcher
+    started = []
+    monkeypatch.setattr(replay, "_static_launcher", lambda: SimpleNamespace(
+        _launch_kernel=lambda *args: started.append(args)))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # the current device is checked
+    x = torch.zeros(3)
+    values = [x, x, 3, 0.5, 1, 32]
+    kernel = _kernel_double(values)
+    static = replay.static_launch(_NAMES, kernel, values)
+    launch = replay._Launch(fn=None, grid=(2, 1, 1), args=(None, None, 3, 0.5, 1, 32),
+                            slots=((0, "in", 1), (1, "buf", 0)), options=(), compiled=kernel,
+                            device=0, stream=lambda device: 77 + device, static=static)
+    recorded = replay.Replay(
+        allocations=((None, ((3,), (1,), torch.float32, torch.device("cpu"), False)),),
+        launches=(launch,), result=(("buf", 0),), single=True, arity=2)
+    first, second = torch.zeros(2), torch.ones(3)
+    out = recorded((first, second))
+    assert out.shape == (3,) and out.dtype == torch.float32
+    assert started == [(0xF00, 2, 1, 1, 4, 96, "OOifOO",
+                        (second.data_ptr(), out.data_ptr(), 3, 0.5, None, None), 77)]

@@ -33,6 +33,10 @@ def active() -> bool:
     return torch._C._is_any_autocast_enabled()
 
 
+# what a public function calls for ``active()`` (the query itself, a frame less)
+active_check = torch._C._is_any_autocast_enabled
+
+
 def _target(t: object, policy: str) -> torch.dtype | None:
     """The dtype torch's autocast casts ``t`` to under ``policy``, or None where it leaves ``t``
     alone: not a floating tensor (argument checks report non-tensors later), float64, or on a

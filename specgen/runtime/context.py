@@ -41,19 +41,25 @@ class Overrides:
     config: int | Mapping[str, int] | None = None
 
 
-_overrides = Overrides()
+_DEFAULT = Overrides()
+_overrides = _DEFAULT
+# the overrides as a replay's signature holds them: None when none is forced (cheaper to hash
+# and compare than the dataclass, on every keyed call)
+overrides_key: Overrides | None = None
 
 
 @contextlib.contextmanager
 def override(**knobs) -> Iterator[None]:
     """``with override(indexing="int64"):`` runs the enclosed launches with forced choices."""
-    global _overrides
+    global _overrides, overrides_key
     saved = _overrides
     _overrides = Overrides(**{**saved.__dict__, **knobs})
+    overrides_key = None if _overrides == _DEFAULT else _overrides
     try:
         yield
     finally:
         _overrides = saved
+        overrides_key = None if saved == _DEFAULT else saved
 
 
 def overrides() -> Overrides:

@@ -35,7 +35,7 @@ from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, as_scalar, check_cho
                                     check_dtype_arg, check_no_grad, check_tensor_types)
 from specgen.runtime.context import runs_eagerly, untraced
 from specgen.runtime.registry import ArgInfo, OpInfo, triton_op
-from specgen.runtime.replay import Replays
+from specgen.runtime.replay import Replays, key_scope, key_source
 
 # torch.library infers an operator's schema from its implementation's annotations
 _ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
@@ -245,8 +245,10 @@ class Op:
         d = self.description
         source = _public_source(d, self.family)
         filename = _remember(f"<specgen {d.name}>", source)
-        scope = {"_op": self, "_call": self.family.call, "_lookup": self.replays.lookup,
-                 "_autocast": autocast_policy, "_serve": self.family.replays_serve}
+        scope = {"_op": self, "_call": self.family.call, "_ready": self.replays.ready,
+                 "_replays": self.replays, "_state": self.replays.state,
+                 "_autocast": autocast_policy, "_any_autocast": autocast_policy.active_check,
+                 "_serve": self.family.replays_serve, **key_scope()}
         exec(compile(source, filename, "exec"), scope)
         function = scope[d.name]
         function.__module__ = self.module
@@ -313,30 +315,40 @@ def _tuple(names: Sequence[str]) -> str:
     return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
 
 
+# argument kinds keyed as they are (``replay.key_source``); the others (lists) by their elements
+_PLAIN_KINDS = ("float", "int", "bool", "choice", "dtype", "dim")
+
+
 def _public_source(d: OpDescription, family: FamilyRuntime) -> str:
-    """The public function's source: autocast, the replay lookup, then the family's ``call``."""
+    """The public function's source: autocast, the signature and its replay (written out, one
+    tuple and one dict lookup: runtime/replay.py), then the family's ``call``."""
     takes_out = family.takes_out
     names = [a.name for a in d.args]
     tensors = [a.name for a in d.args if a.kind == "tensor"]
-    scalars = [a.name for a in d.args if a.kind != "tensor"]
     params = ", ".join(_param(a) for a in d.args) + (", *, out=None" if takes_out else "")
     lines = [f"def {d.name}({params}):"]
     lines += _autocast_lines(d, takes_out)
-    picked = "" if family.public_output is None else f"[{family.public_output}]"
-    body = [f"key, replay = _lookup({_tuple(tensors)}, {_tuple(scalars) if scalars else '()'})",
-            "if replay is not None:",
-            f"    return replay({_tuple(tensors)}){picked}"]
+    condition, key = key_source([(a.name, a.optional) for a in d.args if a.kind == "tensor"],
+                                [(a.name, a.kind in _PLAIN_KINDS) for a in d.args
+                                 if a.kind != "tensor"],
+                                "_state()" if family.replay_state() is not None else "None")
     # the conditions under which a replay may serve the call (the lookup is skipped otherwise:
     # the family's call looks up what it replays, cross_entropy's in validating mode)
     conditions = ["out is None"] if takes_out else []
     if type(family).replays_serve is not FamilyRuntime.replays_serve:
         conditions.append("_serve()")
-    if conditions:
-        lines += ["    key = None", f"    if {' and '.join(conditions)}:",
-                  *(f"        {line}" for line in body)]
-    else:
-        lines += [f"    {line}" for line in body]
-    lines.append(f"    return _call(_op, key, {_tuple(names)}{', out' if takes_out else ''})")
+    picked = "" if family.public_output is None else f"[{family.public_output}]"
+    lines += ["    key = None",
+              f"    if {' and '.join(conditions + [condition])}:",
+              f"        key = {key}",
+              "        try:",
+              "            replay = _ready.get(key)",
+              "        except TypeError:  # an unhashable scalar: the call is not keyed",
+              "            key = replay = None",
+              "        if replay is not None:",
+              "            _replays.replayed += 1",
+              f"            return replay({', '.join(tensors)}){picked}",
+              f"    return _call(_op, key, {_tuple(names)}{', out' if takes_out else ''})"]
     return "\n".join(lines) + "\n"
 
 
@@ -347,7 +359,7 @@ def _autocast_lines(d: OpDescription, takes_out: bool) -> list[str]:
     type promotion, which torch's autocast of an element-wise op leaves as they are."""
     if d.autocast == "none":
         return []
-    condition = "_autocast.active()" + (" and out is None" if takes_out else "")
+    condition = "_any_autocast()" + (" and out is None" if takes_out else "")
     tensors = [a.name for a in d.args if a.kind == "tensor" and not a.promotes]
     dtype_args = [a.name for a in d.args if a.kind == "dtype"]
     if d.autocast == "float32" and dtype_args:

@@ -5,9 +5,9 @@ strategy, index width, grid), allocates its outputs and starts one or more Trito
 GPU machines that Python costs 60-200 us a call, several times the kernel of a 4096x4096 softmax,
 while torch's own eager ops cost about 10 us. Everything that work decides is a function of the
 call's *signature*: each tensor's shape, strides, dtype, device and 16-byte alignment (Triton
-specializes pointers on it), the scalar arguments, the test overrides and any state a family names
-(matmul: the float32 precision setting). So the second call with a signature records what the
-implementation does, and later calls replay it:
+specializes pointers on it), which tensors are passed twice, the scalar arguments, the test
+overrides and any state a family names (matmul: the float32 precision setting). So the second
+call with a signature records what the implementation does, and later calls replay it:
 
 - the allocations, made through ``empty``/``zeros``/``full`` below while a recording runs, and
   the long-lived buffers it looked up (``persistent``: looked up again by each replay);
@@ -15,20 +15,32 @@ implementation does, and later calls replay it:
   by where they come from (input i or allocation j);
 - the result: which allocations (or inputs) the implementation returned.
 
+A recording becomes a Python function written for it (``Replay.run``, as Inductor writes a
+graph's wrapper): ``torch.empty_strided`` with the recorded layout for each plain allocation and,
+on a GPU, each launch through torch's launcher of Triton cubins (``_StaticCudaLauncher``, what
+Inductor launches its kernels with) on the kernel's non-constant arguments, tensors passed as
+their data pointers. A launch that launcher cannot start (one that asks for scratch memory, a
+tensor descriptor, a cluster; no such launcher in this torch) goes through Triton's own
+(``CompiledKernel.run``), as does every launch while a profiler's launch hooks are installed or
+another GPU is current. Under the interpreter a replayed launch calls the kernel again through
+Triton with the recorded arguments, so the CPU tier runs the same recording, argument mapping and
+written function.
+
+The signature is written out in each op's public function (``key_source``: one tuple, no loop)
+and computed by ``Replays.lookup`` for the families' inner replays; both give the same key.
+
 A call that autotunes is not recorded (the next one is). A recording that meets anything else (a
 tensor argument that is neither an input nor a recorded allocation) is dropped, and the signature
-always takes the full path. Value-dependent work cannot be replayed and stays outside the recorded implementation (the
-cross-entropy target check reads a flag the replayed kernels wrote). Replays are only for plain
-eager calls: traced, differentiated or mode-wrapped calls go through ``torch.ops.specgen.*``.
-
-Under the interpreter a replayed launch calls the kernel again through Triton with the recorded
-arguments, so the CPU tier exercises the same recording and argument mapping; on a GPU it calls
-the compiled kernel's launcher directly, as ``JITFunction.run`` does after its cache lookup.
+always takes the full path. Value-dependent work cannot be replayed and stays outside the recorded
+implementation (the cross-entropy target check reads a flag the replayed kernels wrote). Replays
+are only for plain eager calls: traced, differentiated or mode-wrapped calls go through
+``torch.ops.specgen.*``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import threading
@@ -37,6 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import triton
+from torch.autograd import forward_ad
 from triton import knobs
 
 from specgen.runtime import context
@@ -52,9 +65,19 @@ class _Recording:
     """What one implementation call did, gathered while it runs."""
 
     def __init__(self) -> None:
-        self.allocations: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
+        self.allocations: list[_Allocation] = []
         self.launches: list[tuple] = []
         self.tuned = False  # a launch autotuned: record the next call instead
+
+
+@dataclass(frozen=True)
+class _Allocation:
+    """One allocation of a recorded call: the tensor it made, how to make another, and, for a
+    plain ``empty``, its layout (a replay then calls ``torch.empty_strided`` itself)."""
+
+    tensor: torch.Tensor
+    remake: Callable[[], torch.Tensor]
+    layout: tuple | None = None   # (shape, strides, dtype, device, poisoned)
 
 
 _active = threading.local()
@@ -102,15 +125,13 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
 
         def make():
             return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    if context.overrides().poison:
-        # the test suite: NaN where no kernel writes (an int's minimum), so that a store a kernel
-        # misses fails the comparison rather than passing on whatever the memory held. The
-        # overrides key replays: a recording made here is replayed poisoned
-        unpoisoned = make
-
-        def make():
-            return _poisoned(unpoisoned())
-    return _note(make(), make)
+    # the test suite: NaN where no kernel writes (an int's minimum), so that a store a kernel
+    # misses fails the comparison rather than passing on whatever the memory held. The
+    # overrides key replays: a recording made here is replayed poisoned
+    poison = context.overrides().poison
+    tensor = _poisoned(make()) if poison else make()
+    return _note(tensor, lambda: _poisoned(make()) if poison else make(),
+                 (shape, tensor.stride(), tensor.dtype, tensor.device, poison))
 
 
 def _poisoned(tensor: torch.Tensor) -> torch.Tensor:
@@ -136,10 +157,11 @@ def persistent(tensor: torch.Tensor, lookup: Callable[[], torch.Tensor]) -> torc
     return _note(tensor, lookup)
 
 
-def _note(tensor: torch.Tensor, remake: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _note(tensor: torch.Tensor, remake: Callable[[], torch.Tensor],
+          layout: tuple | None = None) -> torch.Tensor:
     recording = _recording()
     if recording is not None:
-        recording.allocations.append((tensor, remake))
+        recording.allocations.append(_Allocation(tensor, remake, layout))
     return tensor
 
 
@@ -169,14 +191,83 @@ class _Slots:
 
     def __init__(self, inputs: Sequence[torch.Tensor | None], recording: _Recording) -> None:
         self._by_id = {}
-        for j, (tensor, _) in enumerate(recording.allocations):
-            self._by_id[id(tensor)] = ("buf", j)
+        for j, allocation in enumerate(recording.allocations):
+            self._by_id[id(allocation.tensor)] = ("buf", j)
         for i, tensor in enumerate(inputs):
             if tensor is not None:
                 self._by_id.setdefault(id(tensor), ("in", i))
 
     def find(self, tensor: torch.Tensor) -> tuple[str, int] | None:
         return self._by_id.get(id(tensor))
+
+
+# Triton's scalar parameter types as torch's launcher codes them (Inductor's table, less the
+# 16-bit floats: a Python float is an fp32 parameter, and a 16-bit one would be read from the
+# first two bytes of a float32)
+_TYPE_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B",
+               "u16": "H", "u32": "I", "u64": "K", "fp32": "f", "f32": "f", "fp64": "d"}
+
+
+@dataclass(frozen=True)
+class StaticLaunch:
+    """A compiled kernel as torch's ``_StaticCudaLauncher`` starts it: the loaded function, its
+    warps and shared memory, and its parameters (the launch's arguments at ``positions``, then
+    ``scratch`` null pointers), each coded in ``types``."""
+
+    function: int
+    num_warps: int
+    shared: int
+    types: str
+    positions: tuple[int, ...]
+    scratch: int
+
+
+def static_launch(arg_names: Sequence[str], compiled: Any,
+                  values: Sequence[Any]) -> StaticLaunch | str:
+    """How torch's launcher of Triton cubins starts ``compiled`` on ``values`` (every parameter
+    of the kernel, in order), or why it cannot: the parameters are those Triton did not make
+    constants (constexprs, and the arguments it specialized, an int equal to 1 or a None), then
+    one null pointer for each scratch area the kernel takes (Triton 3.3 and later: global, then
+    profile), as Inductor passes them."""
+    if _static_launcher() is None:
+        return "no _StaticCudaLauncher in this torch"
+    metadata, src = compiled.metadata, getattr(compiled, "src", None)
+    if src is None or not isinstance(getattr(src, "signature", None), dict):
+        return "no source signature"
+    if (getattr(metadata, "num_ctas", 1) != 1 or getattr(metadata, "launch_pdl", False)
+            or getattr(metadata, "launch_cooperative_grid", False)
+            or getattr(metadata, "tensordesc_meta", None)):
+        return "a cluster, a programmatic-dependent or cooperative launch, or tensor descriptors"
+    if getattr(metadata, "global_scratch_size", 0) or getattr(metadata, "profile_scratch_size", 0):
+        return "scratch memory"
+    constants = {(arg_names.index(k),) if isinstance(k, str) else tuple(k)
+                 for k in (getattr(src, "constants", None) or {})}
+    types, positions = "", []
+    for i, name in enumerate(arg_names):
+        kind = src.signature.get(name, src.signature.get(i))
+        if kind is None:
+            return f"parameter {name} is not in the signature"
+        if kind == "constexpr" or (i,) in constants:
+            continue
+        if kind.startswith("*"):
+            if not isinstance(values[i], torch.Tensor):
+                return f"pointer parameter {name} is not a tensor"
+            types += "O"
+        elif kind in _TYPE_CODES and type(values[i]) in (int, float, bool):
+            types += _TYPE_CODES[kind]
+        else:
+            return f"parameter {name} of type {kind}"
+        positions.append(i)
+    scratch = hasattr(metadata, "global_scratch_size") + hasattr(metadata, "profile_scratch_size")
+    return StaticLaunch(compiled.function, metadata.num_warps, metadata.shared,
+                        types + "O" * scratch, tuple(positions), scratch)
+
+
+def _static_launcher():
+    """torch's launcher of Triton cubins (Inductor's), where this torch has one (CUDA builds)."""
+    if torch.version.hip is not None:
+        return None
+    return getattr(torch._C, "_StaticCudaLauncher", None)
 
 
 @dataclass(frozen=True)
@@ -191,8 +282,10 @@ class _Launch:
     compiled: Any                            # the CompiledKernel it ran (None under the interpreter)
     device: int | None                       # the CUDA device it ran on
     stream: Callable[[int], int] | None      # Triton's current-stream query
+    static: StaticLaunch | None = None       # its start through torch's launcher, where it has one
 
     def __call__(self, inputs: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor]) -> None:
+        """The launch through Triton: its launcher (GPU) or the interpreter."""
         args = list(self.args)
         for position, source, index in self.slots:
             args[position] = inputs[index] if source == "in" else buffers[index]
@@ -219,6 +312,13 @@ def _no_launch_hooks() -> bool:
     return not getattr(enter, "calls", enter) and not getattr(leave, "calls", leave)
 
 
+def _launch_hooked() -> bool:
+    """Whether a profiler (or anything) installed Triton launch hooks, which only Triton's own
+    launcher calls."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
+
+
 def _launch_from(slots: _Slots, fn: Any, grid: Any, args: tuple, kwargs: dict,
                  compiled: Any) -> _Launch | str:
     """The replayable form of one recorded launch, or why there is none."""
@@ -231,6 +331,10 @@ def _launch_from(slots: _Slots, fn: Any, grid: Any, args: tuple, kwargs: dict,
     if callable(grid):
         grid = grid(dict(bound.arguments))
     grid = tuple(grid) + (1,) * (3 - len(grid))
+    static = None
+    if compiled is not None:
+        static = static_launch(fn.arg_names, compiled, values)
+        static = static if isinstance(static, StaticLaunch) else None
     filled = []
     for position, value in enumerate(values):
         if isinstance(value, torch.Tensor):
@@ -244,24 +348,105 @@ def _launch_from(slots: _Slots, fn: Any, grid: Any, args: tuple, kwargs: dict,
     if compiled is not None:
         driver = triton.runtime.driver.active
         device, stream = driver.get_current_device(), driver.get_current_stream
-    return _Launch(fn, grid, tuple(values), tuple(filled), options, compiled, device, stream)
+    return _Launch(fn, grid, tuple(values), tuple(filled), options, compiled, device, stream,
+                   static)
 
 
 @dataclass(frozen=True)
 class Replay:
-    """A recorded call: allocate, launch, return."""
+    """A recorded call: allocate, launch, return. ``run`` is the function written for it
+    (``replay_source``), taking the call's tensors as arguments; ``generic`` does the same from
+    the data, launching through Triton; calling a replay with a tuple of tensors runs ``run``."""
 
-    allocations: tuple[Callable[[], torch.Tensor], ...]
+    # (remake, layout): layout (shape, strides, dtype, device, poisoned) for a plain ``empty``
+    allocations: tuple[tuple[Callable[[], torch.Tensor], tuple | None], ...]
     launches: tuple[_Launch, ...]
     result: tuple[tuple[str, int], ...]   # where each returned tensor comes from
     single: bool                          # the implementation returned one tensor, not a tuple
+    arity: int                            # the call's tensors (inputs)
+
+    def __post_init__(self) -> None:
+        source, scope = replay_source(self)
+        scope["_generic"] = self.generic
+        exec(compile(source, "<specgen replay>", "exec"), scope)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "run", scope["replay"])
 
     def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
-        buffers = [make() for make in self.allocations]
+        return self.run(*inputs)
+
+    def generic(self, inputs: Sequence[torch.Tensor | None]) -> Any:
+        buffers = [make() for make, _ in self.allocations]
         for launch in self.launches:
             launch(inputs, buffers)
         result = tuple(inputs[i] if source == "in" else buffers[i] for source, i in self.result)
         return result[0] if self.single else result
+
+
+def replay_source(replay: Replay) -> tuple[str, dict[str, Any]]:
+    """The source of a replay's function and the names it reads: the inputs as its parameters,
+    each plain allocation as ``torch.empty_strided`` of its recorded layout, each launch torch's
+    launcher can start as one call of it (tensors as their data pointers), the others through
+    Triton (``_Launch.__call__``); on a GPU, while launch hooks are installed or another device is
+    current, the generic path instead."""
+    scope: dict[str, Any] = {"_empty_strided": torch.empty_strided, "_poisoned": _poisoned}
+    inputs = "(" + "".join(f"i{i}, " for i in range(replay.arity)) + ")"
+    lines = [f"def replay({', '.join(f'i{i}' for i in range(replay.arity))}):"]
+    statics = {id(launch): launch for launch in replay.launches if launch.static is not None}
+    devices = {launch.device for launch in statics.values()}
+    if len(devices) > 1:  # launches on several GPUs: each through Triton, on its own device
+        statics, devices = {}, set()
+    if statics:
+        (device,) = devices
+        scope.update(_runtime=knobs.runtime, _hooked=_launch_hooked,
+                     _device=torch._C._cuda_getDevice,
+                     _launch_kernel=_static_launcher()._launch_kernel)
+        # Triton 3.6 and later hold the hooks in chains: their lists read directly
+        chains = all(hasattr(getattr(knobs.runtime, hook), "calls")
+                     for hook in ("launch_enter_hook", "launch_exit_hook"))
+        fallback = [("_runtime.launch_enter_hook.calls or _runtime.launch_exit_hook.calls"
+                     if chains else "_hooked()")]
+        if torch.cuda.device_count() > 1:  # one GPU is always the current one
+            fallback.append(f"_device() != {device}")
+        lines += [f"    if {' or '.join(fallback)}:",
+                  f"        return _generic({inputs})"]
+    for j, (make, layout) in enumerate(replay.allocations):
+        if layout is None:
+            scope[f"_remake_{j}"] = make
+            lines.append(f"    b{j} = _remake_{j}()")
+        else:
+            shape, strides, dtype, where, poisoned = layout
+            scope[f"_dtype_{j}"], scope[f"_device_{j}"] = dtype, where
+            made = (f"_empty_strided({shape!r}, {tuple(strides)!r}, dtype=_dtype_{j}, "
+                    f"device=_device_{j})")
+            lines.append(f"    b{j} = _poisoned({made})" if poisoned else f"    b{j} = {made}")
+    buffers = "(" + "".join(f"b{j}, " for j in range(len(replay.allocations))) + ")"
+    for k, launch in enumerate(replay.launches):
+        if id(launch) not in statics:
+            scope[f"_launch_{k}"] = launch
+            lines.append(f"    _launch_{k}({inputs}, {buffers})")
+            continue
+        static = launch.static
+        sources = {position: f"{'i' if source == 'in' else 'b'}{index}.data_ptr()"
+                   for position, source, index in launch.slots}
+        args = []
+        for n, position in enumerate(static.positions):
+            if position in sources:
+                args.append(sources[position])
+            elif type(launch.args[position]) in (int, bool):
+                args.append(repr(launch.args[position]))
+            else:  # a float: by name (inf and nan have no literal)
+                scope[f"_arg_{k}_{n}"] = launch.args[position]
+                args.append(f"_arg_{k}_{n}")
+        args += ["None"] * static.scratch
+        scope[f"_stream_{k}"] = launch.stream
+        grid = ", ".join(map(str, launch.grid))
+        lines += [f"    _launch_kernel({static.function}, {grid}, {static.num_warps}, "
+                  f"{static.shared}, {static.types!r},",
+                  f"                   ({', '.join(args)},), _stream_{k}({launch.device}))"]
+    names = [f"{'i' if source == 'in' else 'b'}{i}" for source, i in replay.result]
+    lines.append(f"    return {names[0]}" if replay.single else f"    return ({', '.join(names)},)")
+    return "\n".join(lines) + "\n", scope
 
 
 def _replay_from(inputs: Sequence[torch.Tensor | None], recording: _Recording,
@@ -280,8 +465,100 @@ def _replay_from(inputs: Sequence[torch.Tensor | None], recording: _Recording,
         if source is None:
             return "the result is not an allocation or an input of the call"
         sources.append(source)
-    return Replay(tuple(make for _, make in recording.allocations), tuple(launches),
-                  tuple(sources), single)
+    return Replay(tuple((a.remake, a.layout) for a in recording.allocations), tuple(launches),
+                  tuple(sources), single, len(inputs))
+
+
+# ---- signatures -------------------------------------------------------------------------------------
+
+
+def key_source(tensors: Sequence[tuple[str, bool]], scalars: Sequence[tuple[str, bool]],
+               state: str) -> tuple[str, str]:
+    """A call's signature as Python: (condition, expression). Where the condition holds (nothing
+    traces or watches launches, the tensors are plain tensors that need no gradient here, no
+    scalar is a tensor), the expression is the key: a tuple of each tensor's layout (None for an
+    omitted one; flat, five parts a tensor: shape, strides, dtype, device, 16-byte alignment),
+    which tensors are passed twice, each scalar with its type (``1`` and ``1.0``
+    hash alike), the test overrides (None when none is forced) and ``state``. ``tensors``: (name, may be None); ``scalars``:
+    (name, plain), a plain scalar (float, int, bool, str, dtype) keyed as it is, any other through
+    ``_scalar_key``. Names read: ``_T``, ``_logs``, ``_tracing``, ``_grad``, ``_ctx``,
+    ``_scalar_key`` and those of ``context.tracing`` (``key_scope``)."""
+    # context.tracing() spelled out (a frame less), the full check only under a function mode;
+    # is_compiling first: under dynamo the calls after it cannot be traced
+    condition = ["not _logs", "not _compiling()", "not _dispatch_modes()", "not _functorch()",
+                 "_forward_ad._current_level < 0", "not (_function_modes() and _tracing())"]
+    needs_grad = []
+    for name, optional in tensors:
+        if optional:
+            condition.append(f"({name} is None or type({name}) is _T)")
+            needs_grad.append(f"{name} is not None and {name}.requires_grad")
+        else:
+            condition.append(f"type({name}) is _T")
+            needs_grad.append(f"{name}.requires_grad")
+    if needs_grad:
+        condition.append(f"not (_grad() and ({' or '.join(needs_grad)}))")
+    # a tensor given as a scalar (a 0-dim dim) would hash by identity while its value may change
+    condition += [f"not isinstance({name}, _T)" for name, plain in scalars if plain]
+    parts = []
+    for name, optional in tensors:
+        layout = [f"{name}.shape", f"{name}.stride()", f"{name}.dtype", f"{name}.device",
+                  f"not {name}.data_ptr() & 15"]
+        if optional:  # five parts either way
+            layout = [f"None if {name} is None else {part}" for part in layout]
+        parts += layout
+    # one tensor passed as two arguments is recorded as one input (slots go by identity)
+    names = [name for name, _ in tensors]
+    parts += [f"{a} is {b}" for i, a in enumerate(names) for b in names[i + 1:]]
+    parts += [f"(type({name}), {name})" if plain else f"_scalar_key({name})"
+              for name, plain in scalars]
+    parts += ["_ctx.overrides_key", state]
+    return " and ".join(condition), "(" + ", ".join(parts) + ",)"
+
+
+def key_scope() -> dict[str, Any]:
+    """The names ``key_source``'s code reads."""
+    return {"_T": torch.Tensor, "_logs": context.launch_logs(), "_tracing": context.tracing,
+            "_compiling": torch.compiler.is_compiling,
+            "_dispatch_modes": torch._C._len_torch_dispatch_stack,
+            "_functorch": torch._C._are_functorch_transforms_active,
+            "_forward_ad": forward_ad, "_function_modes": torch._C._is_torch_function_mode_enabled,
+            "_grad": torch.is_grad_enabled, "_ctx": context, "_scalar_key": _scalar_key}
+
+
+def _scalar_key(value: object) -> object:
+    """A scalar argument's part of a signature: its type and value, a sequence's elements each
+    with its type; unhashable (the call is not keyed) where a tensor is among them."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return kind, value
+    listed = kind in (list, tuple, torch.Size)
+    if any(isinstance(e, torch.Tensor) for e in (value if listed else (value,))):
+        return _UNKEYED
+    if listed:
+        value = tuple((type(e), e) for e in value)
+    return kind, value
+
+
+# scalar types whose value is its own key (the common scalars of a call)
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype})
+_UNKEYED = ([],)  # unhashable: a key holding it fails the lookup, and the call is not keyed
+
+
+@functools.lru_cache(maxsize=None)
+def _generic_key(n_tensors: int, n_scalars: int) -> Callable[..., tuple | None]:
+    """The signature of a call of ``n_tensors`` tensors (any may be None) and ``n_scalars``
+    scalars of any kind, as ``key_source`` writes it: ``key(*tensors, *scalars, state)``."""
+    tensors = [(f"t{i}", True) for i in range(n_tensors)]
+    scalars = [(f"s{i}", False) for i in range(n_scalars)]
+    condition, expression = key_source(tensors, scalars, "None if _state is None else _state()")
+    params = ", ".join([name for name, _ in tensors + scalars] + ["_state"])
+    source = (f"def key({params}):\n"
+              f"    if not ({condition}):\n"
+              f"        return None\n"
+              f"    return {expression}\n")
+    scope = key_scope()
+    exec(compile(source, f"<specgen key {n_tensors} {n_scalars}>", "exec"), scope)
+    return scope["key"]
 
 
 class Replays:
@@ -291,24 +568,27 @@ class Replays:
         self.op = op
         self.state = state  # global settings the op's planning reads (part of the signature)
         self._entries: dict[tuple, object] = {}
+        # the recorded signatures' replay functions (``Replay.run``, taking the tensors as
+        # arguments): what the public function looks up
+        self.ready: dict[tuple, Callable] = {}
         self.failures: dict[tuple, str] = {}  # why a signature is not replayed (tools, tests)
         self.replayed = 0                     # calls served by a replay (tests, tools)
 
     def lookup(self, tensors: Sequence[object], scalars: Sequence[object]
-               ) -> tuple[tuple | None, Replay | None]:
+               ) -> tuple[tuple | None, Callable | None]:
         """The call's signature (None when it must take the traced path or cannot be keyed) and
         its replay, if one was recorded."""
-        key = self._key(tensors, scalars)
+        key = _generic_key(len(tensors), len(scalars))(*tensors, *scalars, self.state)
         if key is None:
             return None, None
         try:
-            entry = self._entries.get(key)
-        except TypeError:  # a mapping config forced by the tests, an unhashable scalar
+            found = self.ready.get(key)
+        except TypeError:  # a mapping config forced by the tests, a tensor among the scalars
             return None, None
-        if isinstance(entry, Replay):
-            self.replayed += 1
-            return key, entry
-        return key, None
+        if found is None:
+            return key, None
+        self.replayed += 1
+        return key, self._entries[key]
 
     def record(self, key: tuple | None, impl: Callable, tensors: Sequence[torch.Tensor | None],
                *args: object) -> Any:
@@ -319,6 +599,7 @@ class Replays:
         if entry is None and _calls_before_recording:
             if len(self._entries) >= CACHE_SIZE:
                 self._entries.clear()
+                self.ready.clear()
                 self.failures.clear()
             self._entries[key] = _SEEN
             return impl(*args)
@@ -331,46 +612,7 @@ class Replays:
         if isinstance(replay, str):
             self.failures[key] = replay
             replay = _NO_REPLAY
+        else:
+            self.ready[key] = replay.run
         self._entries[key] = replay
         return result
-
-    def _key(self, tensors: Sequence[object], scalars: Sequence[object]) -> tuple | None:
-        # every eager call computes this: the common cases first, no call that can be avoided
-        if context.launches_watched() or context.tracing():
-            return None
-        grad = torch.is_grad_enabled()
-        signature = []
-        for t in tensors:
-            if t is None:
-                signature.append(None)
-            elif type(t) is not torch.Tensor or grad and t.requires_grad:
-                return None
-            else:
-                signature.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-        # one tensor passed as two arguments is recorded as one input (slots go by identity):
-        # such a call has a signature of its own, its pattern of repeats
-        repeats = None
-        if len(tensors) > 1:
-            ids = [id(t) for t in tensors if t is not None]
-            if len(set(ids)) < len(ids):
-                repeats = tuple(map(ids.index, ids))
-        values = []
-        for v in scalars:
-            kind = type(v)
-            if kind in _PLAIN:
-                values.append((kind, v))
-                continue
-            listed = kind in (list, tuple, torch.Size)
-            # a tensor given as a scalar (a 0-dim dim) hashes by identity, and its value may
-            # change in place: such a call is not keyed
-            if any(isinstance(e, torch.Tensor) for e in (v if listed else (v,))):
-                return None
-            if listed:
-                v = tuple((type(e), e) for e in v)
-            values.append((kind, v))
-        return (tuple(signature), repeats, tuple(values), context.overrides(),
-                self.state() if self.state is not None else None)
-
-
-# scalar types whose value is its own key (the common scalars of a call)
-_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype})
