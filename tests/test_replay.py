@@ -317,6 +317,7 @@ def test_a_written_replay_launches_through_torchs_launcher(monkeypatch):
     # values (each tensor as its data pointer: an input's or this call's new allocation's, in
     # parameter order) and the current stream. Run here with a stand-in launcher
     started = []
+    monkeypatch.setattr(replay.native, "module", lambda: None)  # the Python-written replay
     monkeypatch.setattr(replay, "_static_launcher", lambda: SimpleNamespace(
         _launch_kernel=lambda *args: started.append(args)))
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)

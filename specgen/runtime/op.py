@@ -23,8 +23,7 @@ replay path of a repeated call costs a lookup and the replay itself.
 from __future__ import annotations
 
 import linecache
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -64,28 +63,31 @@ class OpDescription:
     differentiable: bool = True     # argmax and argmin have no gradient
 
     # the roles of the arguments, by position: what every family's implementation reads of a
-    # call's arguments (computed once an op: implementations run on every call no replay serves)
-    @cached_property
-    def tensor_positions(self) -> tuple[int, ...]:
-        return tuple(i for i, a in enumerate(self.args) if a.kind == "tensor")
+    # call's arguments, computed once an op (implementations run on every call no replay
+    # serves). Set here, not cached on first use: a cache filled while dynamo traces a call
+    # changes the object under the guards it just wrote ("Guard failed on the same frame")
+    tensor_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    tensor_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    optional_tensors: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # the float, int and bool arguments: what kernels take by position, in this order
+    scalar_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # each choice argument with its kernels' constexpr name
+    choice_positions: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def tensor_names(self) -> tuple[str, ...]:
-        return tuple(self.args[i].name for i in self.tensor_positions)
-
-    @cached_property
-    def optional_tensors(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args if a.kind == "tensor" and a.optional)
-
-    @cached_property
-    def scalar_positions(self) -> tuple[int, ...]:
-        """The float, int and bool arguments: what kernels take by position, in this order."""
-        return tuple(i for i, a in enumerate(self.args) if a.kind in ("float", "int", "bool"))
-
-    @cached_property
-    def choice_positions(self) -> tuple[tuple[int, str], ...]:
-        """Each choice argument with its kernels' constexpr name."""
-        return tuple((i, a.constexpr) for i, a in enumerate(self.args) if a.kind == "choice")
+    def __post_init__(self) -> None:
+        args = self.args
+        tensors = tuple(i for i, a in enumerate(args) if a.kind == "tensor")
+        roles = {
+            "tensor_positions": tensors,
+            "tensor_names": tuple(args[i].name for i in tensors),
+            "optional_tensors": tuple(a.name for a in args if a.kind == "tensor" and a.optional),
+            "scalar_positions": tuple(i for i, a in enumerate(args)
+                                      if a.kind in ("float", "int", "bool")),
+            "choice_positions": tuple((i, a.constexpr) for i, a in enumerate(args)
+                                      if a.kind == "choice"),
+        }
+        for name, value in roles.items():
+            object.__setattr__(self, name, value)
 
     def choices_of(self, args: Sequence) -> dict[str, object]:
         """A call's choices as its kernels' constexprs."""
@@ -328,9 +330,8 @@ def _public_source(d: OpDescription, family: FamilyRuntime) -> str:
     params = ", ".join(_param(a) for a in d.args) + (", *, out=None" if takes_out else "")
     lines = [f"def {d.name}({params}):"]
     lines += _autocast_lines(d, takes_out)
-    condition, key = key_source([(a.name, a.optional) for a in d.args if a.kind == "tensor"],
-                                [(a.name, a.kind in _PLAIN_KINDS) for a in d.args
-                                 if a.kind != "tensor"],
+    condition, key = key_source(tensors, [(a.name, a.kind in _PLAIN_KINDS) for a in d.args
+                                          if a.kind != "tensor"],
                                 "_state()" if family.replay_state() is not None else "None")
     # the conditions under which a replay may serve the call (the lookup is skipped otherwise:
     # the family's call looks up what it replays, cross_entropy's in validating mode)
@@ -339,7 +340,7 @@ def _public_source(d: OpDescription, family: FamilyRuntime) -> str:
         conditions.append("_serve()")
     picked = "" if family.public_output is None else f"[{family.public_output}]"
     lines += ["    key = None",
-              f"    if {' and '.join(conditions + [condition])}:",
+              f"    if ({chr(10).join(_and(conditions + condition))}):",
               f"        key = {key}",
               "        try:",
               "            replay = _ready.get(key)",
@@ -350,6 +351,11 @@ def _public_source(d: OpDescription, family: FamilyRuntime) -> str:
               f"            return replay({', '.join(tensors)}){picked}",
               f"    return _call(_op, key, {_tuple(names)}{', out' if takes_out else ''})"]
     return "\n".join(lines) + "\n"
+
+
+def _and(conditions: Sequence[str]) -> list[str]:
+    """Conditions joined by ``and``, a line each (the compiled source reads as written code)."""
+    return [conditions[0]] + [f"            and {c}" for c in conditions[1:]]
 
 
 def _autocast_lines(d: OpDescription, takes_out: bool) -> list[str]:

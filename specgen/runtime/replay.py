@@ -43,6 +43,7 @@ import contextlib
 import functools
 import inspect
 import math
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -52,7 +53,7 @@ import triton
 from torch.autograd import forward_ad
 from triton import knobs
 
-from specgen.runtime import context
+from specgen.runtime import context, native
 
 # signatures kept per op; past it the cache starts over (a workload with ever new shapes)
 CACHE_SIZE = 1024
@@ -370,7 +371,9 @@ class Replay:
         scope["_generic"] = self.generic
         exec(compile(source, "<specgen replay>", "exec"), scope)
         object.__setattr__(self, "source", source)
-        object.__setattr__(self, "run", scope["replay"])
+        built = native.module()
+        run = scope["replay"] if built is None else _native_replay(self, built)
+        object.__setattr__(self, "run", run)
 
     def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
         return self.run(*inputs)
@@ -449,6 +452,45 @@ def replay_source(replay: Replay) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", scope
 
 
+# the type codes of StaticLaunch.types as little-endian struct formats
+_PACKED = {"i": "<i", "l": "<q", "b": "<b", "h": "<h", "B": "<B", "H": "<H", "I": "<I",
+           "K": "<Q", "f": "<f", "d": "<d"}
+
+
+def _native_replay(replay: Replay, built: Any) -> Callable:
+    """``replay`` as the C++ core's callable (native.cpp): the same allocations, launches and
+    result as ``replay_source`` writes, each constant parameter packed into its 8-byte slot."""
+    allocations = [(make, (), (), None, None) if layout is None or layout[4]
+                   else (None, *layout[:4]) for make, layout in replay.allocations]
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    devices = {launch.device for launch in replay.launches if launch.static is not None}
+    # the driver's launches: on one GPU, and where Triton's hooks are lists the core can read
+    driver = len(devices) == 1 and hasattr(enter, "calls") and hasattr(leave, "calls")
+    launches = []
+    for launch in replay.launches:
+        static = launch.static
+        if static is None or not driver:
+            launches.append((launch, 0, (1, 1, 1), 0, 0, ()))
+            continue
+        sources = {position: (source, index) for position, source, index in launch.slots}
+        parameters = []
+        for code, position in zip(static.types, static.positions):
+            if position in sources:
+                source, index = sources[position]
+                parameters.append(("i" if source == "in" else "b", index))
+            else:
+                packed = struct.pack(_PACKED[code], launch.args[position]).ljust(8, b"\0")
+                parameters.append(("v", int.from_bytes(packed, "little")))
+        parameters += [("v", 0)] * static.scratch
+        launches.append((None, static.function, launch.grid, 32 * static.num_warps, static.shared,
+                         parameters))
+    result = [(source == "buf", index) for source, index in replay.result]
+    return built.replay(allocations, launches, result, replay.single,
+                        devices.pop() if driver else -1,
+                        enter.calls if driver else [], leave.calls if driver else [],
+                        replay.generic)
+
+
 def _replay_from(inputs: Sequence[torch.Tensor | None], recording: _Recording,
                  result: Any) -> Replay | str:
     slots = _Slots(inputs, recording)
@@ -472,57 +514,58 @@ def _replay_from(inputs: Sequence[torch.Tensor | None], recording: _Recording,
 # ---- signatures -------------------------------------------------------------------------------------
 
 
-def key_source(tensors: Sequence[tuple[str, bool]], scalars: Sequence[tuple[str, bool]],
-               state: str) -> tuple[str, str]:
-    """A call's signature as Python: (condition, expression). Where the condition holds (nothing
-    traces or watches launches, the tensors are plain tensors that need no gradient here, no
-    scalar is a tensor), the expression is the key: a tuple of each tensor's layout (None for an
-    omitted one; flat, five parts a tensor: shape, strides, dtype, device, 16-byte alignment),
-    which tensors are passed twice, each scalar with its type (``1`` and ``1.0``
-    hash alike), the test overrides (None when none is forced) and ``state``. ``tensors``: (name, may be None); ``scalars``:
-    (name, plain), a plain scalar (float, int, bool, str, dtype) keyed as it is, any other through
-    ``_scalar_key``. Names read: ``_T``, ``_logs``, ``_tracing``, ``_grad``, ``_ctx``,
-    ``_scalar_key`` and those of ``context.tracing`` (``key_scope``)."""
+def key_source(tensors: Sequence[str], scalars: Sequence[tuple[str, bool]],
+               state: str) -> tuple[list[str], str]:
+    """A call's signature as Python: (conditions, expression). Where the conditions hold (nothing
+    traces or watches launches, no plain scalar is a tensor, and the tensors' part, which it binds
+    to ``key``, is not None), the expression is the key: the tensors' part (``tensor_key``, or
+    its C++ twin), each scalar with its type (``1`` and ``1.0`` hash alike), the test overrides
+    (None when none is forced) and ``state``. ``scalars``: (name, plain), a plain scalar (float,
+    int, bool, str, dtype) keyed as it is, any other through ``_scalar_key``. Names read: those
+    of ``key_scope``."""
     # context.tracing() spelled out (a frame less), the full check only under a function mode;
     # is_compiling first: under dynamo the calls after it cannot be traced
     condition = ["not _logs", "not _compiling()", "not _dispatch_modes()", "not _functorch()",
                  "_forward_ad._current_level < 0", "not (_function_modes() and _tracing())"]
-    needs_grad = []
-    for name, optional in tensors:
-        if optional:
-            condition.append(f"({name} is None or type({name}) is _T)")
-            needs_grad.append(f"{name} is not None and {name}.requires_grad")
-        else:
-            condition.append(f"type({name}) is _T")
-            needs_grad.append(f"{name}.requires_grad")
-    if needs_grad:
-        condition.append(f"not (_grad() and ({' or '.join(needs_grad)}))")
     # a tensor given as a scalar (a 0-dim dim) would hash by identity while its value may change
     condition += [f"not isinstance({name}, _T)" for name, plain in scalars if plain]
-    parts = []
-    for name, optional in tensors:
-        layout = [f"{name}.shape", f"{name}.stride()", f"{name}.dtype", f"{name}.device",
-                  f"not {name}.data_ptr() & 15"]
-        if optional:  # five parts either way
-            layout = [f"None if {name} is None else {part}" for part in layout]
-        parts += layout
-    # one tensor passed as two arguments is recorded as one input (slots go by identity)
-    names = [name for name, _ in tensors]
-    parts += [f"{a} is {b}" for i, a in enumerate(names) for b in names[i + 1:]]
+    condition.append(f"(key := _tensor_key({', '.join(tensors)})) is not None")
+    parts = ["key"]
     parts += [f"(type({name}), {name})" if plain else f"_scalar_key({name})"
               for name, plain in scalars]
     parts += ["_ctx.overrides_key", state]
-    return " and ".join(condition), "(" + ", ".join(parts) + ",)"
+    return condition, "(" + ", ".join(parts) + ")"
 
 
 def key_scope() -> dict[str, Any]:
     """The names ``key_source``'s code reads."""
+    built = native.module()
     return {"_T": torch.Tensor, "_logs": context.launch_logs(), "_tracing": context.tracing,
             "_compiling": torch.compiler.is_compiling,
             "_dispatch_modes": torch._C._len_torch_dispatch_stack,
             "_functorch": torch._C._are_functorch_transforms_active,
             "_forward_ad": forward_ad, "_function_modes": torch._C._is_torch_function_mode_enabled,
-            "_grad": torch.is_grad_enabled, "_ctx": context, "_scalar_key": _scalar_key}
+            "_ctx": context, "_scalar_key": _scalar_key,
+            "_tensor_key": tensor_key if built is None else built.key}
+
+
+def tensor_key(*tensors: object) -> tuple | None:
+    """The tensors' part of a call's signature: each tensor's shape, strides, dtype, device and
+    16-byte alignment (Triton specializes pointers on it), None for an omitted one, then which
+    tensors are one (a recording names one input for both: ``add(a, a)`` must not serve
+    ``add(b, c)``). None where the call is not keyed: a tensor subclass (fake tensors), or an
+    input that needs a gradient while grad mode is on. native.cpp's ``key`` is the same in C++."""
+    grad = torch.is_grad_enabled()
+    parts: list = []
+    for t in tensors:
+        if t is None:
+            parts.append(None)
+            continue
+        if type(t) is not torch.Tensor or grad and t.requires_grad:
+            return None
+        parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
+    parts += [a is b for i, a in enumerate(tensors) for b in tensors[i + 1:]]
+    return tuple(parts)
 
 
 def _scalar_key(value: object) -> object:
@@ -548,17 +591,17 @@ _UNKEYED = ([],)  # unhashable: a key holding it fails the lookup, and the call 
 def _generic_key(n_tensors: int, n_scalars: int) -> Callable[..., tuple | None]:
     """The signature of a call of ``n_tensors`` tensors (any may be None) and ``n_scalars``
     scalars of any kind, as ``key_source`` writes it: ``key(*tensors, *scalars, state)``."""
-    tensors = [(f"t{i}", True) for i in range(n_tensors)]
+    tensors = [f"t{i}" for i in range(n_tensors)]
     scalars = [(f"s{i}", False) for i in range(n_scalars)]
     condition, expression = key_source(tensors, scalars, "None if _state is None else _state()")
-    params = ", ".join([name for name, _ in tensors + scalars] + ["_state"])
-    source = (f"def key({params}):\n"
-              f"    if not ({condition}):\n"
+    params = ", ".join(tensors + [name for name, _ in scalars] + ["_state"])
+    source = (f"def signature({params}):\n"
+              f"    if not ({' and '.join(condition)}):\n"
               f"        return None\n"
               f"    return {expression}\n")
     scope = key_scope()
-    exec(compile(source, f"<specgen key {n_tensors} {n_scalars}>", "exec"), scope)
-    return scope["key"]
+    exec(compile(source, f"<specgen signature {n_tensors} {n_scalars}>", "exec"), scope)
+    return scope["signature"]
 
 
 class Replays:

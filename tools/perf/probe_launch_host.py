@@ -11,7 +11,6 @@ checked to compute x + y before it is timed.
 Usage (GPU machine): PYTHONPATH=. python3 tools/perf/probe_launch_host.py
 """
 
-import inspect
 import statistics
 import sys
 import time
@@ -20,7 +19,7 @@ import torch
 import triton
 
 import generated
-from specgen.runtime import context, replay as rp
+from specgen.runtime import context, native, replay as rp
 
 
 def per_call(fn, calls=2000, rounds=5):
@@ -83,21 +82,17 @@ def main():
 
     out = torch.empty_like(x)
     # the call and its parts, interleaved round by round (this host drifts by a third between
-    # runs): the public call, its signature alone (the public function's own code up to the
-    # lookup), the written replay, its allocation and its launch
-    scope = dict(generated.add.__globals__, x=x, y=y, out=None)
-    source = inspect.getsource(generated.add).splitlines()
-    condition = source[2].strip()[3:-1]
-    expression = source[3].split("=", 1)[1].strip()
-    signature = eval(f"lambda: ({expression}) if {condition} else None", scope)
-    lookup = eval(f"lambda: _ready.get({expression}) if {condition} else None", scope)
+    # runs): the public call, its signature's tensor part and lookup, the replay, and a bare
+    # allocation and launch
+    tensor_key = generated.add.__globals__["_tensor_key"]
+    print("replays through", "the C++ core" if native.module() else "Python functions")
     static, stream = rep.launches[0].static, torch._C._cuda_getCurrentRawStream
     interleaved({
         "eager x + y": lambda: x + y,
         "generated.add(x, y), replayed": lambda: generated.add(x, y),
-        "its condition and signature": signature,
-        "its condition, signature and dict lookup": lookup,
-        "Replay.run (the written replay)": lambda: rep.run((x, y)),
+        "its tensors' signature": lambda: tensor_key(x, y),
+        "its dict lookup": lambda: op.replays.ready.get(key),
+        "Replay.run (the replay)": lambda: rep.run(x, y),
         "Replay.generic (its data, through Triton's launcher)": lambda: rep.generic((x, y)),
         "torch.empty_strided": lambda: torch.empty_strided((8, 1024), (1024, 1), dtype=x.dtype,
                                                            device=x.device),

@@ -1,0 +1,90 @@
+"""The C++ replay core (specgen/runtime/native.cpp): its signature agrees with the Python one, and
+a replay made from a recording allocates, launches and returns as the recording did.
+
+On a GPU machine every replayed call of the suite runs through it; here it is built for these
+tests alone (about 15 s), and its driver launches, which need a GPU, are left to the GPU tier.
+"""
+
+import pytest
+import torch
+
+from specgen.runtime import native, replay
+
+
+@pytest.fixture(scope="module")
+def built():
+    module = native.build()
+    if module is None:
+        pytest.skip("the C++ replay core does not build on this machine (see the warning)")
+    return module
+
+
+def _layouts():
+    base = torch.randn(64)
+    x = base[:24].view(4, 6)
+    return {
+        "x": x,
+        "x again": x,
+        "same layout": torch.randn(4, 6),
+        "transposed": torch.randn(6, 4).t(),
+        "shifted by one element": base[1:25].view(4, 6),
+        "bfloat16": torch.randn(4, 6, dtype=torch.bfloat16),
+        "other shape": torch.randn(3, 8),
+        "0-dim": torch.tensor(2.0),
+        "empty": torch.randn(0, 6),
+    }
+
+
+def test_the_signature_tells_apart_what_the_python_one_does(built):
+    # native.key(*tensors) and replay.tensor_key(*tensors) must put two calls in one class
+    # exactly when the other does (the formats differ: bytes, a tuple)
+    tensors = _layouts()
+    calls = [(tensors[a], tensors[b]) for a in tensors for b in tensors] + \
+            [(tensors["x"], None), (None, tensors["x"]), (tensors["same layout"], None)]
+    for first in calls:
+        for second in calls:
+            python = replay.tensor_key(*first) == replay.tensor_key(*second)
+            assert (built.key(*first) == built.key(*second)) == python, (first, second)
+
+
+def test_calls_that_are_not_keyed(built):
+    x = torch.randn(3, requires_grad=True)
+    assert built.key(x) is None                        # needs a gradient in grad mode
+    with torch.no_grad():
+        assert built.key(x) is not None
+    assert built.key(torch.nn.Parameter(torch.randn(3))) is None   # a subclass
+    assert built.key(torch.randn(3), None) is not None
+
+
+def test_a_replay_allocates_launches_and_returns_as_recorded(built):
+    # two allocations (a layout made in C++, one a Python callable makes) and a launch through
+    # Python, which receives the call's tensors and the new buffers; the result is (buffer 0,
+    # input 1) in that order
+    seen = []
+
+    def launch(inputs, buffers):
+        seen.append((inputs, buffers))
+        buffers[0].copy_(inputs[0] * 2)
+
+    poisoned = torch.full((2,), float("nan"))
+    run = built.replay([(None, (2, 3), (1, 2), torch.float32, torch.device("cpu")),
+                        (lambda: poisoned, (), (), None, None)],
+                       [(launch, 0, (1, 1, 1), 0, 0, ())],
+                       [(True, 0), (False, 1)], False, -1, [], [], None)
+    x, y = torch.randn(2, 3), torch.randn(5)
+    out, same = run(x, y)
+    assert same is y
+    assert out.shape == (2, 3) and out.stride() == (1, 2) and out.dtype == torch.float32
+    torch.testing.assert_close(out, x * 2)
+    (inputs, buffers), = seen
+    assert inputs[0] is x and inputs[1] is y and buffers[0] is out and buffers[1] is poisoned
+
+
+def test_a_failing_launch_raises_and_returns_nothing(built):
+    def launch(inputs, buffers):
+        raise ValueError("bad launch")
+
+    run = built.replay([(None, (3,), (1,), torch.float32, torch.device("cpu"))],
+                       [(launch, 0, (1, 1, 1), 0, 0, ())], [(True, 0)], True, -1, [], [], None)
+    with pytest.raises(ValueError, match="bad launch"):
+        run(torch.randn(3))
