@@ -47,12 +47,13 @@ def test_the_signature_tells_apart_what_the_python_one_does(built):
             assert (built.key(*first) == built.key(*second)) == python, (first, second)
 
 
-def test_calls_that_are_not_keyed(built):
-    x = torch.randn(3, requires_grad=True)
-    assert built.key(x) is None                        # needs a gradient in grad mode
+def test_a_gradient_needed_is_part_of_the_signature(built):
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3)
+    assert built.key(x) != built.key(y)             # x needs a gradient in grad mode
     with torch.no_grad():
-        assert built.key(x) is not None
-    assert built.key(torch.nn.Parameter(torch.randn(3))) is None   # a subclass
+        assert built.key(x) == built.key(y)
+    assert (built.key(x) == built.key(y)) == (replay.tensor_key(x) == replay.tensor_key(y))
+    assert built.key(torch.nn.Parameter(torch.randn(3))) is None   # a subclass is not keyed
     assert built.key(torch.randn(3), None) is not None
 
 

@@ -337,3 +337,39 @@ def test_a_written_replay_launches_through_torchs_launcher(monkeypatch):
     assert out.shape == (3,) and out.dtype == torch.float32
     assert started == [(0xF00, 2, 1, 1, 4, 96, "OOifOO",
                         (second.data_ptr(), out.data_ptr(), 3, 0.5, None, None), 77)]
+
+
+def test_a_differentiated_call_of_a_seen_signature_skips_its_checks(monkeypatch):
+    # a call that needs a gradient goes through the op's autograd.Function; once its signature
+    # (which inputs need a gradient among it) has passed the checks, later calls go straight to
+    # the Function with the spelled-out scalars, and get the same gradients
+    from specgen.runtime import op as op_module
+    checked = []
+    check = op_module.check_tensor_types
+    monkeypatch.setattr(op_module, "check_tensor_types",
+                        lambda *a, **k: (checked.append(a[0]), check(*a, **k))[1])
+
+    def grads(x, w, wrt):
+        out = generated.layer_norm(x, [7], w, eps=1e-3)
+        return torch.autograd.grad(out, wrt, torch.ones_like(out))
+
+    def reference(x, w, wrt):
+        wide = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, w)]
+        out = torch.nn.functional.layer_norm(wide[0], [7], wide[1], eps=1e-3)
+        return torch.autograd.grad(out, [wide[0] if t is x else wide[1] for t in wrt],
+                                   torch.ones_like(out))
+
+    x, w = _randn(3, 7).requires_grad_(), _randn(7)
+    for calls in range(4):
+        if calls == 2:  # the differentiated call kept, its forward's plain call recorded
+            checked.clear()
+        for got, want in zip(grads(x, w, [x]), reference(x, w, [x])):
+            testing.assert_matches(got, want, "layer_norm grad")
+    assert checked == []
+    # w needing a gradient too is another signature: checked once (its plain forward call is
+    # the same and replays), and its gradient computed
+    w.requires_grad_()
+    for _ in range(2):
+        for got, want in zip(grads(x, w, [x, w]), reference(x, w, [x, w])):
+            testing.assert_matches(got, want, "layer_norm grads")
+    assert checked == ["layer_norm"]

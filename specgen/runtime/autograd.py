@@ -159,6 +159,29 @@ def op_function(op: str, base: type[torch.autograd.Function]) -> type[torch.auto
     return type(f"Specgen{camel}", (base,), {})
 
 
+def differentiable_replay(function: Callable, reference: Callable, args: Sequence[object],
+                          tensor_positions: Sequence[int],
+                          backward: Callable | None = None) -> Callable:
+    """``differentiable_call(function, reference, *args, backward=backward)`` for a later call of
+    the same signature (runtime/replay.py: the same layouts, the same inputs needing a gradient,
+    the same scalars), as a function of its tensors alone: the checks the first call passed hold
+    for it, and its scalars, spelled out, are these."""
+    scope = {"_apply": _by_reference_of(function.__name__).apply, "_function": function,
+             "_reference": reference, "_backward": backward}
+    names = []
+    for i, arg in enumerate(args):
+        if i in tensor_positions:
+            names.append(f"t{i}")
+        else:
+            scope[f"_s{i}"] = arg
+            names.append(f"_s{i}")
+    params = ", ".join(f"t{i}" for i in tensor_positions)
+    source = (f"def replay({params}):\n"
+              f"    return _apply(_function, _reference, _backward, {', '.join(names)})\n")
+    exec(compile(source, f"<specgen {function.__name__} differentiable replay>", "exec"), scope)
+    return scope["replay"]
+
+
 @functools.cache
 def _by_reference_of(op: str) -> type[torch.autograd.Function]:
     return op_function(op, _ByReference)

@@ -2,9 +2,9 @@
 // call does, without Python between the call and the kernel launch.
 //
 // - key(*tensors): the tensors' part of a call's signature, as bytes (each tensor's sizes,
-//   strides, dtype, device and 16-byte alignment, None as a marker, which tensors are one), or
-//   None where the call must not be keyed (a tensor subclass, an input needing a gradient while
-//   grad mode is on). runtime/replay.py's tensor_key is the same in Python.
+//   strides, dtype, device, 16-byte alignment and whether it needs a gradient here, None as a
+//   marker, which tensors are one), or None where the call must not be keyed (a tensor
+//   subclass). runtime/replay.py's tensor_key is the same in Python.
 // - replay(allocations, launches, result, single, device, hooks, generic): a recorded call as a
 //   callable taking the call's tensors: it allocates each output and workspace
 //   (at::empty_strided of its recorded layout, or a Python callable), starts each kernel
@@ -78,10 +78,9 @@ PyObject* key(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
         put<int8_t>(out, -1);
         continue;
       }
-      // a subclass (fake tensors, parameters) and a call needing a gradient are not keyed
+      // a subclass (fake tensors, parameters) is not keyed
       if (Py_TYPE(object) != tensor_type()) Py_RETURN_NONE;
       const at::Tensor& tensor = THPVariable_Unpack(object);
-      if (grad && tensor.requires_grad()) Py_RETURN_NONE;
       put<int8_t>(out, static_cast<int8_t>(tensor.dim()));
       for (int64_t size : tensor.sizes()) put(out, size);
       for (int64_t stride : tensor.strides()) put(out, stride);
@@ -92,6 +91,7 @@ PyObject* key(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
       const bool storage = tensor.has_storage() && !tensor.is_meta();
       const auto address = storage ? reinterpret_cast<uintptr_t>(tensor.data_ptr()) : 0;
       put<int8_t>(out, (address & 15) == 0);
+      put<int8_t>(out, grad && tensor.requires_grad());
     }
     // one tensor passed as two arguments is recorded as one input
     for (Py_ssize_t i = 0; i < nargs; ++i)

@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from specgen.runtime import autocast as autocast_policy
-from specgen.runtime.autograd import differentiable_call, differentiate_by_reference
+from specgen.runtime.autograd import (differentiable_call, differentiable_replay,
+                                      differentiate_by_reference)
 from specgen.runtime.checks import (OUT_NOT_DIFFERENTIABLE, as_scalar, check_choice,
                                     check_dtype_arg, check_no_grad, check_tensor_types)
 from specgen.runtime.context import runs_eagerly, untraced
@@ -192,9 +193,13 @@ class Op:
         if self.differentiable and untraced(values):
             # autograd in eager code: the plain call inside an autograd.Function, differentiated
             # by the derived backward where the family has one, else through `reference`,
-            # without the dispatcher (runtime/autograd.py)
-            return differentiable_call(self.function, self.reference, *args,
-                                       backward=self.family.backward(self))
+            # without the dispatcher (runtime/autograd.py); a later call of this signature skips
+            # the checks above (its key tells which inputs need a gradient)
+            backward = self.family.backward(self)
+            if key is not None:
+                self.replays.keep(key, differentiable_replay(
+                    self.function, self.reference, args, d.tensor_positions, backward))
+            return differentiable_call(self.function, self.reference, *args, backward=backward)
         return self.operator(*args)
 
     def _outs(self, out: Any) -> tuple:

@@ -550,20 +550,22 @@ def key_scope() -> dict[str, Any]:
 
 
 def tensor_key(*tensors: object) -> tuple | None:
-    """The tensors' part of a call's signature: each tensor's shape, strides, dtype, device and
-    16-byte alignment (Triton specializes pointers on it), None for an omitted one, then which
-    tensors are one (a recording names one input for both: ``add(a, a)`` must not serve
-    ``add(b, c)``). None where the call is not keyed: a tensor subclass (fake tensors), or an
-    input that needs a gradient while grad mode is on. native.cpp's ``key`` is the same in C++."""
+    """The tensors' part of a call's signature: each tensor's shape, strides, dtype, device,
+    16-byte alignment (Triton specializes pointers on it) and whether it needs a gradient here
+    (grad mode on and ``requires_grad``: such a call is served by its differentiable replay,
+    ``Replays.keep``), None for an omitted one, then which tensors are one (a recording names
+    one input for both: ``add(a, a)`` must not serve ``add(b, c)``). None where the call is not
+    keyed: a tensor subclass (fake tensors, parameters). native.cpp's ``key`` is the same in C++."""
     grad = torch.is_grad_enabled()
     parts: list = []
     for t in tensors:
         if t is None:
             parts.append(None)
             continue
-        if type(t) is not torch.Tensor or grad and t.requires_grad:
+        if type(t) is not torch.Tensor:
             return None
-        parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
+        parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15,
+                  grad and t.requires_grad)
     parts += [a is b for i, a in enumerate(tensors) for b in tensors[i + 1:]]
     return tuple(parts)
 
@@ -604,6 +606,16 @@ def _generic_key(n_tensors: int, n_scalars: int) -> Callable[..., tuple | None]:
     return scope["signature"]
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A kept function (``Replays.keep``), called with a tuple of tensors as a ``Replay`` is."""
+
+    run: Callable
+
+    def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
+        return self.run(*inputs)
+
+
 class Replays:
     """One op's recordings, by call signature."""
 
@@ -632,6 +644,16 @@ class Replays:
             return key, None
         self.replayed += 1
         return key, self._entries[key]
+
+    def keep(self, key: tuple, run: Callable) -> None:
+        """Serves later calls of ``key`` with ``run`` (taking the call's tensors): a call that
+        needs a gradient, whose checks this signature passed (``autograd.differentiable_replay``)."""
+        if len(self._entries) >= CACHE_SIZE:
+            self._entries.clear()
+            self.ready.clear()
+            self.failures.clear()
+        self._entries[key] = _Kept(run)
+        self.ready[key] = run
 
     def record(self, key: tuple | None, impl: Callable, tensors: Sequence[torch.Tensor | None],
                *args: object) -> Any:
