@@ -170,10 +170,13 @@ def _note(tensor: torch.Tensor, remake: Callable[[], torch.Tensor],
 
 
 def note_launch(fn: Any, grid: Any, args: Sequence, kwargs: dict, compiled: Any) -> None:
-    """Called by ``launch.launch`` after it started ``fn`` (a JITFunction) directly."""
+    """Called by ``launch.launch`` after it started ``fn`` (a JITFunction) directly, on the GPU
+    it made current (the tensors'), which the recording keeps: the compiled kernel is loaded
+    for that GPU alone."""
     recording = _recording()
     if recording is not None:
-        recording.launches.append((fn, grid, tuple(args), dict(kwargs), compiled))
+        device = None if compiled is None else triton.runtime.driver.active.get_current_device()
+        recording.launches.append((fn, grid, tuple(args), dict(kwargs), compiled, device))
 
 
 def note_tuning() -> None:
@@ -321,7 +324,7 @@ def _launch_hooked() -> bool:
 
 
 def _launch_from(slots: _Slots, fn: Any, grid: Any, args: tuple, kwargs: dict,
-                 compiled: Any) -> _Launch | str:
+                 compiled: Any, device: int | None) -> _Launch | str:
     """The replayable form of one recorded launch, or why there is none."""
     names = set(fn.arg_names)
     params = {k: v for k, v in kwargs.items() if k in names}
@@ -345,10 +348,7 @@ def _launch_from(slots: _Slots, fn: Any, grid: Any, args: tuple, kwargs: dict,
                        "an allocation of the call"
             filled.append((position, *source))
             values[position] = None
-    device = stream = None
-    if compiled is not None:
-        driver = triton.runtime.driver.active
-        device, stream = driver.get_current_device(), driver.get_current_stream
+    stream = None if compiled is None else triton.runtime.driver.active.get_current_stream
     return _Launch(fn, grid, tuple(values), tuple(filled), options, compiled, device, stream,
                    static)
 

@@ -51,4 +51,46 @@ def test_backward_and_compile_on_the_second_gpu():
         got = torch.autograd.grad(run(x, w), (x, w), grad)
         for a, b in zip(got, want):
             assert a.device == torch.device("cuda", 1)
-            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+            # (b: the float64 reference's gradient with respect to the float32 x and w)
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, y: generated.add(x, y),
+    lambda x, y: generated.layer_norm(x, [x.shape[-1]], y[0]),
+    lambda x, y: generated.mm(x, y.t()),
+], ids=["add", "layer_norm", "mm"])
+def test_tensors_on_two_gpus_are_refused(call):
+    x = torch.randn(4, 8, device="cuda:0")
+    y = torch.randn(4, 8, device="cuda:1")
+    with pytest.raises(ValueError, match=r"\(cuda:0\) .*\(cuda:1\) are on different devices"):
+        call(x, y)
+
+
+def test_both_gpus_from_two_threads_at_once():
+    # a thread a GPU, each calling (then replaying) the same ops on its own device while the
+    # other does: every result on its own GPU and right
+    import threading
+
+    failures = []
+
+    def work(device):
+        try:
+            torch.cuda.set_device(device)
+            for _ in range(20):
+                x = torch.randn(256, 1000, device=device)
+                w = torch.randn(1000, device=device)
+                out = generated.layer_norm(generated.softmax(x, -1), [1000], w)
+                want = torch.nn.functional.layer_norm(torch.softmax(x.double(), -1), [1000],
+                                                      w.double())
+                assert out.device == torch.device("cuda", device)
+                torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+        except BaseException as error:  # reported by the test's own thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(device,)) for device in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
