@@ -53,8 +53,16 @@ def test_a_gradient_needed_is_part_of_the_signature(built):
     with torch.no_grad():
         assert built.key(x) == built.key(y)
     assert (built.key(x) == built.key(y)) == (replay.tensor_key(x) == replay.tensor_key(y))
-    assert built.key(torch.nn.Parameter(torch.randn(3))) is None   # a subclass is not keyed
+    # a parameter is keyed as a plain tensor (its gradient flag apart); another subclass is not
+    assert built.key(torch.nn.Parameter(y, requires_grad=False)) == built.key(y)
+    assert built.key(torch.nn.Parameter(y)) == built.key(x)
+    assert built.key(torch.randn(3).as_subclass(_Subclass)) is None
+    assert replay.tensor_key(torch.randn(3).as_subclass(_Subclass)) is None
     assert built.key(torch.randn(3), None) is not None
+
+
+class _Subclass(torch.Tensor):
+    pass
 
 
 def test_a_replay_allocates_launches_and_returns_as_recorded(built):

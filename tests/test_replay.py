@@ -373,3 +373,23 @@ def test_a_differentiated_call_of_a_seen_signature_skips_its_checks(monkeypatch)
         for got, want in zip(grads(x, w, [x, w]), reference(x, w, [x, w])):
             testing.assert_matches(got, want, "layer_norm grads")
     assert checked == ["layer_norm"]
+
+
+def test_a_modules_parameters_take_the_direct_path_and_replay():
+    # nn.Parameter is a plain tensor to torch's C++: a layer's weights must not send every call
+    # through the dispatcher, in inference (replayed) or in training (differentiated)
+    norm = torch.nn.LayerNorm(12).to(testing.device())
+    x = _randn(5, 12)
+    with torch.no_grad(), replay.record_at_once():
+        generated.layer_norm(x, [12], norm.weight, norm.bias)
+        before = _replayed("layer_norm")
+        out = generated.layer_norm(x, [12], norm.weight, norm.bias)
+        assert runtime.runs_eagerly(x, norm.weight, norm.bias)
+    assert _replayed("layer_norm") == before + 1
+    testing.assert_matches(out, norm(x.double().float()).double(), "layer_norm with parameters")
+    out = generated.layer_norm(x, [12], norm.weight, norm.bias)
+    assert type(out.grad_fn).__name__ == "SpecgenLayerNormBackward"
+    grads = torch.autograd.grad(out.sum(), (norm.weight, norm.bias))
+    wants = torch.autograd.grad(norm(x).sum(), (norm.weight, norm.bias))
+    for got, want in zip(grads, wants):
+        testing.assert_matches(got, want.double(), "layer_norm parameter grad")

@@ -109,9 +109,15 @@ def note_launch(op: str, kernel: str, index_64: bool, **details) -> None:
 
 
 
+# tensors whose calls run directly: plain tensors, and parameters (an nn.Module's weights), which
+# torch's C++ treats as plain tensors too; any other subclass (fake tensors, functional tensors,
+# user subclasses with __torch_function__ or __torch_dispatch__) goes through the dispatcher
+PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
 def untraced(tensors) -> bool:
-    """Plain tensors, and nothing tracing (``tracing``)."""
-    return not tracing() and all(type(t) is torch.Tensor for t in tensors if t is not None)
+    """Plain tensors (``PLAIN_TENSORS``), and nothing tracing (``tracing``)."""
+    return not tracing() and all(type(t) in PLAIN_TENSORS for t in tensors if t is not None)
 
 
 def tracing() -> bool:

@@ -4,7 +4,7 @@
 // - key(*tensors): the tensors' part of a call's signature, as bytes (each tensor's sizes,
 //   strides, dtype, device, 16-byte alignment and whether it needs a gradient here, None as a
 //   marker, which tensors are one), or None where the call must not be keyed (a tensor
-//   subclass). runtime/replay.py's tensor_key is the same in Python.
+//   subclass other than a parameter). runtime/replay.py's tensor_key is the same in Python.
 // - replay(allocations, launches, result, single, device, hooks, generic): a recorded call as a
 //   callable taking the call's tensors: it allocates each output and workspace
 //   (at::empty_strided of its recorded layout, or a Python callable), starts each kernel
@@ -58,10 +58,6 @@ bool load_driver() {
 
 // ---- signatures ------------------------------------------------------------------------------
 
-PyTypeObject* tensor_type() {
-  return reinterpret_cast<PyTypeObject*>(THPVariableClass);
-}
-
 template <typename T>
 void put(std::string& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof(T));
@@ -78,8 +74,8 @@ PyObject* key(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
         put<int8_t>(out, -1);
         continue;
       }
-      // a subclass (fake tensors, parameters) is not keyed
-      if (Py_TYPE(object) != tensor_type()) Py_RETURN_NONE;
+      // a plain tensor or a parameter (context.PLAIN_TENSORS); another subclass is not keyed
+      if (!THPVariable_CheckExact(object)) Py_RETURN_NONE;
       const at::Tensor& tensor = THPVariable_Unpack(object);
       put<int8_t>(out, static_cast<int8_t>(tensor.dim()));
       for (int64_t size : tensor.sizes()) put(out, size);

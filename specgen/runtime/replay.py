@@ -555,14 +555,15 @@ def tensor_key(*tensors: object) -> tuple | None:
     (grad mode on and ``requires_grad``: such a call is served by its differentiable replay,
     ``Replays.keep``), None for an omitted one, then which tensors are one (a recording names
     one input for both: ``add(a, a)`` must not serve ``add(b, c)``). None where the call is not
-    keyed: a tensor subclass (fake tensors, parameters). native.cpp's ``key`` is the same in C++."""
+    keyed: a tensor subclass other than a parameter (fake tensors; ``context.PLAIN_TENSORS``).
+    native.cpp's ``key`` is the same in C++."""
     grad = torch.is_grad_enabled()
     parts: list = []
     for t in tensors:
         if t is None:
             parts.append(None)
             continue
-        if type(t) is not torch.Tensor:
+        if type(t) not in context.PLAIN_TENSORS:
             return None
         parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15,
                   grad and t.requires_grad)
