@@ -79,7 +79,7 @@ def test_a_replay_allocates_launches_and_returns_as_recorded(built):
     run = built.replay([(None, (2, 3), (1, 2), torch.float32, torch.device("cpu")),
                         (lambda: poisoned, (), (), None, None)],
                        [(launch, 0, (1, 1, 1), 0, 0, ())],
-                       [(True, 0), (False, 1)], False, -1, [], [], None)
+                       [(True, 0), (False, 1)], False, 2, -1, [], [], None, None)
     x, y = torch.randn(2, 3), torch.randn(5)
     out, same = run(x, y)
     assert same is y
@@ -94,6 +94,54 @@ def test_a_failing_launch_raises_and_returns_nothing(built):
         raise ValueError("bad launch")
 
     run = built.replay([(None, (3,), (1,), torch.float32, torch.device("cpu"))],
-                       [(launch, 0, (1, 1, 1), 0, 0, ())], [(True, 0)], True, -1, [], [], None)
+                       [(launch, 0, (1, 1, 1), 0, 0, ())], [(True, 0)], True, 1, -1, [], [],
+                       None, None)
     with pytest.raises(ValueError, match="bad launch"):
         run(torch.randn(3))
+    with pytest.raises(TypeError, match="2 tensors given, 1 expected"):
+        run(torch.randn(3), torch.randn(3))
+
+
+def test_a_replay_refuses_indices_out_of_range(built):
+    # a replay reads only the tensors it is given and the buffers it makes
+    # (a kernel parameter's index too: checked alike, for driver launches, which need a GPU)
+    with pytest.raises(ValueError, match="result's index out of range"):
+        built.replay([], [], [(False, 3)], True, 1, -1, [], [], None, None)
+    with pytest.raises(ValueError, match="result's index out of range"):
+        built.replay([(None, (1,), (1,), torch.float32, torch.device("cpu"))], [], [(True, 1)],
+                     True, 1, -1, [], [], None, None)
+
+
+def test_a_sparse_tensor_is_not_keyed(built):
+    # its strides say nothing of its layout (a sparse tensor's may equal an expanded one's)
+    sparse = torch.randn(3, 3).to_sparse()
+    assert built.key(sparse) is None and replay.tensor_key(sparse) is None
+
+
+def test_constant_parameters_are_packed_as_the_c_cast_gives_them():
+    import struct
+    assert replay.packed("i", -2) == int.from_bytes(struct.pack("<i", -2), "little")
+    assert replay.packed("l", 2**40) == 2**40
+    assert replay.packed("f", 0.5) == int.from_bytes(struct.pack("<f", 0.5), "little")
+    assert replay.packed("d", 0.1) == int.from_bytes(struct.pack("<d", 0.1), "little")
+    # beyond float32's range: inf, as Triton's launcher passes it (struct would raise)
+    assert replay.packed("f", 1e39) == int.from_bytes(struct.pack("<f", float("inf")), "little")
+    assert replay.packed("i", True) == 1
+
+
+def test_a_replay_through_the_core_is_freed_with_its_signature(built, monkeypatch):
+    # the core holds the replay's generic path and launches; none of them may hold the replay
+    # itself (a cycle through a capsule, which the cycle collector does not see, is never freed)
+    import gc
+    import weakref
+
+    monkeypatch.setattr(native, "module", lambda: built)
+    layout = ((3,), (1,), torch.float32, torch.device("cpu"), False)
+    recorded = replay.Replay(allocations=((None, layout),), launches=(), result=(("buf", 0),),
+                             single=True, arity=1)
+    out = recorded((torch.randn(3),))
+    assert out.shape == (3,) and type(recorded.run).__name__ == "builtin_function_or_method"
+    alive = weakref.ref(recorded)
+    del recorded
+    gc.collect()
+    assert alive() is None

@@ -5,8 +5,8 @@
 //   strides, dtype, device, 16-byte alignment and whether it needs a gradient here, None as a
 //   marker, which tensors are one), or None where the call must not be keyed (a tensor
 //   subclass other than a parameter). runtime/replay.py's tensor_key is the same in Python.
-// - replay(allocations, launches, result, single, device, hooks, generic): a recorded call as a
-//   callable taking the call's tensors: it allocates each output and workspace
+// - replay(allocations, launches, result, single, arity, device, hooks, generic, keep): a
+//   recorded call as a callable taking the call's tensors: it allocates each output and workspace
 //   (at::empty_strided of its recorded layout, or a Python callable), starts each kernel
 //   (cuLaunchKernel on the kernel's parameters, pointers filled from the call's tensors; or a
 //   Python callable taking (inputs, buffers)) on the current stream, and returns the result.
@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,10 +51,14 @@ bool load_driver() {
   void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (library == nullptr) library = dlopen("libcuda.so.1", RTLD_NOW);
   if (library == nullptr) return false;
-  cu_launch_kernel = reinterpret_cast<LaunchKernel>(dlsym(library, "cuLaunchKernel"));
-  cu_ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(library, "cuCtxGetCurrent"));
-  cu_get_error_string = reinterpret_cast<GetErrorString>(dlsym(library, "cuGetErrorString"));
-  return cu_launch_kernel && cu_ctx_get_current && cu_get_error_string;
+  auto launch = reinterpret_cast<LaunchKernel>(dlsym(library, "cuLaunchKernel"));
+  auto context = reinterpret_cast<CtxGetCurrent>(dlsym(library, "cuCtxGetCurrent"));
+  auto error = reinterpret_cast<GetErrorString>(dlsym(library, "cuGetErrorString"));
+  if (!launch || !context || !error) return false;  // all three or none
+  cu_ctx_get_current = context;
+  cu_get_error_string = error;
+  cu_launch_kernel = launch;
+  return true;
 }
 
 // ---- signatures ------------------------------------------------------------------------------
@@ -74,9 +79,11 @@ PyObject* key(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
         put<int8_t>(out, -1);
         continue;
       }
-      // a plain tensor or a parameter (context.PLAIN_TENSORS); another subclass is not keyed
+      // a plain tensor or a parameter (context.PLAIN_TENSORS); another subclass is not keyed,
+      // nor a layout other than strided (sparse tensors: the full path refuses them)
       if (!THPVariable_CheckExact(object)) Py_RETURN_NONE;
       const at::Tensor& tensor = THPVariable_Unpack(object);
+      if (tensor.layout() != c10::kStrided) Py_RETURN_NONE;
       put<int8_t>(out, static_cast<int8_t>(tensor.dim()));
       for (int64_t size : tensor.sizes()) put(out, size);
       for (int64_t stride : tensor.strides()) put(out, stride);
@@ -122,15 +129,20 @@ struct Launch {
   std::vector<Parameter> parameters;
 };
 
+// Every Python object a Replay holds is a strong reference, released with it. None of them may
+// refer back to the Python Replay: a capsule is not tracked by the cycle collector, so such a
+// cycle would never be freed.
 struct Replay {
   std::vector<Allocation> allocations;
   std::vector<Launch> launches;
   std::vector<std::pair<bool, int>> result;  // (from a buffer, index)
   bool single = true;
+  Py_ssize_t arity = 0;          // the call's tensors
   int device = -1;               // the GPU of its driver launches, -1 where it has none
-  PyObject* enter_hooks = nullptr;  // Triton's launch hook lists: launches skip them
+  PyObject* enter_hooks = nullptr;  // Triton's launch hook lists, as they were when recorded
   PyObject* exit_hooks = nullptr;
   PyObject* generic = nullptr;   // the Python path, taking a tuple of the inputs
+  PyObject* keep = nullptr;      // what keeps the launched kernels loaded (Triton's kernels)
 
   ~Replay() {
     for (auto& allocation : allocations) Py_XDECREF(allocation.make);
@@ -138,6 +150,7 @@ struct Replay {
     Py_XDECREF(enter_hooks);
     Py_XDECREF(exit_hooks);
     Py_XDECREF(generic);
+    Py_XDECREF(keep);
   }
 };
 
@@ -182,23 +195,28 @@ uint64_t pointer(PyObject* tensor) {
 PyObject* run(PyObject* capsule, PyObject* const* args, Py_ssize_t nargs) {
   auto* replay = static_cast<Replay*>(PyCapsule_GetPointer(capsule, kCapsule));
   if (replay == nullptr) return nullptr;
-  if (!launches_here(*replay)) return call_generic(*replay, args, nargs);
+  if (nargs != replay->arity) {
+    PyErr_Format(PyExc_TypeError, "specgen replay: %zd tensors given, %zd expected", nargs,
+                 replay->arity);
+    return nullptr;
+  }
   std::vector<PyObject*> buffers;
-  buffers.reserve(replay->allocations.size());
   auto release = [&buffers]() {
     for (PyObject* buffer : buffers) Py_DECREF(buffer);
   };
   try {
+    if (!launches_here(*replay)) return call_generic(*replay, args, nargs);
+    buffers.reserve(replay->allocations.size());
     for (const auto& allocation : replay->allocations) {
       PyObject* buffer;
       if (allocation.make != nullptr) {
         buffer = PyObject_CallNoArgs(allocation.make);
-        if (buffer == nullptr) return release(), nullptr;
       } else {
         buffer = THPVariable_Wrap(at::empty_strided(
             allocation.sizes, allocation.strides,
             at::TensorOptions().dtype(allocation.dtype).device(allocation.device)));
       }
+      if (buffer == nullptr) return release(), nullptr;
       buffers.push_back(buffer);
     }
     for (const auto& launch : replay->launches) {
@@ -214,6 +232,8 @@ PyObject* run(PyObject* capsule, PyObject* const* args, Py_ssize_t nargs) {
         Py_DECREF(done);
         continue;
       }
+      // an empty grid launches nothing (as Triton's launcher skips it)
+      if (launch.grid[0] * launch.grid[1] * launch.grid[2] == 0) continue;
       // each parameter in an 8-byte slot (little-endian: a narrower one reads its low bytes)
       const size_t n = launch.parameters.size();
       std::vector<uint64_t> slots(n);
@@ -242,12 +262,12 @@ PyObject* run(PyObject* capsule, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_RuntimeError, error.what());
     return release(), nullptr;
   }
-  PyObject* result = nullptr;
   auto take = [&](const std::pair<bool, int>& source) {
     PyObject* item = source.first ? buffers[source.second] : args[source.second];
     Py_INCREF(item);
     return item;
   };
+  PyObject* result;
   if (replay->single) {
     result = take(replay->result[0]);
   } else {
@@ -262,95 +282,157 @@ PyObject* run(PyObject* capsule, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef run_method = {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(run)),
                           METH_FASTCALL, "A recorded call, replayed on the call's tensors."};
 
-std::vector<int64_t> ints_of(PyObject* sequence) {
-  std::vector<int64_t> values;
-  const Py_ssize_t n = PySequence_Size(sequence);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PySequence_GetItem(sequence, i);
-    values.push_back(PyLong_AsLongLong(item));
-    Py_XDECREF(item);
+// The items of a Python sequence, as new references; false (an exception set) where it is not one.
+bool items_of(PyObject* sequence, std::vector<PyObject*>& items) {
+  PyObject* fast = PySequence_Fast(sequence, "specgen replay: a sequence was expected");
+  if (fast == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+    Py_INCREF(item);
+    items.push_back(item);
   }
-  return values;
+  Py_DECREF(fast);
+  return true;
 }
 
-// replay(allocations, launches, result, single, device, enter_hooks, exit_hooks, generic):
-//   allocations: [(make or None, sizes, strides, dtype, device)]
-//   launches: [(python or None, function, (gx, gy, gz), threads, shared, [(source, value)])]
-//   result: [(from_buffer, index)]
-PyObject* make_replay(PyObject* /*module*/, PyObject* args) {
-  PyObject *allocations, *launches, *result, *enter, *exit, *generic;
-  int single, device;
-  if (!PyArg_ParseTuple(args, "OOOpiOOO", &allocations, &launches, &result, &single, &device,
-                        &enter, &exit, &generic))
-    return nullptr;
-  if (device >= 0 && !load_driver()) {
-    PyErr_SetString(PyExc_RuntimeError, "specgen replay: no CUDA driver in this process");
-    return nullptr;
+// Releases the references ``items_of`` made, on every way out.
+struct Items {
+  std::vector<PyObject*> items;
+  ~Items() {
+    for (PyObject* item : items) Py_DECREF(item);
   }
-  auto* replay = new Replay();
-  replay->single = single;
-  replay->device = device;
-  Py_INCREF(enter);
-  Py_INCREF(exit);
-  Py_INCREF(generic);
-  replay->enter_hooks = enter;
-  replay->exit_hooks = exit;
-  replay->generic = generic;
-  for (Py_ssize_t i = 0; i < PySequence_Size(allocations); ++i) {
-    PyObject *item = PySequence_GetItem(allocations, i), *make, *sizes, *strides, *dtype, *where;
-    if (!PyArg_ParseTuple(item, "OOOOO", &make, &sizes, &strides, &dtype, &where))
-      return Py_XDECREF(item), delete replay, nullptr;
-    Allocation allocation;
+};
+
+bool ints_of(PyObject* sequence, std::vector<int64_t>& values) {
+  Items held;
+  if (!items_of(sequence, held.items)) return false;
+  for (PyObject* item : held.items) {
+    values.push_back(PyLong_AsLongLong(item));
+    if (PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
+bool parse_replay(Replay& replay, PyObject* allocations, PyObject* launches, PyObject* result) {
+  Items held;
+  if (!items_of(allocations, held.items)) return false;
+  for (PyObject* item : held.items) {
+    PyObject *make, *sizes, *strides, *dtype, *where;
+    if (!PyArg_ParseTuple(item, "OOOOO", &make, &sizes, &strides, &dtype, &where)) return false;
+    replay.allocations.emplace_back();  // owned by the replay from here on
+    Allocation& allocation = replay.allocations.back();
     if (make != Py_None) {
       Py_INCREF(make);
       allocation.make = make;
-    } else {
-      allocation.sizes = ints_of(sizes);
-      allocation.strides = ints_of(strides);
-      allocation.dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
-      allocation.device = reinterpret_cast<THPDevice*>(where)->device;
+      continue;
     }
-    replay->allocations.push_back(std::move(allocation));
-    Py_DECREF(item);
+    if (!THPDtype_Check(dtype) || !THPDevice_Check(where)) {
+      PyErr_SetString(PyExc_TypeError, "specgen replay: an allocation's dtype or device");
+      return false;
+    }
+    if (!ints_of(sizes, allocation.sizes) || !ints_of(strides, allocation.strides)) return false;
+    allocation.dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+    allocation.device = reinterpret_cast<THPDevice*>(where)->device;
   }
-  for (Py_ssize_t i = 0; i < PySequence_Size(launches); ++i) {
-    PyObject *item = PySequence_GetItem(launches, i), *python, *parameters;
+  Items launch_items;
+  if (!items_of(launches, launch_items.items)) return false;
+  for (PyObject* item : launch_items.items) {
+    PyObject *python, *parameters;
     unsigned long long function;
-    Launch launch;
+    replay.launches.emplace_back();
+    Launch& launch = replay.launches.back();
     if (!PyArg_ParseTuple(item, "OK(III)IIO", &python, &function, &launch.grid[0],
                           &launch.grid[1], &launch.grid[2], &launch.threads, &launch.shared,
                           &parameters))
-      return Py_XDECREF(item), delete replay, nullptr;
+      return false;
     if (python != Py_None) {
       Py_INCREF(python);
       launch.python = python;
     }
     launch.function = reinterpret_cast<void*>(function);
-    for (Py_ssize_t k = 0; k < PySequence_Size(parameters); ++k) {
-      PyObject* entry = PySequence_GetItem(parameters, k);
+    Items entries;
+    if (!items_of(parameters, entries.items)) return false;
+    for (PyObject* entry : entries.items) {
       int source;
       unsigned long long value;
-      if (!PyArg_ParseTuple(entry, "CK", &source, &value))
-        return Py_XDECREF(entry), Py_XDECREF(item), delete replay, nullptr;
+      if (!PyArg_ParseTuple(entry, "CK", &source, &value)) return false;
       launch.parameters.push_back({static_cast<char>(source), static_cast<int>(value), value});
-      Py_DECREF(entry);
     }
-    replay->launches.push_back(std::move(launch));
-    Py_DECREF(item);
+    if (launch.python == nullptr && replay.device < 0) {
+      PyErr_SetString(PyExc_ValueError, "specgen replay: a driver launch without a device");
+      return false;
+    }
   }
-  for (Py_ssize_t i = 0; i < PySequence_Size(result); ++i) {
-    PyObject* item = PySequence_GetItem(result, i);
+  Items result_items;
+  if (!items_of(result, result_items.items)) return false;
+  for (PyObject* item : result_items.items) {
     int from_buffer, index;
-    if (!PyArg_ParseTuple(item, "pi", &from_buffer, &index))
-      return Py_XDECREF(item), delete replay, nullptr;
-    replay->result.emplace_back(from_buffer, index);
-    Py_DECREF(item);
+    if (!PyArg_ParseTuple(item, "pi", &from_buffer, &index)) return false;
+    replay.result.emplace_back(from_buffer, index);
   }
-  PyObject* capsule = PyCapsule_New(replay, kCapsule, drop_replay);
-  if (capsule == nullptr) return delete replay, nullptr;
-  PyObject* function = PyCFunction_New(&run_method, capsule);
-  Py_DECREF(capsule);
-  return function;
+  // every index in range: a replay reads only what it was given and made
+  const auto n_buffers = static_cast<int>(replay.allocations.size());
+  auto in_range = [&](char source, int index) {
+    return index >= 0 && index < (source == 'i' ? replay.arity : n_buffers);
+  };
+  for (const auto& launch : replay.launches)
+    for (const auto& parameter : launch.parameters)
+      if (parameter.source != 'v' && !in_range(parameter.source, parameter.index)) {
+        PyErr_SetString(PyExc_ValueError, "specgen replay: a parameter's index out of range");
+        return false;
+      }
+  for (const auto& [from_buffer, index] : replay.result)
+    if (!in_range(from_buffer ? 'b' : 'i', index)) {
+      PyErr_SetString(PyExc_ValueError, "specgen replay: a result's index out of range");
+      return false;
+    }
+  if (replay.result.empty() || (replay.single && replay.result.size() != 1)) {
+    PyErr_SetString(PyExc_ValueError, "specgen replay: a result of one tensor, or a tuple");
+    return false;
+  }
+  return true;
+}
+
+// replay(allocations, launches, result, single, arity, device, enter_hooks, exit_hooks, generic,
+//        keep):
+//   allocations: [(make or None, sizes, strides, dtype, device)]
+//   launches: [(python or None, function, (gx, gy, gz), threads, shared, [(source, value)])]
+//   result: [(from_buffer, index)]
+PyObject* make_replay(PyObject* /*module*/, PyObject* args) {
+  PyObject *allocations, *launches, *result, *enter, *exit, *generic, *keep;
+  int single, device;
+  Py_ssize_t arity;
+  if (!PyArg_ParseTuple(args, "OOOpniO!O!OO", &allocations, &launches, &result, &single, &arity,
+                        &device, &PyList_Type, &enter, &PyList_Type, &exit, &generic, &keep))
+    return nullptr;
+  if (device >= 0 && !load_driver()) {
+    PyErr_SetString(PyExc_RuntimeError, "specgen replay: no CUDA driver in this process");
+    return nullptr;
+  }
+  try {
+    auto replay = std::make_unique<Replay>();
+    replay->single = single;
+    replay->arity = arity;
+    replay->device = device;
+    Py_INCREF(enter);
+    replay->enter_hooks = enter;
+    Py_INCREF(exit);
+    replay->exit_hooks = exit;
+    Py_INCREF(generic);
+    replay->generic = generic;
+    Py_INCREF(keep);
+    replay->keep = keep;
+    if (!parse_replay(*replay, allocations, launches, result)) return nullptr;
+    PyObject* capsule = PyCapsule_New(replay.get(), kCapsule, drop_replay);
+    if (capsule == nullptr) return nullptr;
+    replay.release();  // the capsule's now
+    PyObject* function = PyCFunction_New(&run_method, capsule);
+    Py_DECREF(capsule);
+    return function;
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
 }
 
 PyMethodDef methods[] = {

@@ -42,8 +42,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import ctypes
 import math
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -367,23 +367,31 @@ class Replay:
     arity: int                            # the call's tensors (inputs)
 
     def __post_init__(self) -> None:
+        # the generic path refers to the replay's parts, not to the replay: the C++ core holds
+        # it, and a cycle through the core's capsule would never be collected
+        generic = functools.partial(_generic, self.allocations, self.launches, self.result,
+                                    self.single)
         source, scope = replay_source(self)
-        scope["_generic"] = self.generic
+        scope["_generic"] = generic
         exec(compile(source, "<specgen replay>", "exec"), scope)
         object.__setattr__(self, "source", source)
+        object.__setattr__(self, "generic", generic)
         built = native.module()
-        run = scope["replay"] if built is None else _native_replay(self, built)
+        run = scope["replay"] if built is None else _native_replay(self, built, generic)
         object.__setattr__(self, "run", run)
 
     def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
         return self.run(*inputs)
 
-    def generic(self, inputs: Sequence[torch.Tensor | None]) -> Any:
-        buffers = [make() for make, _ in self.allocations]
-        for launch in self.launches:
-            launch(inputs, buffers)
-        result = tuple(inputs[i] if source == "in" else buffers[i] for source, i in self.result)
-        return result[0] if self.single else result
+
+def _generic(allocations: tuple, launches: tuple, result: tuple, single: bool,
+             inputs: Sequence[torch.Tensor | None]) -> Any:
+    """A replay from its data, every launch through Triton (``_Launch.__call__``)."""
+    buffers = [make() for make, _ in allocations]
+    for launch in launches:
+        launch(inputs, buffers)
+    found = tuple(inputs[i] if source == "in" else buffers[i] for source, i in result)
+    return found[0] if single else found
 
 
 def replay_source(replay: Replay) -> tuple[str, dict[str, Any]]:
@@ -452,14 +460,24 @@ def replay_source(replay: Replay) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", scope
 
 
-# the type codes of StaticLaunch.types as little-endian struct formats
-_PACKED = {"i": "<i", "l": "<q", "b": "<b", "h": "<h", "B": "<B", "H": "<H", "I": "<I",
-           "K": "<Q", "f": "<f", "d": "<d"}
+# the type codes of StaticLaunch.types as C types: a constant parameter's bytes as the C cast
+# gives them (a float beyond float32's range becomes inf, as in Triton's launcher)
+_C_TYPES = {"i": ctypes.c_int32, "l": ctypes.c_int64, "b": ctypes.c_int8, "h": ctypes.c_int16,
+            "B": ctypes.c_uint8, "H": ctypes.c_uint16, "I": ctypes.c_uint32,
+            "K": ctypes.c_uint64, "f": ctypes.c_float, "d": ctypes.c_double}
 
 
-def _native_replay(replay: Replay, built: Any) -> Callable:
+def packed(code: str, value: int | float) -> int:
+    """A constant kernel parameter of type ``code`` (``StaticLaunch.types``) as the 8-byte slot
+    the driver reads it from, little-endian, as an unsigned int."""
+    return int.from_bytes(bytes(_C_TYPES[code](value)).ljust(8, b"\0"), "little")
+
+
+def _native_replay(replay: Replay, built: Any, generic: Callable) -> Callable:
     """``replay`` as the C++ core's callable (native.cpp): the same allocations, launches and
-    result as ``replay_source`` writes, each constant parameter packed into its 8-byte slot."""
+    result as ``replay_source`` writes, each constant parameter's bytes in its 8-byte slot
+    (little-endian); ``generic`` serves calls the core cannot launch. The core holds the
+    launches, whose compiled kernels must stay loaded while it may start them."""
     allocations = [(make, (), (), None, None) if layout is None or layout[4]
                    else (None, *layout[:4]) for make, layout in replay.allocations]
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
@@ -479,16 +497,15 @@ def _native_replay(replay: Replay, built: Any) -> Callable:
                 source, index = sources[position]
                 parameters.append(("i" if source == "in" else "b", index))
             else:
-                packed = struct.pack(_PACKED[code], launch.args[position]).ljust(8, b"\0")
-                parameters.append(("v", int.from_bytes(packed, "little")))
+                parameters.append(("v", packed(code, launch.args[position])))
         parameters += [("v", 0)] * static.scratch
         launches.append((None, static.function, launch.grid, 32 * static.num_warps, static.shared,
                          parameters))
     result = [(source == "buf", index) for source, index in replay.result]
-    return built.replay(allocations, launches, result, replay.single,
+    return built.replay(allocations, launches, result, replay.single, replay.arity,
                         devices.pop() if driver else -1,
                         enter.calls if driver else [], leave.calls if driver else [],
-                        replay.generic)
+                        generic, replay.launches)
 
 
 def _replay_from(inputs: Sequence[torch.Tensor | None], recording: _Recording,
@@ -555,7 +572,8 @@ def tensor_key(*tensors: object) -> tuple | None:
     (grad mode on and ``requires_grad``: such a call is served by its differentiable replay,
     ``Replays.keep``), None for an omitted one, then which tensors are one (a recording names
     one input for both: ``add(a, a)`` must not serve ``add(b, c)``). None where the call is not
-    keyed: a tensor subclass other than a parameter (fake tensors; ``context.PLAIN_TENSORS``).
+    keyed: a tensor subclass other than a parameter (fake tensors; ``context.PLAIN_TENSORS``), or
+    a layout other than strided (sparse tensors, which the full path refuses).
     native.cpp's ``key`` is the same in C++."""
     grad = torch.is_grad_enabled()
     parts: list = []
@@ -563,7 +581,7 @@ def tensor_key(*tensors: object) -> tuple | None:
         if t is None:
             parts.append(None)
             continue
-        if type(t) not in context.PLAIN_TENSORS:
+        if type(t) not in context.PLAIN_TENSORS or t.layout is not torch.strided:
             return None
         parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15,
                   grad and t.requires_grad)
