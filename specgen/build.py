@@ -25,6 +25,9 @@ _HEADER = re.compile(
     rf"^{_MODULE_HEADER}(?P<path>.+) \(spec sha256 [0-9a-f]+, text sha256 [0-9a-f]+\)\.$")
 # the hash of the lines after the first, which the first line of every file specgen writes holds
 _TEXT_SHA256 = re.compile(r"text sha256 ([0-9a-f]+)\)")
+# a file ``apply`` stages a module in (``.<name>.py.<random>.tmp``): one left in the package is
+# an interrupted build's, which the next build removes
+_STAGED = re.compile(r"^\.[^/]+\.py\.[A-Za-z0-9_]+\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,10 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
             changes.append(Change(path, "changed", text, edited_by_hand(old)))
     changes += [Change(path, "removed", None, edited_by_hand(path.read_text(encoding="utf-8")))
                 for path in removed]
+    if out_dir.is_dir():
+        # an interrupted build's staged files: never imported, removed (and stale for --check)
+        changes += [Change(path, "removed") for path in sorted(out_dir.glob(".*.tmp"))
+                    if _STAGED.match(path.name)]
     return changes
 
 
@@ -179,7 +186,11 @@ def refuse_hand_edits(changes: list[Change]) -> None:
 
 
 def apply(changes: list[Change], out_dir: Path) -> None:
-    """Writes every new file beside its target first, then renames them all into place."""
+    """Writes every new file beside its target first, then renames them into place: the modules,
+    then the index that imports them, then removes what is gone. Interrupted at any point, the
+    package imports: its index names only modules that exist (the old index, or the new one once
+    every module it names is in place), and the next build finishes the job (it removes staged
+    files an interruption left, and ``--check`` reports them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = _file_mode()
     staged: list[tuple[str, Path]] = []
@@ -197,11 +208,12 @@ def apply(changes: list[Change], out_dir: Path) -> None:
         for tmp, _ in staged:
             os.unlink(tmp)
         raise
-    for tmp, target in staged:
+    # the index last: a module it names is in place before it
+    for tmp, target in sorted(staged, key=lambda item: item[1].name == INDEX):
         os.replace(tmp, target)
     for change in changes:
         if change.text is None:
-            change.path.unlink()
+            change.path.unlink(missing_ok=True)
 
 
 def _file_mode() -> int:

@@ -546,3 +546,65 @@ def test_a_row_wise_choice_reaches_every_strategys_kernels(tmp_path, monkeypatch
                 testing.assert_matches(mode_softmax(x, -1, mode),
                                        torch.softmax(x.double() * scale, -1),
                                        f"{strategy}, mode {mode}")
+
+
+def _index_names(package: Path) -> set[str]:
+    """The modules a package's index imports."""
+    return set(re.findall(r"^from \. import (\w+) as", (package / "__init__.py").read_text(),
+                          re.MULTILINE))
+
+
+# where a build is killed: the call that stops it (the k-th call of it, for k = 0, 1, ...)
+_STAGES = {"staging": (os, "fdopen"), "renaming": (os, "replace"), "removing": (Path, "unlink")}
+
+
+@pytest.mark.parametrize("stage", sorted(_STAGES))
+def test_a_killed_build_leaves_a_whole_package(project, monkeypatch, stage):
+    # a build killed at any step (no clean-up runs: os.unlink does nothing meanwhile) leaves an
+    # index that names only modules that exist; --check reports what it left, and the next build
+    # removes it and completes the package
+    build = ["build", "specs/relu.toml", "specs/silu.toml", "--out", "ops"]
+    package = project / "ops"
+
+    gelu = (project / "specs" / "gelu.toml").read_text()
+
+    def baseline():  # relu and gelu; the build then adds silu and removes gelu, its spec gone
+        shutil.rmtree(package, ignore_errors=True)
+        (project / "specs" / "gelu.toml").write_text(gelu)
+        assert run("build", "specs/relu.toml", "specs/gelu.toml", "--out", "ops")[0] == 0
+        (project / "specs" / "gelu.toml").unlink()
+
+    module, name = _STAGES[stage]
+    real = getattr(module, name)
+    killed_at = []
+    for count in range(10):
+        baseline()
+        calls = []
+
+        def kill(*args, **kwargs):
+            calls.append(args)
+            if len(calls) > count:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(module, name, kill)
+            patched.setattr(os, "unlink", lambda path: None)   # a killed process cleans nothing
+            result = CliRunner().invoke(main, build)
+        if len(calls) <= count:  # this count outlasts the build's calls: every step was tried
+            assert result.exit_code == 0, result.output
+            break
+        assert result.exit_code != 0  # click reports the interrupt ("Aborted!")
+        killed_at.append(count)
+        present = {p.stem for p in package.glob("*.py")} - {"__init__"}
+        assert _index_names(package) <= present, (stage, count, present)
+        leftovers = sorted(p.name for p in package.glob(".*.tmp"))
+        code, output = run(*build, "--check")
+        assert code == 1, output  # the build did not finish: something is stale
+        assert all(f"stale: removed  ops/{left}" in output for left in leftovers), output
+        assert run(*build)[0] == 0
+        assert not list(package.glob(".*.tmp"))
+        assert _index_names(package) == {"relu", "silu"} == \
+            {p.stem for p in package.glob("*.py")} - {"__init__"}
+        assert run(*build, "--check")[0] == 0
+    assert killed_at, "the build was never stopped"
