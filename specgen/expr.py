@@ -76,6 +76,17 @@ class Expr:
         return hash(self.source)
 
 
+# how deep an expression may nest (400 added terms are 400 levels): the validator
+# and the emitter walk it recursively, and no kernel needs more; steps split a longer one
+MAX_DEPTH = 100
+
+
+def quoted(source: str, limit: int = 80) -> str:
+    """An expression as an error message quotes it: shortened past ``limit`` characters."""
+    source = source.strip()
+    return repr(source if len(source) <= limit else source[:limit - 5] + " ... ")
+
+
 def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol],
                out_of_scope: Mapping[str, str] | None = None) -> Expr:
     """A validated expression over ``symbols``; ``out_of_scope`` maps names that exist in the spec
@@ -83,13 +94,32 @@ def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol],
     try:
         tree = ast.parse(source.strip(), mode="eval").body
     except SyntaxError as err:
-        raise where.error(f"not a valid expression: {source!r} ({err.msg})") from None
+        raise where.error(f"not a valid expression: {quoted(source)} ({err.msg})") from None
+    except (RecursionError, MemoryError):
+        raise where.error(f"not a valid expression: {quoted(source)} (nested deeper than "
+                          f"Python's parser follows; at most {MAX_DEPTH} levels)") from None
+    depth = _depth(tree)
+    if depth > MAX_DEPTH:
+        raise where.error(f"{quoted(source)} nests {depth} levels deep, more than "
+                          f"{MAX_DEPTH}: split it into steps (each key of the table may read "
+                          f"the ones before it)")
     names: set[str] = set()
     _Validator(where, symbols, names, out_of_scope or {}).check(tree)
     if _is_condition(tree, symbols):
         raise where.error(f"'{source.strip()}' is a condition (a bool), and every expression "
                           f"gives a float value: write where({source.strip()}, 1.0, 0.0)")
     return Expr(source.strip(), tree, frozenset(names))
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deep ``tree`` nests, counted without recursion (a deep tree is what is measured)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, ast.expr_context))
+    return deepest
 
 
 def _is_condition(node: ast.expr, symbols: Mapping[str, Symbol]) -> bool:
@@ -148,6 +178,17 @@ class _Validator:
         self.check(node.operand)
         if isinstance(node.op, ast.Not):
             self.need_condition(node.operand, "'not' takes")
+        else:
+            self.need_value(node.operand, f"'{ast.unparse(node.op).strip() or '-'}' takes")
+
+    def need_value(self, node: ast.expr, who: str) -> None:
+        # Triton computes a comparison as int1, which exp, -, + and * refuse or misread: a
+        # condition becomes a value through where(), as in torch's x.float()
+        if isinstance(node, (ast.Compare, ast.BoolOp)) or (
+                isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+            text = ast.unparse(node)
+            self.fail(f"'{text}' is a condition (a bool), and {who} a value: write "
+                      f"where({text}, 1.0, 0.0)")
 
     def need_condition(self, node: ast.expr, who: str) -> None:
         # a float is not a bool: Triton's logic operators are bitwise and refuse floats, and
@@ -166,9 +207,12 @@ class _Validator:
                 self.fail(f"'{ast.unparse(node)}': only integer constant powers up to "
                           f"{MAX_POWER} are allowed (use exp/log for others)")
             self.check(node.left)
+            self.need_value(node.left, "'**' takes")
             return
         self.check(node.left)
         self.check(node.right)
+        self.need_value(node.left, "arithmetic takes")
+        self.need_value(node.right, "arithmetic takes")
 
     def _check_BoolOp(self, node: ast.BoolOp) -> None:
         for value in node.values:
@@ -180,6 +224,8 @@ class _Validator:
             self.fail(f"'{ast.unparse(node)}': only single comparisons < <= > >= == != are allowed")
         self.check(node.left)
         self.check(node.comparators[0])
+        self.need_value(node.left, "a comparison takes")
+        self.need_value(node.comparators[0], "a comparison takes")
 
     def _check_IfExp(self, node: ast.IfExp) -> None:
         test = node.test
@@ -199,6 +245,8 @@ class _Validator:
         self.names.add(symbol.name)
         self.check(node.body)
         self.check(node.orelse)
+        self.need_value(node.body, "a conditional gives")
+        self.need_value(node.orelse, "a conditional gives")
 
     def _check_Call(self, node: ast.Call) -> None:
         if not isinstance(node.func, ast.Name):
@@ -217,6 +265,8 @@ class _Validator:
             self.check(arg)
         if name == "where":
             self.need_condition(node.args[0], "where's first argument must be")
+        for arg in node.args[1:] if name == "where" else node.args:
+            self.need_value(arg, f"{name} takes")
 
 
 def _int_constant(node: ast.expr) -> int | None:

@@ -32,8 +32,16 @@ def relative_path(path: Path, root: Path) -> str:
 
 
 def load_spec(path: Path, root: Path) -> OpSpec:
-    text = path.read_text(encoding="utf-8")
-    source = Source(relative_path(path, root), hashlib.sha256(text.encode()).hexdigest(), text)
+    raw = path.read_bytes()
+    named = relative_path(path, root)
+    try:
+        # UTF-8, with or without the byte-order mark some editors write first
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise Where(named).error(f"not UTF-8 text: byte 0x{raw[err.start]:02x} at line {line} "
+                                 f"(byte {err.start}); save the spec as UTF-8") from None
+    source = Source(named, hashlib.sha256(text.encode()).hexdigest(), text)
     return parse_spec(text, source)
 
 
@@ -43,6 +51,9 @@ def parse_spec(text: str, source: Source) -> OpSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise where.error(f"not valid TOML: {err}") from None
+    except RecursionError:
+        raise where.error("not valid TOML here: arrays or tables nested deeper than the TOML "
+                          "reader can follow (a spec nests a few levels)") from None
     top = Table(data, where)
 
     op = top.pop_table("op")

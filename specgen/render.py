@@ -38,6 +38,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["pytuple"] = pytuple
     env.filters["pyrepr"] = repr   # a value as a Python literal
+    env.filters["docstring"] = docstring_text   # spec text inside a module's docstring
     env.filters["shell"] = shlex.quote   # a path in a command line (a folder name with a space)
     env.globals["TEXT_SHA256"] = TEXT_SHA256
     return env
@@ -48,6 +49,15 @@ def render_op(spec: OpSpec, out: str = "generated") -> str:
     family = FAMILIES[spec.family]
     plan = family.plan(spec)
     return _seal(_tidy(environment().get_template(family.template).render(plan=plan, out=out)))
+
+
+def docstring_text(text: str) -> str:
+    """Spec text (an op's ``doc``) as it may stand inside a triple-quoted docstring: backslashes
+    and quotes escaped (``\\N`` or ``\"\"\"`` would break the module's import), control
+    characters but newlines and tabs as escapes."""
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(c if c in "\n\t" or ord(c) >= 0x20 and c != "\x7f" else f"\\x{ord(c):02x}"
+                   for c in text)
 
 
 def render_index(modules: list[str], out: str = "generated") -> str:

@@ -608,3 +608,22 @@ def test_a_killed_build_leaves_a_whole_package(project, monkeypatch, stage):
             {p.stem for p in package.glob("*.py")} - {"__init__"}
         assert run(*build, "--check")[0] == 0
     assert killed_at, "the build was never stopped"
+
+
+def test_any_doc_text_builds_a_module_that_imports(tmp_path, monkeypatch):
+    # a doc is pasted into the module's docstring: backslashes, quotes (a closing triple quote
+    # among them, or one next to the docstring's own) and control characters must not break it
+    doc = 'see \\N{here} and "quoted" text, a """ triple, a tab\tand a bell\x07 at the end "'
+    spec = (REPO / "specs" / "relu.toml").read_text().replace('name = "relu"',
+                                                               'name = "odd_doc"')
+    spec = re.sub(r'(?m)^doc = .*$', lambda _: "doc = " + _toml_string(doc), spec)
+    package = authored_package(tmp_path, monkeypatch, "odd_doc", spec)
+    module = importlib.import_module("odd_doc_ops.odd_doc")
+    assert doc in module.__doc__
+    assert package.odd_doc.__doc__.startswith(doc)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string holding ``text``."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if ord(c) >= 0x20 else f"\\u{ord(c):04x}" for c in escaped) + '"'

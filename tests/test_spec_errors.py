@@ -154,6 +154,25 @@ CASES = [
     ("bad launch", "[compute]", '[schedule]\nlaunch = "wide"\n[compute]', "schedule.launch",
      "expected one of flat, persistent, got 'wide'"),
     ("invalid TOML", "[compute]", "[compute", "", "not valid TOML"),
+    # (issue 38: each of these printed a traceback, or built and failed at import or first call)
+    ("arrays nested beyond the TOML reader", 'doc = "x + alpha * y"',
+     'doc = "x + alpha * y"\ndeep = ' + "[" * 1000 + "]" * 1000, "",
+     "nested deeper than the TOML reader can follow"),
+    ("an expression 400 terms long", 'out = "x + alpha * y"',
+     'out = "' + " + ".join(["x"] * 400) + '"', "compute.out",
+     "nests 400 levels deep, more than 100: split it into steps"),
+    ("a long expression quoted short", 'out = "x + alpha * y"',
+     'out = "' + " + ".join(["x"] * 60) + ' +"', "compute.out",
+     "not a valid expression: 'x + x + x"),
+    ("an op name ending in a newline", 'name = "scaled_add"', 'name = "scaled_add\\n"',
+     "op.name", "must be lower-case letters, digits and '_'"),
+    ("a condition as a function's argument", 'out = "x + alpha * y"', 'out = "exp(x > 0)"',
+     "compute.out", "'x > 0' is a condition (a bool), and exp takes a value: write "
+     "where(x > 0, 1.0, 0.0)"),
+    ("a negated condition", 'out = "x + alpha * y"', 'out = "-(x > 0)"', "compute.out",
+     "'x > 0' is a condition (a bool), and '-' takes a value"),
+    ("conditions subtracted", 'out = "x + alpha * y"', 'out = "(x > 0) - (x < 1)"',
+     "compute.out", "'x > 0' is a condition (a bool), and arithmetic takes a value"),
 ]
 
 
@@ -218,3 +237,16 @@ def test_generated_names_cover_what_the_template_binds(path):
         uncovered.add(name)
     assert not uncovered, (f"{spec.name}: the {spec.family} template binds names a spec may "
                            f"declare; add them to GENERATED_NAMES: {sorted(uncovered)}")
+
+
+def test_a_spec_file_is_utf8_with_or_without_its_byte_order_mark(tmp_path):
+    spec = tmp_path / "specs" / "scaled_add.toml"
+    spec.parent.mkdir()
+    spec.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())   # a BOM, as some editors write
+    assert load_spec(spec, tmp_path).name == "scaled_add"
+    spec.write_bytes(GOOD.encode() + b"# caf\xe9\n")       # Latin-1, not UTF-8
+    with pytest.raises(SpecError) as err:
+        load_spec(spec, tmp_path)
+    lines = GOOD.count("\n") + 1
+    assert str(err.value) == (f"specs/scaled_add.toml: not UTF-8 text: byte 0xe9 at line {lines} "
+                              f"(byte {len(GOOD.encode()) + 5}); save the spec as UTF-8")

@@ -63,7 +63,7 @@ def symbols_of(spec_args: Iterable, host: Iterable[str] = ()) -> dict[str, Symbo
 
 def check_name(name: str, where: Where, what: str) -> None:
     """Op, argument and output names become Python identifiers in the generated module."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):  # fullmatch: `$` would let a final newline through
         raise where.error(f"{what} name '{name}' must be lower-case letters, digits and '_', "
                           f"starting with a letter")
     reserved = OP_RESERVED if what == "op" else RESERVED
