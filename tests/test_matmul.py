@@ -523,3 +523,18 @@ def test_forced_config_number_is_fitted_and_mapping_filtered():
 
 def test_the_generator_and_the_runtime_agree_on_the_smallest_dot_block():
     assert family.MIN_BLOCK == matmul.MIN_DOT_BLOCK
+
+
+@pytest.mark.skipif(not runtime.interpreting(), reason="the interpreter's bfloat16 dot only")
+@pytest.mark.parametrize("call", [
+    lambda a, b: generated.mm(a, b),
+    lambda a, b: generated.linear(a, b.t()),
+    lambda a, b: generated.addmm(a[:, :1].expand(-1, 3).contiguous(), a, b[:, :3]),
+], ids=["mm", "linear", "addmm"])
+def test_the_interpreter_refuses_a_bfloat16_matmul(call):
+    # it would compute one wrongly (errors of 1e9) and say nothing: a clear error instead
+    a, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 5, dtype=torch.bfloat16)
+    with runtime.record_launches() as log:
+        with pytest.raises(NotImplementedError, match="computes a bfloat16 matrix product wrongly"):
+            call(a, b)
+    assert log == []

@@ -563,8 +563,14 @@ def launch_plan(op: OpLayout, *tensors: torch.Tensor | None) -> LaunchPlan:
     overrides): a call on tensors of a seen layout costs one lookup, which matters because a
     decode-sized matmul runs in about 10 us, less than the Python that decides it.
     """
-    device = check_tensors(op.name, {name: t for (name, _), t in zip(op.dims, tensors)
-                                     if t is not None}, op.dtypes)
+    named = {name: t for (name, _), t in zip(op.dims, tensors) if t is not None}
+    device = check_tensors(op.name, named, op.dtypes)
+    if interpreting() and named[op.a].dtype == torch.bfloat16:
+        # the interpreter multiplies a bfloat16 tl.dot's raw bit patterns: errors of 1e9, silently
+        raise NotImplementedError(
+            f"{op.name}: Triton's interpreter (TRITON_INTERPRET=1) computes a bfloat16 matrix "
+            f"product wrongly; run bfloat16 matmuls on a GPU, or use float16 or float32 under the "
+            f"interpreter")
     forced = overrides()
     key = (op, device, torch.backends.cuda.matmul.allow_tf32,
            forced,
