@@ -31,6 +31,7 @@ class ScalarArg:
     type: str                       # float | int | bool | shape (a list of ints) | dtype
     default: Union[float, int, bool, tuple[int, ...], None] = None
     optional: bool = False          # may be None (the default); the family says what None means
+    range: tuple[float, float] | None = None   # float and int: where tests draw values
 
     @property
     def kind(self) -> str:

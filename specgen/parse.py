@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import math
 import importlib
 import os
 import tomllib
@@ -191,14 +192,19 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
     optional = table.pop("optional", bool, False)
     if optional and default is not None:
         raise where.child("optional").error("an optional argument defaults to None; drop 'default'")
+    # where the property tests draw a float or int scalar (each family has a default range)
+    drawn = _parse_range(table, None) if kind in ("float", "int") else None
+    if kind == "int" and drawn is not None and math.floor(drawn[1]) < math.ceil(drawn[0]):
+        raise where.child("range").error(f"no integer in [{drawn[0]}, {drawn[1]}]")
     table.finish()
-    return ScalarArg(name, kind, default, optional)
+    return ScalarArg(name, kind, default, optional, drawn)
 
 
-def _parse_range(table: Table) -> tuple[float, float]:
+def _parse_range(table: Table, absent: tuple[float, float] | None = (-3.0, 3.0)
+                 ) -> tuple[float, float] | None:
     raw = table.pop_any("range")
     if raw is None:
-        return -3.0, 3.0
+        return absent
     where = table.where.child("range")
     values = parse_list(raw, float, where)
     if len(values) != 2 or not values[0] < values[1]:

@@ -627,3 +627,80 @@ def _toml_string(text: str) -> str:
     """A TOML basic string holding ``text``."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return '"' + "".join(c if ord(c) >= 0x20 else f"\\u{ord(c):04x}" for c in escaped) + '"'
+
+
+SOFTMAX_TEMP = """
+[op]
+name = "softmax_temp"
+family = "rowwise"
+doc = "softmax(x / temperature) over the last dim"
+reference = "torch.softmax(x / temperature, -1)"
+
+[args]
+x = "tensor"
+temperature = { kind = "float", default = 1.0, range = [0.5, 4.0] }
+
+[rows]
+tensor = "x"
+dim = -1
+
+[reduce]
+m = { op = "max", of = "x / temperature" }
+s = { op = "sum", of = "exp(x / temperature - m)" }
+
+[compute]
+out = "exp(x / temperature - m) / s"
+"""
+
+
+def test_a_scalars_range_is_where_the_tests_draw_it(tmp_path, monkeypatch):
+    # a row-wise float is drawn as an eps (1e-6 to 0.5) unless its spec says otherwise: a
+    # temperature drawn near 1e-6 is no test of a float16 softmax
+    from hypothesis import given, strategies as st
+
+    package = authored_package(tmp_path, monkeypatch, "softmax_temp", SOFTMAX_TEMP)
+    info = package.REGISTRY["softmax_temp"]
+    assert info.args[1].range == (0.5, 4.0)
+    drawn = []
+
+    @settings(max_examples=25, deadline=None, database=None)
+    @given(data=st.data())
+    def draw(data):
+        drawn.append(testing.draw_case(data, info).args["temperature"])
+
+    draw()
+    assert drawn and all(0.5 <= t <= 4.0 for t in drawn), drawn
+    check_op_and_grad(info, examples=8)
+
+
+UNIT_ROWS = """
+[op]
+name = "unit_rows"
+family = "rowwise"
+doc = "x over its rows' 2-norm, laid out contiguous (torch's composite keeps x's layout)"
+reference = "x / x.norm(dim=-1, keepdim=True)"
+
+[args]
+x = "tensor"
+
+[rows]
+tensor = "x"
+dim = -1
+
+[reduce]
+sq = { op = "sum", of = "x * x" }
+
+[compute]
+out = "x * rsqrt(sq)"
+"""
+
+
+def test_a_layout_unlike_torchs_names_the_key_that_sets_it(tmp_path, monkeypatch):
+    # the reference's output keeps a transposed x's layout; the spec leaves [rows] layout at
+    # contiguous: the property check says which key to change
+    info = authored_package(tmp_path, monkeypatch, "unit_rows", UNIT_ROWS).REGISTRY["unit_rows"]
+    x = torch.randn(6, 5, device=testing.device()).t()
+    case = testing.Case(args={"x": x}, outs=(), overrides={})
+    with pytest.raises(AssertionError, match=r"layout differs from torch's \(the spec's \[rows\] "
+                                             r"layout sets it"):
+        testing.check_case(info, case)

@@ -154,6 +154,12 @@ CASES = [
     ("bad launch", "[compute]", '[schedule]\nlaunch = "wide"\n[compute]', "schedule.launch",
      "expected one of flat, persistent, got 'wide'"),
     ("invalid TOML", "[compute]", "[compute", "", "not valid TOML"),
+    ("a range on a bool", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "bool", default = true, range = [0, 1] }', "args.alpha.range",
+     "unknown key 'range'"),
+    ("an int range that holds no integer", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "int", default = 1, range = [0.2, 0.8] }', "args.alpha.range",
+     "no integer in [0.2, 0.8]"),
     # (issue 38: each of these printed a traceback, or built and failed at import or first call)
     ("arrays nested beyond the TOML reader", 'doc = "x + alpha * y"',
      'doc = "x + alpha * y"\ndeep = ' + "[" * 1000 + "]" * 1000, "",

@@ -201,6 +201,8 @@ def arg_info_code(spec: OpSpec, promoted: tuple[str, ...] = ()) -> tuple[str, ..
             fields = [f'"{arg.name}"', f'"{arg.type}"', f"default={arg.default!r}"]
             if arg.optional:
                 fields.append("optional=True")
+            if arg.range is not None:
+                fields.append(f"range={arg.range!r}")
         infos.append(f"rt.ArgInfo({', '.join(fields)})")
     return tuple(infos)
 

@@ -25,6 +25,7 @@ class ArgInfo:
     dims: tuple[str, ...] = ()      # named dims, for families whose operands have fixed ranks
     promotes: bool = False          # a matmul epilogue operand of its own dtype ([epilogue] promote)
     constexpr: str = ""             # a choice's name in the kernels (a constexpr)
+    range: tuple[float, float] | None = None   # a float or int scalar: where tests draw it
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ from specgen.runtime import OpInfo, override, replay
 from specgen.testing.core import Case, assert_matches, nearby_errors, outputs, reference64
 
 
+# where a family's spec sets its outputs' layout, for the message of a layout torch's differs from
+_LAYOUT_KEYS = {"rowwise": " (the spec's [rows] layout sets it: contiguous, memory_format or "
+                           "elementwise, docs/families.md)"}
+
+
 def check_case(info: OpInfo, case: Case) -> None:
     """Calls the op on ``case`` as a user would (a fresh call, a replayed repeat, the registered
     ``torch.ops.specgen`` op, ``out=`` where it has one) and asserts each result matches."""
@@ -57,4 +62,4 @@ def check_case(info: OpInfo, case: Case) -> None:
         if layout is not None and allocated.numel() > 0:
             big = [d for d in range(allocated.dim()) if allocated.shape[d] > 1]
             assert [allocated.stride(d) for d in big] == [layout.stride(d) for d in big], \
-                f"{name} {output}: layout differs from torch's"
+                f"{name} {output}: layout differs from torch's{_LAYOUT_KEYS.get(info.family, '')}"

@@ -8,6 +8,8 @@ every specialization on small inputs.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -215,14 +217,24 @@ def reference64(info: OpInfo, args: dict[str, Any]) -> Any:
     return info.reference(**upcast)
 
 
-def scalar_value(draw, arg) -> Any:
+# where a float or int scalar is drawn when its spec gives no ``range`` (the row-wise family
+# draws its floats eps-like instead: testing/rowwise.py)
+FLOAT_RANGE = (-2.0, 2.0)
+INT_RANGE = (-4, 4)
+
+
+def scalar_value(draw, arg, float_range: tuple[float, float] = FLOAT_RANGE) -> Any:
+    """A drawn value of a scalar argument: its spec's ``range`` where it gives one, else the
+    family's (``float_range``) or ``INT_RANGE``; a float argument's default now and then."""
     if arg.kind == "choice":
         return draw(st.sampled_from(arg.choices))
     if arg.kind == "float":
+        low, high = arg.range or float_range
         return draw(st.one_of(st.just(arg.default) if arg.default is not None else st.nothing(),
-                              st.floats(-2.0, 2.0, allow_nan=False, width=32)))
+                              st.floats(low, high, allow_nan=False, width=32)))
     if arg.kind == "int":
-        return draw(st.integers(-4, 4))
+        low, high = arg.range or INT_RANGE
+        return draw(st.integers(math.ceil(low), math.floor(high)))
     return draw(st.booleans())
 
 

@@ -25,6 +25,10 @@ TOLERANCES = {
 }
 
 
+# where the family draws a float argument whose spec gives no range (an eps)
+EPS_RANGE = (1e-6, 0.5)
+
+
 def _budget() -> int:
     # the interpreter runs each program in numpy, and the looped kernels loop over 16-wide chunks
     return 512 if interpreting() else max_numel()
@@ -99,8 +103,10 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
         elif arg.kind == "dtype":
             args[arg.name] = dtype_arg(draw, info.dtypes, dtype)
         elif arg.kind == "float":
-            # eps-like scalars: positive, from tiny to large enough to matter
-            value = draw(st.floats(1e-6, 0.5))
+            # eps-like scalars unless the spec gives a range: positive, from tiny to large
+            # enough to matter
+            low, high = arg.range or EPS_RANGE
+            value = draw(st.floats(low, high))
             if arg.optional:
                 value = draw(st.sampled_from([None, value]))
             elif arg.default is not None:
