@@ -296,7 +296,7 @@ class _Launch:
         compiled = self.compiled
         # a kernel that asks Triton for global memory at launch needs its allocator (per thread)
         context.ensure_allocator()
-        if compiled is not None and _no_launch_hooks() and torch._C._cuda_getDevice() == self.device:
+        if compiled is not None and not _launch_hooked() and torch._C._cuda_getDevice() == self.device:
             # what JITFunction.run does once it has found the compiled kernel; with no launch
             # hooks installed (profilers install some) there is no launch metadata to build
             compiled.run(*self.grid, self.stream(self.device), compiled.function,
@@ -310,15 +310,10 @@ class _Launch:
         self.fn[self.grid](*args, **dict(self.options))
 
 
-def _no_launch_hooks() -> bool:
-    # Triton 3.6 and later hold the hooks in (usually empty) chains; earlier ones used None
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    return not getattr(enter, "calls", enter) and not getattr(leave, "calls", leave)
-
-
 def _launch_hooked() -> bool:
     """Whether a profiler (or anything) installed Triton launch hooks, which only Triton's own
-    launcher calls."""
+    launcher calls. Triton 3.6 and later hold them in (usually empty) chains; earlier ones
+    used None."""
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
 

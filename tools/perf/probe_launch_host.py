@@ -122,38 +122,10 @@ def main():
                        lambda: x.new_empty_strided((8, 1024), (1024, 1)))]:
         row(label, fn)
 
-    row("_Launch.__call__", lambda: launch((x, y), [out]))
-    row("torch.empty(shape, dtype=, device=torch.device)",
-        lambda: torch.empty((8, 1024), dtype=torch.bfloat16, device=x.device))
-    dev = x.device
-    row("torch.empty(shape, dtype=, device=) device held", lambda: torch.empty((8, 1024), dtype=torch.bfloat16, device=dev))
-    row("torch.empty_like(x)", lambda: torch.empty_like(x))
-    row("x.new_empty(shape)", lambda: x.new_empty((8, 1024)))
-    row("x.new_empty_strided(shape, strides)", lambda: x.new_empty_strided((8, 1024), (1024, 1)))
-    row("torch.empty_strided(shape, strides, dtype, device)",
-        lambda: torch.empty_strided((8, 1024), (1024, 1), dtype=torch.bfloat16, device=dev))
-    for label, fn in [("x.shape", lambda: x.shape), ("x.stride()", lambda: x.stride()),
-                      ("x.dtype", lambda: x.dtype), ("x.device", lambda: x.device),
-                      ("x.get_device()", lambda: x.get_device()), ("x.data_ptr()", lambda: x.data_ptr()),
-                      ("x.requires_grad", lambda: x.requires_grad),
-                      ("torch.is_grad_enabled()", torch.is_grad_enabled),
-                      ("context.tracing()", context.tracing),
-                      ("context.launches_watched()", context.launches_watched),
-                      ("torch.compiler.is_compiling()", torch.compiler.is_compiling),
-                      ("torch._C._is_any_autocast_enabled()", torch._C._is_any_autocast_enabled),
-                      ("context.ensure_allocator()", context.ensure_allocator),
-                      ("rp._no_launch_hooks()", rp._no_launch_hooks),
-                      ("torch._C._cuda_getDevice()", torch._C._cuda_getDevice),
-                      ("launch.stream(0)", lambda: launch.stream(0)),
-                      ("torch._C._cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0)),
-                      ("key hash", lambda: hash(key)),
-                      ("ready.get(key)", lambda: op.replays.ready.get(key))]:
-        row(label, fn)
+    row("_Launch.__call__ (Triton's launcher)", lambda: launch((x, y), [out]))
 
     stream = torch._C._cuda_getCurrentRawStream(0)
-    args = [None] * len(launch.args)
-    for i, a in enumerate(launch.args):
-        args[i] = a
+    args = list(launch.args)
     for position, source, index in launch.slots:
         args[position] = (x, y)[index] if source == "in" else out
     ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
