@@ -656,8 +656,6 @@ out = "exp(x / temperature - m) / s"
 def test_a_scalars_range_is_where_the_tests_draw_it(tmp_path, monkeypatch):
     # a row-wise float is drawn as an eps (1e-6 to 0.5) unless its spec says otherwise: a
     # temperature drawn near 1e-6 is no test of a float16 softmax
-    from hypothesis import given, strategies as st
-
     package = authored_package(tmp_path, monkeypatch, "softmax_temp", SOFTMAX_TEMP)
     info = package.REGISTRY["softmax_temp"]
     assert info.args[1].range == (0.5, 4.0)
