@@ -25,9 +25,9 @@ _HEADER = re.compile(
     rf"^{_MODULE_HEADER}(?P<path>.+) \(spec sha256 [0-9a-f]+, text sha256 [0-9a-f]+\)\.$")
 # the hash of the lines after the first, which the first line of every file specgen writes holds
 _TEXT_SHA256 = re.compile(r"text sha256 ([0-9a-f]+)\)")
-# a file ``apply`` stages a module in (``.<name>.py.<random>.tmp``): one left in the package is
-# an interrupted build's, which the next build removes
-_STAGED = re.compile(r"^\.[^/]+\.py\.[A-Za-z0-9_]+\.tmp$")
+# a file ``apply`` stages a module in (``.<name>.py.<mkstemp's 8 characters>.tmp``): one left in
+# the package is an interrupted build's, which the next build removes
+_STAGED = re.compile(r"^\.(__init__|[a-z][a-z0-9_]*)\.py\.[a-z0-9_]{8}\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,15 @@ def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
     return list(specs.values())
 
 
+def _staged_by_us(path: Path) -> bool:
+    """A staged file specgen wrote: empty (killed before writing) or headed as its files are."""
+    try:
+        first = _first_line(path)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return not first or first.startswith((_INDEX_HEADER, _MODULE_HEADER))
+
+
 def _first_line(module: Path) -> str:
     with module.open(encoding="utf-8") as file:
         return file.readline()
@@ -170,7 +179,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     if out_dir.is_dir():
         # an interrupted build's staged files: never imported, removed (and stale for --check)
         changes += [Change(path, "removed") for path in sorted(out_dir.glob(".*.tmp"))
-                    if _STAGED.match(path.name)]
+                    if _STAGED.match(path.name) and path.is_file() and _staged_by_us(path)]
     return changes
 
 
@@ -186,13 +195,19 @@ def refuse_hand_edits(changes: list[Change]) -> None:
 
 
 def apply(changes: list[Change], out_dir: Path) -> None:
-    """Writes every new file beside its target first, then renames them into place: the modules,
-    then the index that imports them, then removes what is gone. Interrupted at any point, the
-    package imports: its index names only modules that exist (the old index, or the new one once
-    every module it names is in place), and the next build finishes the job (it removes staged
-    files an interruption left, and ``--check`` reports them)."""
+    """Writes every new file beside its target first, then puts them in place in an order that
+    leaves an importable package at every step: an index without the modules to be removed (so
+    that no module it imports is gone, and none registers an operator a new module takes over),
+    then the removals, then the modules, then the final index, which names only modules in place.
+    The next build finishes an interrupted one (it removes the staged files it left, and
+    ``--check`` reports them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = _file_mode()
+    index = out_dir / INDEX
+    gone = {c.path for c in changes if c.text is None}
+    if gone and index.exists():
+        kept = sorted(p.stem for p in out_dir.glob("*.py") if p != index and p not in gone)
+        changes = [Change(index, "changed", render_index(kept, out_dir.name)), *changes]
     staged: list[tuple[str, Path]] = []
     try:
         for change in changes:
@@ -208,12 +223,14 @@ def apply(changes: list[Change], out_dir: Path) -> None:
         for tmp, _ in staged:
             os.unlink(tmp)
         raise
-    # the index last: a module it names is in place before it
+    # the index without the removed modules (staged first, where there is one), the removals,
+    # the modules, the final index
+    if gone and index.exists():
+        os.replace(*staged.pop(0))
+    for path in sorted(gone):
+        path.unlink(missing_ok=True)
     for tmp, target in sorted(staged, key=lambda item: item[1].name == INDEX):
         os.replace(tmp, target)
-    for change in changes:
-        if change.text is None:
-            change.path.unlink(missing_ok=True)
 
 
 def _file_mode() -> int:

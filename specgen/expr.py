@@ -182,10 +182,10 @@ class _Validator:
             self.need_value(node.operand, f"'{ast.unparse(node.op).strip() or '-'}' takes")
 
     def need_value(self, node: ast.expr, who: str) -> None:
-        # Triton computes a comparison as int1, which exp, -, + and * refuse or misread: a
-        # condition becomes a value through where(), as in torch's x.float()
-        if isinstance(node, (ast.Compare, ast.BoolOp)) or (
-                isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+        # Triton computes a comparison (and takes a bool argument) as int1, which exp, -, + and
+        # * refuse or misread: a condition becomes a value through where(), as in torch's
+        # x.float()
+        if _is_condition(node, self.symbols):
             text = ast.unparse(node)
             self.fail(f"'{text}' is a condition (a bool), and {who} a value: write "
                       f"where({text}, 1.0, 0.0)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import codecs
 import hashlib
 import math
 import importlib
@@ -35,13 +36,15 @@ def relative_path(path: Path, root: Path) -> str:
 def load_spec(path: Path, root: Path) -> OpSpec:
     raw = path.read_bytes()
     named = relative_path(path, root)
+    # UTF-8, with or without the byte-order mark some editors write first
+    mark = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
-        # UTF-8, with or without the byte-order mark some editors write first
-        text = raw.decode("utf-8-sig")
+        text = raw[mark:].decode("utf-8")
     except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise Where(named).error(f"not UTF-8 text: byte 0x{raw[err.start]:02x} at line {line} "
-                                 f"(byte {err.start}); save the spec as UTF-8") from None
+        at = mark + err.start
+        line = raw[:at].count(b"\n") + 1
+        raise Where(named).error(f"not UTF-8 text: byte 0x{raw[at]:02x} at line {line} "
+                                 f"(byte {at}); save the spec as UTF-8") from None
     source = Source(named, hashlib.sha256(text.encode()).hexdigest(), text)
     return parse_spec(text, source)
 
@@ -186,6 +189,9 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
         table.finish()
         return ScalarArg(name, kind, None, True)
     default = table.pop("default", _SCALAR_TYPES[kind], None)
+    if isinstance(default, float) and not math.isfinite(default):
+        # the generated signature writes the default as a literal, which inf and nan have not
+        raise where.child("default").error(f"expected a finite default, got {default}")
     if kind == "shape" and default is not None:
         # a list of ints, as torch's normalized_shape
         default = parse_list(default, int, where.child("default"))
@@ -207,8 +213,8 @@ def _parse_range(table: Table, absent: tuple[float, float] | None = (-3.0, 3.0)
         return absent
     where = table.where.child("range")
     values = parse_list(raw, float, where)
-    if len(values) != 2 or not values[0] < values[1]:
-        raise where.error(f"expected [low, high] with low < high, got {raw}")
+    if len(values) != 2 or not values[0] < values[1] or not all(map(math.isfinite, values)):
+        raise where.error(f"expected [low, high], finite, with low < high, got {raw}")
     return values[0], values[1]
 
 

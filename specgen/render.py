@@ -52,12 +52,24 @@ def render_op(spec: OpSpec, out: str = "generated") -> str:
 
 
 def docstring_text(text: str) -> str:
-    """Spec text (an op's ``doc``) as it may stand inside a triple-quoted docstring: backslashes
-    and quotes escaped (``\\N`` or ``\"\"\"`` would break the module's import), control
-    characters but newlines and tabs as escapes."""
-    text = text.replace("\\", "\\\\").replace('"', '\\"')
-    return "".join(c if c in "\n\t" or ord(c) >= 0x20 and c != "\x7f" else f"\\x{ord(c):02x}"
-                   for c in text)
+    """Spec text (an op's ``doc``, its signature) as it may stand on one line of a triple-quoted
+    docstring and read back exactly: backslashes and quotes escaped (``\\N`` or ``\"\"\"``
+    would break the module's import), every character Python does not print as itself (line
+    breaks of any kind, control and format characters, lone surrogates) as its escape, and
+    trailing spaces escaped too (the renderer strips them from each line)."""
+    escaped = []
+    for c in text:
+        if c == "\\":
+            escaped.append("\\\\")
+        elif c == '"':
+            escaped.append('\\"')
+        elif c == " " or c.isprintable():
+            escaped.append(c)
+        else:
+            escaped.append(repr(c)[1:-1])   # \n, \t, \x85, \u2028, \ud800
+    line = "".join(escaped)
+    kept = line.rstrip(" ")
+    return kept + "\\x20" * (len(line) - len(kept))
 
 
 def render_index(modules: list[str], out: str = "generated") -> str:

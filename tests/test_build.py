@@ -702,3 +702,27 @@ def test_a_layout_unlike_torchs_names_the_key_that_sets_it(tmp_path, monkeypatch
     with pytest.raises(AssertionError, match=r"layout differs from torch's \(the spec's \[rows\] "
                                              r"layout sets it"):
         testing.check_case(info, case)
+
+
+@settings(max_examples=300)
+@given(text=st.text(min_size=1))
+def test_any_text_reads_back_from_a_docstring_line(text):
+    # what the templates do with an op's doc and signature: escaped onto the docstring's first
+    # line, then tidied (trailing spaces stripped, blank runs folded), then read by Python
+    from specgen.render import _tidy, docstring_text
+    source = _tidy('x = """f(x): ' + docstring_text(text) + '\n\n\n\nmore  \n"""\n')
+    scope = {}
+    exec(source, scope)
+    assert scope["x"].startswith("f(x): " + text + "\n\n")
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_a_float_range_float32_cannot_hold_is_drawn_inside(data):
+    # 0.1 and 0.9 have no float32 of their own: drawn between the float32s just inside them
+    from types import SimpleNamespace
+
+    from specgen.testing.core import scalar_value
+    arg = SimpleNamespace(kind="float", default=None, range=(0.1, 0.9))
+    value = scalar_value(data.draw, arg)
+    assert 0.1 <= value <= 0.9

@@ -160,6 +160,15 @@ CASES = [
     ("an int range that holds no integer", 'alpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "int", default = 1, range = [0.2, 0.8] }', "args.alpha.range",
      "no integer in [0.2, 0.8]"),
+    ("an infinite range", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = 1.0, range = [-inf, inf] }', "args.alpha.range",
+     "expected [low, high], finite, with low < high"),
+    ("an infinite default", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "float", default = inf }', "args.alpha.default",
+     "expected a finite default, got inf"),
+    ("a bool argument as a value", 'alpha = { kind = "float", default = 1.0 }',
+     'alpha = { kind = "bool", default = true }', "compute.out",
+     "'alpha' is a condition (a bool), and arithmetic takes a value"),
     # (issue 38: each of these printed a traceback, or built and failed at import or first call)
     ("arrays nested beyond the TOML reader", 'doc = "x + alpha * y"',
      'doc = "x + alpha * y"\ndeep = ' + "[" * 1000 + "]" * 1000, "",
@@ -250,9 +259,11 @@ def test_a_spec_file_is_utf8_with_or_without_its_byte_order_mark(tmp_path):
     spec.parent.mkdir()
     spec.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())   # a BOM, as some editors write
     assert load_spec(spec, tmp_path).name == "scaled_add"
-    spec.write_bytes(GOOD.encode() + b"# caf\xe9\n")       # Latin-1, not UTF-8
-    with pytest.raises(SpecError) as err:
-        load_spec(spec, tmp_path)
     lines = GOOD.count("\n") + 1
-    assert str(err.value) == (f"specs/scaled_add.toml: not UTF-8 text: byte 0xe9 at line {lines} "
-                              f"(byte {len(GOOD.encode()) + 5}); save the spec as UTF-8")
+    for mark in (b"", b"\xef\xbb\xbf"):   # the byte named in the file as it is, a BOM or not
+        spec.write_bytes(mark + GOOD.encode() + b"# caf\xe9\n")   # Latin-1, not UTF-8
+        with pytest.raises(SpecError) as err:
+            load_spec(spec, tmp_path)
+        at = len(mark) + len(GOOD.encode()) + 5
+        assert str(err.value) == (f"specs/scaled_add.toml: not UTF-8 text: byte 0xe9 at line "
+                                  f"{lines} (byte {at}); save the spec as UTF-8")

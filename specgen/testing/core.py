@@ -229,13 +229,25 @@ def scalar_value(draw, arg, float_range: tuple[float, float] = FLOAT_RANGE) -> A
     if arg.kind == "choice":
         return draw(st.sampled_from(arg.choices))
     if arg.kind == "float":
-        low, high = arg.range or float_range
+        low, high = _inward_float32(*(arg.range or float_range))
         return draw(st.one_of(st.just(arg.default) if arg.default is not None else st.nothing(),
                               st.floats(low, high, allow_nan=False, width=32)))
     if arg.kind == "int":
         low, high = arg.range or INT_RANGE
         return draw(st.integers(math.ceil(low), math.floor(high)))
     return draw(st.booleans())
+
+
+def _inward_float32(low: float, high: float) -> tuple[float, float]:
+    """[low, high] narrowed to float32 values (what the kernels take a float as; hypothesis
+    draws float32 only between bounds it can hold)."""
+    import numpy
+    low32, high32 = numpy.float32(low), numpy.float32(high)
+    if low32 < low:
+        low32 = numpy.nextafter(low32, numpy.float32(numpy.inf))
+    if high32 > high:
+        high32 = numpy.nextafter(high32, numpy.float32(-numpy.inf))
+    return float(low32), float(high32)
 
 
 def dtype_arg(draw, dtypes: tuple[torch.dtype, ...], x_dtype: torch.dtype) -> torch.dtype | None:
