@@ -108,6 +108,47 @@ def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
     return list(specs.values())
 
 
+def _refuse_clashes(specs: list[OpSpec], out_dir: Path) -> None:
+    """Every generated package registers its operators under ``specgen::``, so an op named as an
+    op of another package, built from another spec, would fail the second package's import: a
+    spec error here. The packages looked at are those beside ``out_dir`` and in the working
+    folder (where ``generated`` and an author's packages live, to be imported together); a
+    package built from the same spec files (a second build of one project) is the same ops."""
+    root = out_dir.resolve().parent
+    ours = {name: (root / spec.source.path).resolve() for spec in specs
+            for name in _operators(spec)}
+    errors = []
+    for folder in sorted({Path.cwd().resolve(), root}):
+        for package in sorted(p for p in folder.iterdir() if p.is_dir()):
+            if package == out_dir.resolve() or not _is_package(package):
+                continue
+            for module in sorted(package.glob("*.py")):
+                source = _source_of(module) if module.name != INDEX else None
+                if module.stem not in ours or source is None:
+                    continue
+                theirs = (package.parent / source).resolve()
+                if theirs != ours[module.stem]:
+                    errors.append(SpecError(
+                        relative_path(ours[module.stem], Path.cwd()), "op.name",
+                        f"'{module.stem}' is also an op of the package "
+                        f"{relative_path(package, Path.cwd())}/ (from {source}): both register "
+                        f"torch.ops.specgen.{module.stem}, so the two packages would not import "
+                        f"together; choose another name"))
+    if len(errors) > 1:
+        raise SpecErrors(errors)
+    if errors:
+        raise errors[0]
+
+
+def _is_package(folder: Path) -> bool:
+    """Whether ``folder`` is a package specgen built (its index's first line says so)."""
+    index = folder / INDEX
+    try:
+        return index.is_file() and _first_line(index).startswith(_INDEX_HEADER)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _staged_by_us(path: Path) -> bool:
     """A staged file specgen wrote: empty (killed before writing) or headed as its files are."""
     try:
@@ -146,6 +187,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     """
     root = out_dir.resolve().parent
     specs = load_specs(paths, root)
+    _refuse_clashes(specs, out_dir)
     wanted = {out_dir / f"{spec.name}.py": render_op(spec, out_dir.name) for spec in specs}
     built_from = {spec.source.path for spec in specs}
     removed = []

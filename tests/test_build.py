@@ -726,3 +726,17 @@ def test_a_float_range_float32_cannot_hold_is_drawn_inside(data):
     arg = SimpleNamespace(kind="float", default=None, range=(0.1, 0.9))
     value = scalar_value(data.draw, arg)
     assert 0.1 <= value <= 0.9
+
+
+def test_an_op_named_as_another_packages_is_a_spec_error(project):
+    # both packages register torch.ops.specgen.relu: the second would fail at import beside the
+    # first, so its build stops; a second build of the same specs is the same ops, and builds
+    assert run("build", "specs/relu.toml")[0] == 0                     # into generated/
+    assert run("build", "specs/relu.toml", "--out", "again")[0] == 0
+    (project / "mine").mkdir()
+    (project / "mine" / "relu.toml").write_text((project / "specs" / "relu.toml").read_text())
+    code, output = run("build", "mine", "--out", "my_ops")
+    assert code == 1
+    assert ("mine/relu.toml: [op.name]: 'relu' is also an op of the package again/ (from "
+            "specs/relu.toml)") in output, output
+    assert not (project / "my_ops").exists()
