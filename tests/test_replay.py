@@ -339,6 +339,34 @@ def test_a_written_replay_launches_through_torchs_launcher(monkeypatch):
                         (second.data_ptr(), out.data_ptr(), 3, 0.5, None, None), 77)]
 
 
+def test_the_core_gets_the_launch_the_written_replay_makes(monkeypatch):
+    # on a GPU the C++ core replays instead of the written function: it must get the same
+    # launch (function, grid, threads, shared memory; each parameter an input's or allocation's
+    # pointer, or a constant's bytes in its slot; the scratch pointers null) and the generic
+    # path for the calls it cannot launch. Checked here with a stand-in core
+    made = []
+    monkeypatch.setattr(replay.native, "module", lambda: SimpleNamespace(
+        replay=lambda *args: made.append(args) or (lambda *tensors: None)))
+    x = torch.zeros(3)
+    values = [x, x, 3, 0.5, 1, 32]
+    kernel = _kernel_double(values)
+    launch = replay._Launch(fn=None, grid=(2, 1, 1), args=(None, None, 3, 0.5, 1, 32),
+                            slots=((0, "in", 1), (1, "buf", 0)), options=(), compiled=kernel,
+                            device=0, stream=lambda device: 77 + device,
+                            static=replay.static_launch(_NAMES, kernel, values))
+    layout = ((3,), (1,), torch.float32, torch.device("cpu"), False)
+    recorded = replay.Replay(allocations=((None, layout),), launches=(launch,),
+                             result=(("buf", 0),), single=True, arity=2)
+    (args,) = made
+    allocations, launches, result, single, arity, device, enter, leave, generic, kept = args
+    assert allocations == [(None, *layout[:4])]
+    assert launches == [(None, 0xF00, (2, 1, 1), 128, 96,
+                         [("i", 1), ("b", 0), ("v", replay.packed("i", 3)),
+                          ("v", replay.packed("f", 0.5)), ("v", 0), ("v", 0)])]
+    assert (result, single, arity, device) == ([(True, 0)], True, 2, 0)
+    assert generic is recorded.generic and kept == (launch,)
+
+
 def test_a_differentiated_call_of_a_seen_signature_skips_its_checks(monkeypatch):
     # a call that needs a gradient goes through the op's autograd.Function; once its signature
     # (which inputs need a gradient among it) has passed the checks, later calls go straight to

@@ -33,9 +33,6 @@ def active() -> bool:
     return torch._C._is_any_autocast_enabled()
 
 
-# what a public function calls for ``active()`` (the query itself, a frame less)
-active_check = torch._C._is_any_autocast_enabled
-
 
 def _target(t: object, policy: str) -> torch.dtype | None:
     """The dtype torch's autocast casts ``t`` to under ``policy``, or None where it leaves ``t``

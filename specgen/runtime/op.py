@@ -254,8 +254,8 @@ class Op:
         filename = _remember(f"<specgen {d.name}>", source)
         scope = {"_op": self, "_call": self.family.call, "_ready": self.replays.ready,
                  "_replays": self.replays, "_state": self.replays.state,
-                 "_autocast": autocast_policy, "_any_autocast": autocast_policy.active_check,
-                 "_serve": self.family.replays_serve, **key_scope()}
+                 "_autocast": autocast_policy, "_serve": self.family.replays_serve,
+                 **key_scope()}
         exec(compile(source, filename, "exec"), scope)
         function = scope[d.name]
         function.__module__ = self.module
@@ -370,7 +370,7 @@ def _autocast_lines(d: OpDescription, takes_out: bool) -> list[str]:
     type promotion, which torch's autocast of an element-wise op leaves as they are."""
     if d.autocast == "none":
         return []
-    condition = "_any_autocast()" + (" and out is None" if takes_out else "")
+    condition = "_autocast.active()" + (" and out is None" if takes_out else "")
     tensors = [a.name for a in d.args if a.kind == "tensor" and not a.promotes]
     dtype_args = [a.name for a in d.args if a.kind == "dtype"]
     if d.autocast == "float32" and dtype_args:

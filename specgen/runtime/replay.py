@@ -40,9 +40,9 @@ are only for plain eager calls: traced, differentiated or mode-wrapped calls go 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import inspect
-import ctypes
 import math
 import threading
 from dataclasses import dataclass
@@ -50,7 +50,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import triton
-from torch.autograd import forward_ad
 from triton import knobs
 
 from specgen.runtime import context, native
@@ -228,13 +227,12 @@ class StaticLaunch:
 
 def static_launch(arg_names: Sequence[str], compiled: Any,
                   values: Sequence[Any]) -> StaticLaunch | str:
-    """How torch's launcher of Triton cubins starts ``compiled`` on ``values`` (every parameter
-    of the kernel, in order), or why it cannot: the parameters are those Triton did not make
-    constants (constexprs, and the arguments it specialized, an int equal to 1 or a None), then
-    one null pointer for each scratch area the kernel takes (Triton 3.3 and later: global, then
-    profile), as Inductor passes them."""
-    if _static_launcher() is None:
-        return "no _StaticCudaLauncher in this torch"
+    """How ``compiled`` starts with a bare driver launch on ``values`` (every parameter of the
+    kernel, in order), as the C++ core and torch's launcher of Triton cubins start it, or why it
+    cannot: the parameters are those Triton did not make constants (constexprs, and the
+    arguments it specialized, an int equal to 1 or a None), then one null pointer for each
+    scratch area the kernel takes (Triton 3.3 and later: global, then profile), as Inductor
+    passes them."""
     metadata, src = compiled.metadata, getattr(compiled, "src", None)
     if src is None or not isinstance(getattr(src, "signature", None), dict):
         return "no source signature"
@@ -367,12 +365,15 @@ class Replay:
         generic = functools.partial(_generic, self.allocations, self.launches, self.result,
                                     self.single)
         source, scope = replay_source(self)
-        scope["_generic"] = generic
-        exec(compile(source, "<specgen replay>", "exec"), scope)
-        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "source", source)   # what the Python path runs (tools, tests)
         object.__setattr__(self, "generic", generic)
         built = native.module()
-        run = scope["replay"] if built is None else _native_replay(self, built, generic)
+        if built is None:
+            scope["_generic"] = generic
+            exec(compile(source, "<specgen replay>", "exec"), scope)
+            run = scope["replay"]
+        else:
+            run = _native_replay(self, built, generic)
         object.__setattr__(self, "run", run)
 
     def __call__(self, inputs: Sequence[torch.Tensor | None]) -> Any:
@@ -389,29 +390,41 @@ def _generic(allocations: tuple, launches: tuple, result: tuple, single: bool,
     return found[0] if single else found
 
 
+def _direct(replay: Replay) -> tuple[dict[int, _Launch], int | None]:
+    """The launches a replay starts itself rather than through Triton (by id), and their GPU:
+    those with a static form, where they all run on one GPU (else none)."""
+    direct = {id(launch): launch for launch in replay.launches if launch.static is not None}
+    devices = {launch.device for launch in direct.values()}
+    return (direct, devices.pop()) if len(devices) == 1 else ({}, None)
+
+
+def _parameters(launch: _Launch) -> list[tuple[str, str, object]]:
+    """A direct launch's kernel parameters in order, each (type code, source, value): source
+    "i" or "b" with the index of the input or allocation whose data pointer it is, or "v" with
+    the constant (None for a scratch area's null pointer)."""
+    static = launch.static
+    slots = {position: (source[0], index) for position, source, index in launch.slots}
+    parameters = [(code, *slots.get(position, ("v", launch.args[position])))
+                  for code, position in zip(static.types, static.positions)]
+    return parameters + [("O", "v", None)] * static.scratch
+
+
 def replay_source(replay: Replay) -> tuple[str, dict[str, Any]]:
     """The source of a replay's function and the names it reads: the inputs as its parameters,
     each plain allocation as ``torch.empty_strided`` of its recorded layout, each launch torch's
-    launcher can start as one call of it (tensors as their data pointers), the others through
-    Triton (``_Launch.__call__``); on a GPU, while launch hooks are installed or another device is
-    current, the generic path instead."""
+    launcher of Triton cubins can start as one call of it (tensors as their data pointers), the
+    others through Triton (``_Launch.__call__``); on a GPU, while launch hooks are installed or
+    another device is current, the generic path instead."""
     scope: dict[str, Any] = {"_empty_strided": torch.empty_strided, "_poisoned": _poisoned}
     inputs = "(" + "".join(f"i{i}, " for i in range(replay.arity)) + ")"
     lines = [f"def replay({', '.join(f'i{i}' for i in range(replay.arity))}):"]
-    statics = {id(launch): launch for launch in replay.launches if launch.static is not None}
-    devices = {launch.device for launch in statics.values()}
-    if len(devices) > 1:  # launches on several GPUs: each through Triton, on its own device
-        statics, devices = {}, set()
-    if statics:
-        (device,) = devices
+    direct, device = _direct(replay) if _static_launcher() is not None else ({}, None)
+    if direct:
         scope.update(_runtime=knobs.runtime, _hooked=_launch_hooked,
                      _device=torch._C._cuda_getDevice,
                      _launch_kernel=_static_launcher()._launch_kernel)
-        # Triton 3.6 and later hold the hooks in chains: their lists read directly
-        chains = all(hasattr(getattr(knobs.runtime, hook), "calls")
-                     for hook in ("launch_enter_hook", "launch_exit_hook"))
         fallback = [("_runtime.launch_enter_hook.calls or _runtime.launch_exit_hook.calls"
-                     if chains else "_hooked()")]
+                     if _hooks_are_chains() else "_hooked()")]
         if torch.cuda.device_count() > 1:  # one GPU is always the current one
             fallback.append(f"_device() != {device}")
         lines += [f"    if {' or '.join(fallback)}:",
@@ -428,31 +441,35 @@ def replay_source(replay: Replay) -> tuple[str, dict[str, Any]]:
             lines.append(f"    b{j} = _poisoned({made})" if poisoned else f"    b{j} = {made}")
     buffers = "(" + "".join(f"b{j}, " for j in range(len(replay.allocations))) + ")"
     for k, launch in enumerate(replay.launches):
-        if id(launch) not in statics:
+        if id(launch) not in direct:
             scope[f"_launch_{k}"] = launch
             lines.append(f"    _launch_{k}({inputs}, {buffers})")
             continue
-        static = launch.static
-        sources = {position: f"{'i' if source == 'in' else 'b'}{index}.data_ptr()"
-                   for position, source, index in launch.slots}
         args = []
-        for n, position in enumerate(static.positions):
-            if position in sources:
-                args.append(sources[position])
-            elif type(launch.args[position]) in (int, bool):
-                args.append(repr(launch.args[position]))
+        for n, (_, source, value) in enumerate(_parameters(launch)):
+            if source != "v":
+                args.append(f"{source}{value}.data_ptr()")
+            elif value is None or type(value) in (int, bool):
+                args.append(repr(value))
             else:  # a float: by name (inf and nan have no literal)
-                scope[f"_arg_{k}_{n}"] = launch.args[position]
+                scope[f"_arg_{k}_{n}"] = value
                 args.append(f"_arg_{k}_{n}")
-        args += ["None"] * static.scratch
+        static = launch.static
         scope[f"_stream_{k}"] = launch.stream
         grid = ", ".join(map(str, launch.grid))
         lines += [f"    _launch_kernel({static.function}, {grid}, {static.num_warps}, "
                   f"{static.shared}, {static.types!r},",
-                  f"                   ({', '.join(args)},), _stream_{k}({launch.device}))"]
+                  f"                   ({', '.join(args)},), _stream_{k}({device}))"]
     names = [f"{'i' if source == 'in' else 'b'}{i}" for source, i in replay.result]
     lines.append(f"    return {names[0]}" if replay.single else f"    return ({', '.join(names)},)")
     return "\n".join(lines) + "\n", scope
+
+
+def _hooks_are_chains() -> bool:
+    """Whether Triton holds its launch hooks in chains (3.6 and later), whose lists a replay
+    reads directly."""
+    return all(hasattr(getattr(knobs.runtime, hook), "calls")
+               for hook in ("launch_enter_hook", "launch_exit_hook"))
 
 
 # the type codes of StaticLaunch.types as C types: a constant parameter's bytes as the C cast
@@ -475,31 +492,24 @@ def _native_replay(replay: Replay, built: Any, generic: Callable) -> Callable:
     launches, whose compiled kernels must stay loaded while it may start them."""
     allocations = [(make, (), (), None, None) if layout is None or layout[4]
                    else (None, *layout[:4]) for make, layout in replay.allocations]
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    devices = {launch.device for launch in replay.launches if launch.static is not None}
-    # the driver's launches: on one GPU, and where Triton's hooks are lists the core can read
-    driver = len(devices) == 1 and hasattr(enter, "calls") and hasattr(leave, "calls")
+    # the driver's launches, where Triton's hooks are lists the core can read
+    direct, device = _direct(replay) if _hooks_are_chains() else ({}, None)
     launches = []
     for launch in replay.launches:
-        static = launch.static
-        if static is None or not driver:
+        if id(launch) not in direct:
             launches.append((launch, 0, (1, 1, 1), 0, 0, ()))
             continue
-        sources = {position: (source, index) for position, source, index in launch.slots}
-        parameters = []
-        for code, position in zip(static.types, static.positions):
-            if position in sources:
-                source, index = sources[position]
-                parameters.append(("i" if source == "in" else "b", index))
-            else:
-                parameters.append(("v", packed(code, launch.args[position])))
-        parameters += [("v", 0)] * static.scratch
+        parameters = [(source, value) if source != "v"
+                      else ("v", 0 if value is None else packed(code, value))
+                      for code, source, value in _parameters(launch)]
+        static = launch.static
         launches.append((None, static.function, launch.grid, 32 * static.num_warps, static.shared,
                          parameters))
     result = [(source == "buf", index) for source, index in replay.result]
+    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     return built.replay(allocations, launches, result, replay.single, replay.arity,
-                        devices.pop() if driver else -1,
-                        enter.calls if driver else [], leave.calls if driver else [],
+                        -1 if device is None else device,
+                        *(hook.calls if direct else [] for hook in hooks),
                         generic, replay.launches)
 
 
@@ -535,10 +545,7 @@ def key_source(tensors: Sequence[str], scalars: Sequence[tuple[str, bool]],
     (None when none is forced) and ``state``. ``scalars``: (name, plain), a plain scalar (float,
     int, bool, str, dtype) keyed as it is, any other through ``_scalar_key``. Names read: those
     of ``key_scope``."""
-    # context.tracing() spelled out (a frame less), the full check only under a function mode;
-    # is_compiling first: under dynamo the calls after it cannot be traced
-    condition = ["not _logs", "not _compiling()", "not _dispatch_modes()", "not _functorch()",
-                 "_forward_ad._current_level < 0", "not (_function_modes() and _tracing())"]
+    condition = ["not _logs", "not _tracing()"]
     # a tensor given as a scalar (a 0-dim dim) would hash by identity while its value may change
     condition += [f"not isinstance({name}, _T)" for name, plain in scalars if plain]
     condition.append(f"(key := _tensor_key({', '.join(tensors)})) is not None")
@@ -553,10 +560,6 @@ def key_scope() -> dict[str, Any]:
     """The names ``key_source``'s code reads."""
     built = native.module()
     return {"_T": torch.Tensor, "_logs": context.launch_logs(), "_tracing": context.tracing,
-            "_compiling": torch.compiler.is_compiling,
-            "_dispatch_modes": torch._C._len_torch_dispatch_stack,
-            "_functorch": torch._C._are_functorch_transforms_active,
-            "_forward_ad": forward_ad, "_function_modes": torch._C._is_torch_function_mode_enabled,
             "_ctx": context, "_scalar_key": _scalar_key,
             "_tensor_key": tensor_key if built is None else built.key}
 
@@ -662,10 +665,7 @@ class Replays:
     def keep(self, key: tuple, run: Callable) -> None:
         """Serves later calls of ``key`` with ``run`` (taking the call's tensors): a call that
         needs a gradient, whose checks this signature passed (``autograd.differentiable_replay``)."""
-        if len(self._entries) >= CACHE_SIZE:
-            self._entries.clear()
-            self.ready.clear()
-            self.failures.clear()
+        self._make_room()
         self._entries[key] = _Kept(run)
         self.ready[key] = run
 
@@ -676,10 +676,7 @@ class Replays:
         if entry is _NO_REPLAY or _recording() is not None:
             return impl(*args)
         if entry is None and _calls_before_recording:
-            if len(self._entries) >= CACHE_SIZE:
-                self._entries.clear()
-                self.ready.clear()
-                self.failures.clear()
+            self._make_room()
             self._entries[key] = _SEEN
             return impl(*args)
         with _record() as recording:
@@ -695,3 +692,10 @@ class Replays:
             self.ready[key] = replay.run
         self._entries[key] = replay
         return result
+
+    def _make_room(self) -> None:
+        """Past ``CACHE_SIZE`` signatures the cache starts over (ever new shapes)."""
+        if len(self._entries) >= CACHE_SIZE:
+            self._entries.clear()
+            self.ready.clear()
+            self.failures.clear()
