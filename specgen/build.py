@@ -142,20 +142,17 @@ def _refuse_clashes(specs: list[OpSpec], out_dir: Path) -> None:
 
 def _is_package(folder: Path) -> bool:
     """Whether ``folder`` is a package specgen built (its index's first line says so)."""
-    index = folder / INDEX
-    try:
-        return index.is_file() and _first_line(index).startswith(_INDEX_HEADER)
-    except (OSError, UnicodeDecodeError):
-        return False
+    return _written_by_us(folder / INDEX, (_INDEX_HEADER,))
 
 
-def _staged_by_us(path: Path) -> bool:
-    """A staged file specgen wrote: empty (killed before writing) or headed as its files are."""
+def _written_by_us(path: Path, headers: tuple[str, ...], empty: bool = False) -> bool:
+    """Whether ``path`` is a file whose first line is one of specgen's ``headers`` (or, with
+    ``empty``, a file with nothing in it yet: a staged file killed before its write)."""
     try:
-        first = _first_line(path)
+        first = _first_line(path) if path.is_file() else None
     except (OSError, UnicodeDecodeError):
         return False
-    return not first or first.startswith((_INDEX_HEADER, _MODULE_HEADER))
+    return first is not None and (first.startswith(headers) or empty and not first)
 
 
 def _first_line(module: Path) -> str:
@@ -221,7 +218,8 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     if out_dir.is_dir():
         # an interrupted build's staged files: never imported, removed (and stale for --check)
         changes += [Change(path, "removed") for path in sorted(out_dir.glob(".*.tmp"))
-                    if _STAGED.match(path.name) and path.is_file() and _staged_by_us(path)]
+                    if _STAGED.match(path.name)
+                    and _written_by_us(path, (_INDEX_HEADER, _MODULE_HEADER), empty=True)]
     return changes
 
 

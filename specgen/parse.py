@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import codecs
+import dataclasses
 import hashlib
-import math
 import importlib
+import math
 import os
 import tomllib
 from pathlib import Path

@@ -36,6 +36,9 @@ class Family:
     # other families' templates have no code for them: parse.py refuses them there)
     takes: frozenset[str] = frozenset()
     reference_names: tuple[str, ...] = ()   # names its references may use besides the arguments
+    # which spec key sets its ops' output layout, for the property check's message when it
+    # differs from torch's ("": the layout follows from the inputs, as torch's)
+    layout_hint: str = ""
     # "module:function" making the ops a spec derives (OpSpec -> tuple of OpSpec: a row-wise
     # backward), called at the spec stage, before planning ("": none)
     derive: str = ""

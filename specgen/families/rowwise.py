@@ -999,6 +999,8 @@ FAMILY = Family(
     # a dtype argument (named by [rows] dtype), shape arguments (normalized_shape, dim) and
     # optional floats ([rows] finfo_eps say what None is)
     takes=frozenset({"dtype argument", "shape argument", "optional scalar"}),
+    layout_hint=("the spec's [rows] layout sets it: contiguous, memory_format or elementwise, "
+                 "docs/families.md"),
     derive="specgen.families.rowwise_backward:derived_specs",
     cases="specgen.testing.rowwise:rowwise_cases",
     samples="specgen.testing.rowwise:rowwise_samples", bench="bench.rowwise:cases")

@@ -5,13 +5,9 @@ result dtype and layout.
 
 from collections.abc import Mapping
 
+from specgen.families import FAMILIES
 from specgen.runtime import OpInfo, override, replay
 from specgen.testing.core import Case, assert_matches, nearby_errors, outputs, reference64
-
-
-# where a family's spec sets its outputs' layout, for the message of a layout torch's differs from
-_LAYOUT_KEYS = {"rowwise": " (the spec's [rows] layout sets it: contiguous, memory_format or "
-                           "elementwise, docs/families.md)"}
 
 
 def check_case(info: OpInfo, case: Case) -> None:
@@ -62,4 +58,11 @@ def check_case(info: OpInfo, case: Case) -> None:
         if layout is not None and allocated.numel() > 0:
             big = [d for d in range(allocated.dim()) if allocated.shape[d] > 1]
             assert [allocated.stride(d) for d in big] == [layout.stride(d) for d in big], \
-                f"{name} {output}: layout differs from torch's{_LAYOUT_KEYS.get(info.family, '')}"
+                f"{name} {output}: layout differs from torch's{_layout_hint(info.family)}"
+
+
+def _layout_hint(family: str) -> str:
+    """Which spec key sets an op's output layout (the family's ``layout_hint``), for the
+    message of a layout unlike torch's."""
+    hint = FAMILIES[family].layout_hint
+    return f" ({hint})" if hint else ""

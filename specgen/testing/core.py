@@ -9,10 +9,10 @@ every specialization on small inputs.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy
 import torch
 from hypothesis import note
 from hypothesis import strategies as st
@@ -223,13 +223,13 @@ FLOAT_RANGE = (-2.0, 2.0)
 INT_RANGE = (-4, 4)
 
 
-def scalar_value(draw, arg, float_range: tuple[float, float] = FLOAT_RANGE) -> Any:
-    """A drawn value of a scalar argument: its spec's ``range`` where it gives one, else the
-    family's (``float_range``) or ``INT_RANGE``; a float argument's default now and then."""
+def scalar_value(draw, arg) -> Any:
+    """A drawn value of a scalar argument: in its spec's ``range`` where it gives one, else in
+    ``FLOAT_RANGE`` or ``INT_RANGE``; a float argument's default now and then."""
     if arg.kind == "choice":
         return draw(st.sampled_from(arg.choices))
     if arg.kind == "float":
-        low, high = _inward_float32(*(arg.range or float_range))
+        low, high = _inward_float32(*(arg.range or FLOAT_RANGE))
         return draw(st.one_of(st.just(arg.default) if arg.default is not None else st.nothing(),
                               st.floats(low, high, allow_nan=False, width=32)))
     if arg.kind == "int":
@@ -241,7 +241,6 @@ def scalar_value(draw, arg, float_range: tuple[float, float] = FLOAT_RANGE) -> A
 def _inward_float32(low: float, high: float) -> tuple[float, float]:
     """[low, high] narrowed to float32 values (what the kernels take a float as; hypothesis
     draws float32 only between bounds it can hold)."""
-    import numpy
     low32, high32 = numpy.float32(low), numpy.float32(high)
     if low32 < low:
         low32 = numpy.nextafter(low32, numpy.float32(numpy.inf))
