@@ -88,9 +88,10 @@ def quoted(source: str, limit: int = 80) -> str:
 
 
 def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol],
-               out_of_scope: Mapping[str, str] | None = None) -> Expr:
+               out_of_scope: Mapping[str, str] | None = None, condition: bool = False) -> Expr:
     """A validated expression over ``symbols``; ``out_of_scope`` maps names that exist in the spec
-    but not here to the reason, which the error for using one gives."""
+    but not here to the reason, which the error for using one gives. ``condition``: the entry is
+    a condition (an attention mask), not a value."""
     try:
         tree = ast.parse(source.strip(), mode="eval").body
     except SyntaxError as err:
@@ -105,7 +106,11 @@ def parse_expr(source: str, where: Where, symbols: Mapping[str, Symbol],
                           f"the ones before it)")
     names: set[str] = set()
     _Validator(where, symbols, names, out_of_scope or {}).check(tree)
-    if _is_condition(tree, symbols):
+    if condition:
+        if not _is_condition(tree, symbols):
+            raise where.error(f"{quoted(source)} is a value, and this entry is a condition: a "
+                              f"comparison such as j <= i, or and/or/not of comparisons")
+    elif _is_condition(tree, symbols):
         raise where.error(f"'{source.strip()}' is a condition (a bool), and every expression "
                           f"gives a float value: write where({source.strip()}, 1.0, 0.0)")
     return Expr(source.strip(), tree, frozenset(names))
@@ -284,9 +289,11 @@ def helpers(expr: Expr) -> set[str]:
     return {FUNCTIONS[name][1] for name in called if not FUNCTIONS[name][1].startswith("tl.")}
 
 
-def emit(expr: Expr, names: Mapping[str, str]) -> str:
-    """Triton source for ``expr``; ``names`` maps spec names to the kernel's variable names."""
-    tree = _Emitter(names).visit(_copy(expr.tree))
+def emit(expr: Expr | ast.expr, names: Mapping[str, str], integers: bool = False) -> str:
+    """Triton source for ``expr``; ``names`` maps spec names to the kernel's variable names.
+    ``integers``: integer literals stay integers (index arithmetic, as an attention mask's)."""
+    tree = expr.tree if isinstance(expr, Expr) else expr
+    tree = _Emitter(names, integers).visit(_copy(tree))
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
@@ -295,8 +302,9 @@ def _copy(tree: ast.expr) -> ast.expr:
 
 
 class _Emitter(ast.NodeTransformer):
-    def __init__(self, names: Mapping[str, str]):
+    def __init__(self, names: Mapping[str, str], integers: bool = False):
         self.names = names
+        self.integers = integers
 
     def visit_Name(self, node: ast.Name) -> ast.expr:
         return ast.Name(self.names.get(node.id, node.id), ast.Load())
@@ -331,7 +339,7 @@ class _Emitter(ast.NodeTransformer):
         # all math is float32: an integer literal left as it is would make Triton compute in
         # int32 (where(x > 0, 1, 0) is an int32 tensor, stored as its bits into a bfloat16
         # output; 100000 * 100000 wraps)
-        if type(node.value) is int:
+        if type(node.value) is int and not self.integers:
             return ast.Constant(float(node.value))
         return node
 

@@ -3,6 +3,7 @@ takes less than the op does. Each is made of torch ops, so autograd gives torch'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -44,3 +45,56 @@ def rms_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Ten
         out = out * weight
     # x's dtype whatever the weight's, as F.rms_norm returns
     return out.to(x.dtype).contiguous(memory_format=torch._prims_common.suggest_memory_format(x))
+
+
+def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scale: float | None, score=None, visible=None) -> torch.Tensor:
+    """softmax(score(query @ key.T * scale) where visible) @ value, in the inputs' dtype; a row
+    that sees no key gives zeros (as torch's math backend). ``score(s, i, j)`` and
+    ``visible(i, j)`` take the query rows ``i`` and key columns ``j`` as broadcasting indices;
+    ``score`` sees the heads' dim as the scores' third from last."""
+    length, keys = query.shape[-2], key.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
+    s = torch.matmul(query, key.transpose(-2, -1)) * scale
+    i = torch.arange(length, device=query.device)[:, None]
+    j = torch.arange(keys, device=query.device)[None, :]
+    if score is not None:
+        s = score(s, i, j)
+    if visible is not None:
+        seen = visible(i, j).expand(length, keys)
+        s = s.masked_fill(~seen, float("-inf"))
+        weights = torch.softmax(s, dim=-1)
+        weights = torch.where(seen.any(-1, keepdim=True), weights, 0.0)
+    else:
+        weights = torch.softmax(s, dim=-1)
+    return torch.matmul(weights, value)
+
+
+def _causal(is_causal: bool):
+    return (lambda i, j: j <= i) if is_causal else None
+
+
+def softcap_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      softcap: float, is_causal: bool = False,
+                      scale: float | None = None) -> torch.Tensor:
+    """Attention whose scores are soft-capped (Gemma 2): s = softcap * tanh(s / softcap)."""
+    return _attention(query, key, value, scale,
+                      score=lambda s, i, j: softcap * torch.tanh(s / softcap),
+                      visible=_causal(is_causal))
+
+
+def alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    slopes: torch.Tensor, is_causal: bool = False,
+                    scale: float | None = None) -> torch.Tensor:
+    """Attention with ALiBi biases: s = s - slopes[h] * |i - j|, a slope per query head."""
+    def score(s, i, j):
+        return s - slopes.to(s.dtype)[:, None, None] * (i - j).abs().to(s.dtype)
+    return _attention(query, key, value, scale, score=score, visible=_causal(is_causal))
+
+
+def sliding_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             window: int, scale: float | None = None) -> torch.Tensor:
+    """Causal attention over the last ``window`` keys: query i sees keys i - window < j <= i."""
+    return _attention(query, key, value, scale,
+                      visible=lambda i, j: (j <= i) & (j > i - window))

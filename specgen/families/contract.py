@@ -12,8 +12,9 @@ from typing import Callable
 
 # the names the public function that runtime/op.py compiles for every op binds besides its
 # parameters: an argument of one of these names would be overwritten (tests/test_runtime.py
-# checks the compiled source against it)
-PUBLIC_FUNCTION_NAMES = frozenset({"key", "replay"})
+# checks the compiled source against it). They start with "_", which no spec name does: torch's
+# attention takes an argument named `key`
+PUBLIC_FUNCTION_NAMES = frozenset({"_key", "_replay"})
 
 
 @dataclass(frozen=True)

@@ -344,17 +344,17 @@ def _public_source(d: OpDescription, family: FamilyRuntime) -> str:
     if type(family).replays_serve is not FamilyRuntime.replays_serve:
         conditions.append("_serve()")
     picked = "" if family.public_output is None else f"[{family.public_output}]"
-    lines += ["    key = None",
+    lines += ["    _key = None",
               f"    if ({chr(10).join(_and(conditions + condition))}):",
-              f"        key = {key}",
+              f"        _key = {key}",
               "        try:",
-              "            replay = _ready.get(key)",
+              "            _replay = _ready.get(_key)",
               "        except TypeError:  # an unhashable scalar: the call is not keyed",
-              "            key = replay = None",
-              "        if replay is not None:",
+              "            _key = _replay = None",
+              "        if _replay is not None:",
               "            _replays.replayed += 1",
-              f"            return replay({', '.join(tensors)}){picked}",
-              f"    return _call(_op, key, {_tuple(names)}{', out' if takes_out else ''})"]
+              f"            return _replay({', '.join(tensors)}){picked}",
+              f"    return _call(_op, _key, {_tuple(names)}{', out' if takes_out else ''})"]
     return "\n".join(lines) + "\n"
 
 

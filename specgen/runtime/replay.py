@@ -540,7 +540,7 @@ def key_source(tensors: Sequence[str], scalars: Sequence[tuple[str, bool]],
                state: str) -> tuple[list[str], str]:
     """A call's signature as Python: (conditions, expression). Where the conditions hold (nothing
     traces or watches launches, no plain scalar is a tensor, and the tensors' part, which it binds
-    to ``key``, is not None), the expression is the key: the tensors' part (``tensor_key``, or
+    to ``_key``, is not None), the expression is the key: the tensors' part (``tensor_key``, or
     its C++ twin), each scalar with its type (``1`` and ``1.0`` hash alike), the test overrides
     (None when none is forced) and ``state``. ``scalars``: (name, plain), a plain scalar (float,
     int, bool, str, dtype) keyed as it is, any other through ``_scalar_key``. Names read: those
@@ -548,8 +548,8 @@ def key_source(tensors: Sequence[str], scalars: Sequence[tuple[str, bool]],
     condition = ["not _logs", "not _tracing()"]
     # a tensor given as a scalar (a 0-dim dim) would hash by identity while its value may change
     condition += [f"not isinstance({name}, _T)" for name, plain in scalars if plain]
-    condition.append(f"(key := _tensor_key({', '.join(tensors)})) is not None")
-    parts = ["key"]
+    condition.append(f"(_key := _tensor_key({', '.join(tensors)})) is not None")
+    parts = ["_key"]
     parts += [f"(type({name}), {name})" if plain else f"_scalar_key({name})"
               for name, plain in scalars]
     parts += ["_ctx.overrides_key", state]

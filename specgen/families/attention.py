@@ -1,0 +1,612 @@
+"""Attention family: ``softmax(score(query @ key.T * scale), masked) @ value``, FlashAttention-2
+style (one program per block of query rows, an online softmax over blocks of keys).
+
+Operands are identified by their ``dims``: the query ``["...", "H", "L", "E"]``, the key
+``["...", "Hkv", "S", "E"]``, the value ``["...", "Hkv", "S", "Ev"]``, an attention mask
+``["...", "L", "S"]`` (bool: True takes part; float: added to the score, as torch's
+``attn_mask``) and per-head tensors ``["H"]`` (ALiBi slopes), which expressions read at the
+program's head. Arguments named ``scale`` (optional float; None is ``1 / sqrt(E)``),
+``dropout_p`` and ``enable_gqa`` have torch's meanings.
+
+Spec tables: ``[attention]`` (``score``: an expression over the scaled score ``s``; ``mask``: a
+condition saying which keys a query sees; both over the indices ``i`` (query row), ``j`` (key
+column), ``h`` (query head), ``b`` (batch element) and the arguments) and ``[tuning]``
+(``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, whose product is the config space).
+
+The planner reads the mask once more, at build time, for which key blocks each query block needs
+(``mask_blocks``): where it can bound the visible keys (a comparison of ``j`` with an expression
+linear in ``i``, as a causal or windowed mask), kernels skip the hidden blocks and leave out the
+element-wise test in blocks every row sees whole; elsewhere every block is tested element by
+element (correct, only slower).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from dataclasses import dataclass
+from typing import Mapping
+
+from specgen.errors import Where
+from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
+from specgen.families.common import CommonPlan, common_plan, power_of_two_list, warps_list
+from specgen.families.contract import Family
+from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
+from specgen.table import Table, check_type
+
+# operand roles by their dims
+ROLES = {
+    ("...", "H", "L", "E"): "query",
+    ("...", "Hkv", "S", "E"): "key",
+    ("...", "Hkv", "S", "Ev"): "value",
+    ("...", "L", "S"): "attn_mask",
+    ("H",): "per_head",
+}
+# the index symbols of score and mask expressions, and what each is
+INDEX_SYMBOLS = {"i": "the query row", "j": "the key column", "h": "the query head",
+                 "b": "the batch element (batch dims flattened)"}
+# arguments whose meaning is torch's, by name (runtime/attention.py reads them)
+NAMED_ARGS = {"scale": "float", "dropout_p": "float", "enable_gqa": "bool"}
+# the largest head dim (E, Ev) a kernel tiles, as torch's flash backend
+MAX_HEAD_DIM = 256
+
+# names the generated module binds for itself: a spec that declared one would shadow it or be
+# shadowed (tests/test_spec_errors.py checks the set against what the template binds)
+GENERATED_NAMES = frozenset({
+    "attention",  # its imports
+    *INDEX_SYMBOLS, "s",
+    "acc", "alpha", "any_hi", "any_lo", "batch", "cols", "cols_e", "cols_ev", "full_hi",
+    "full_lo", "group", "key_base", "key_tile", "l_i", "m_i", "m_new", "m_safe", "num_blocks_m",
+    "out_base", "p", "qk_scale", "query_tile", "row_first", "row_last", "rows", "start",
+    "start_m", "value_base", "value_tile", "visible", "head_kv", "query_base", "mask_base",
+    "lse", "lse_base", "out_tile", "scores", "b0", "b1",
+})
+GENERATED_PREFIXES: tuple[str, ...] = ()
+
+DEFAULT_BLOCK_M = (64, 128)
+DEFAULT_BLOCK_N = (32, 64, 128)
+DEFAULT_STAGES = (2, 3, 4)
+# the first config under the interpreter: its tiny inputs need no large tiles (tl.dot needs 16)
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+@dataclass(frozen=True)
+class AttentionBody:
+    query: str
+    key: str
+    value: str
+    attn_mask: str                  # "" without one
+    per_head: tuple[str, ...]
+    score: Expr | None
+    mask: Expr | None
+    block_m: tuple[int, ...]
+    block_n: tuple[int, ...]
+    num_warps: tuple[int, ...]
+    num_stages: tuple[int, ...]
+
+
+def body_names(body: AttentionBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return ()
+
+
+def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
+    where = top.where.child("args")
+    roles: dict[str, list[str]] = {role: [] for role in ROLES.values()}
+    for arg in spec_args:
+        _check_arg(arg, where.child(arg.name))
+        if isinstance(arg, TensorArg):
+            roles[ROLES[arg.dims]].append(arg.name)
+    for role in ("query", "key", "value"):
+        if len(roles[role]) != 1:
+            dims = next(d for d, r in ROLES.items() if r == role)
+            raise where.error(f"an attention op needs one {role} tensor, with dims = "
+                              f"{list(dims)}; got {len(roles[role])}")
+    if len(roles["attn_mask"]) > 1:
+        raise where.child(roles["attn_mask"][1]).error("at most one attention mask tensor")
+    for role in ("query", "key", "value", "per_head"):
+        for tensor in roles[role]:
+            if next(a for a in spec_args if a.name == tensor).optional:
+                raise where.child(tensor).error(f"a {role.replace('_', '-')} tensor cannot be "
+                                                f"optional (only an attention mask can)")
+
+    table = top.pop_table("attention", required=False) or Table({}, top.where.child("attention"))
+    values = {**{n: Symbol(n, "value") for n in (*INDEX_SYMBOLS, *roles["per_head"])}}
+    for arg in spec_args:
+        if isinstance(arg, ScalarArg) and arg.name not in ("dropout_p", "enable_gqa"):
+            values[arg.name] = Symbol(arg.name, "bool" if arg.type == "bool" else "scalar")
+    operands = {n: "a tensor operand is no value here (per-head tensors, dims [\"H\"], are)"
+                for n in (roles["query"] + roles["key"] + roles["value"] + roles["attn_mask"])}
+    score = mask = None
+    score_source = table.pop("score", str, None)
+    if score_source is not None:
+        score = parse_expr(score_source, table.where.child("score"),
+                           {**values, "s": Symbol("s", "value")}, operands)
+    mask_source = table.pop("mask", str, None)
+    if mask_source is not None:
+        mask = parse_expr(mask_source, table.where.child("mask"), values, {
+            **operands, "s": "the mask says which keys a query sees, before any score"},
+            condition=True)
+    table.finish()
+
+    tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
+    block_m = power_of_two_list(tuning, "BLOCK_M", DEFAULT_BLOCK_M, 256)
+    block_n = power_of_two_list(tuning, "BLOCK_N", DEFAULT_BLOCK_N, 256)
+    for key, blocks in (("BLOCK_M", block_m), ("BLOCK_N", block_n)):
+        if min(blocks) < 16:
+            raise tuning.where.child(key).error(f"expected blocks of at least 16 (tl.dot's "
+                                                f"smallest), got {min(blocks)}")
+    num_warps = warps_list(tuning, (4, 8))
+    num_stages = tuple(_stages(tuning))
+    tuning.finish()
+    return AttentionBody(roles["query"][0], roles["key"][0], roles["value"][0],
+                         (roles["attn_mask"] or [""])[0], tuple(roles["per_head"]), score, mask,
+                         block_m, block_n, num_warps, num_stages)
+
+
+def _stages(tuning: Table) -> tuple[int, ...]:
+    raw = tuning.pop_any("num_stages")
+    if raw is None:
+        return DEFAULT_STAGES
+    where = tuning.where.child("num_stages")
+    values = raw if isinstance(raw, list) else [raw]
+    for value in values:
+        check_type(value, int, where)
+        if not 1 <= value <= 8:
+            raise where.error(f"expected pipeline stages from 1 to 8, got {value}")
+    return tuple(values)
+
+
+def _check_arg(arg, where: Where) -> None:
+    if isinstance(arg, ChoiceArg):
+        raise where.error("the attention family takes no choice arguments (bool arguments "
+                          "specialize its kernels)")
+    if isinstance(arg, TensorArg):
+        if arg.dims not in ROLES:
+            shown = "; ".join(f"{list(dims)} ({role.replace('_', ' ')})"
+                              for dims, role in ROLES.items())
+            raise where.child("dims").error(f"expected the dims of an attention operand: {shown}; "
+                                            f"got {list(arg.dims) if arg.dims else 'none'}")
+        return
+    wanted = NAMED_ARGS.get(arg.name)
+    if wanted is not None and arg.type != wanted:
+        raise where.error(f"'{arg.name}' has torch's meaning here, a {wanted} argument; "
+                          f"got a {arg.type}")
+    if arg.name == "scale" and not arg.optional:
+        raise where.error("'scale' defaults to None (1 / sqrt(E)), as torch's: declare it "
+                          "{ kind = \"float\", optional = true }")
+    if arg.name == "dropout_p" and arg.default != 0.0:
+        raise where.error("'dropout_p' defaults to 0.0, as torch's")
+
+
+# ---- which key blocks a query block needs -------------------------------------------------------
+#
+# For a block of query rows [row_first, row_last], a condition's keys are bounded by two
+# intervals, as Triton source: outside `any` no row sees a key (the block skips it), inside `all`
+# every row sees every key (no element-wise test). Comparisons of j with an expression linear in
+# i are bounded exactly (a linear function takes its extremes at the ends of the rows);
+# and/or/not combine bounds; what cannot be bounded is visible anywhere and whole nowhere.
+
+FULL = ("0", "S")
+EMPTY = ("0", "0")
+_FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq,
+         ast.NotEq: ast.Eq}
+_MIRROR = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Eq: ast.Eq,
+           ast.NotEq: ast.NotEq}
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Key bounds of a condition over a query block: ``any`` (keys outside it hidden from every
+    row) and ``all`` (keys inside it visible to every row), each (lo, hi) as source."""
+
+    any: tuple[str, str]
+    all: tuple[str, str]
+    exact: bool             # every comparison was bounded (else some bound is the whole range)
+
+
+def mask_blocks(condition: ast.expr, names: Mapping[str, str], integers: frozenset[str]) -> Blocks:
+    """The key bounds of ``condition`` (a mask with its bool arguments substituted); ``names``
+    maps spec names to kernel variables, ``integers`` the names holding integers."""
+    return _Bounder(names, integers).bounds(_push_not(condition, False))
+
+
+def _push_not(node: ast.expr, negate: bool) -> ast.expr:
+    """``node`` with every ``not`` moved onto the comparisons (De Morgan)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _push_not(node.operand, not negate)
+    if isinstance(node, ast.BoolOp):
+        op = node.op if not negate else (ast.Or() if isinstance(node.op, ast.And) else ast.And())
+        return ast.BoolOp(op, [_push_not(v, negate) for v in node.values])
+    if isinstance(node, ast.Compare) and negate:
+        return ast.Compare(node.left, [_FLIP[type(node.ops[0])]()], node.comparators)
+    if negate:
+        return ast.UnaryOp(ast.Not(), node)
+    return node
+
+
+def _reads(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+class _Bounder:
+    def __init__(self, names: Mapping[str, str], integers: frozenset[str]):
+        self.names = names
+        self.integers = integers
+
+    def bounds(self, node: ast.expr) -> Blocks:
+        if isinstance(node, ast.BoolOp):
+            parts = [self.bounds(v) for v in node.values]
+            join = _and if isinstance(node.op, ast.And) else _or
+            result = parts[0]
+            for part in parts[1:]:
+                result = join(result, part)
+            return result
+        if isinstance(node, ast.Compare):
+            return self.compare(node)
+        # a bool argument (or a negated one): the same for every key
+        return self.uniform(node)
+
+    def code(self, node: ast.expr) -> str:
+        return emit(node, self.names, integers=True)
+
+    def is_integer(self, node: ast.expr) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and n.id not in self.integers:
+                return False
+            if isinstance(n, ast.Constant) and type(n.value) is not int:
+                return False
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+                return False
+            if isinstance(n, ast.Call):
+                return False
+        return True
+
+    def uniform(self, node: ast.expr) -> Blocks:
+        test = self.code(node)
+        hi = f"tl.where({test}, S, 0)"
+        return Blocks(("0", hi), ("0", hi), True)
+
+    def compare(self, node: ast.Compare) -> Blocks:
+        op = type(node.ops[0])
+        if not _reads(node, "j") and not _reads(node, "i"):
+            return self.uniform(node)
+        form = _linear(ast.BinOp(node.left, ast.Sub(), node.comparators[0]))
+        if form is None:
+            return Blocks(FULL, EMPTY, False)
+        coef = _coefficient(form.get("j", []))
+        if coef == 0:
+            return self.rows_only(node, op, form)
+        if coef is None:
+            return Blocks(FULL, EMPTY, False)
+        # coef * j + rest OP 0, so j OP bound with bound = -rest / coef (OP mirrored for coef < 0)
+        if coef < 0:
+            op = _MIRROR[op]
+        bound_terms = [(-sign / coef, factor, var) for var in ("i", "") for sign, factor in
+                       form.get(var, [])]
+        integer = abs(coef) == 1 and all(self.is_integer(f) for _, f, _ in bound_terms)
+        slope = _coefficient([(s, f) for s, f, var in bound_terms if var == "i"])
+        ends = [self.code(_terms(bound_terms, row)) for row in ("row_first", "row_last")]
+        if slope == 0:
+            low = high = ends[0]
+        elif slope is not None:   # a known direction: the ends are the extremes in order
+            low, high = ends if slope > 0 else ends[::-1]
+        else:
+            low, high = f"tl.minimum({ends[0]}, {ends[1]})", f"tl.maximum({ends[0]}, {ends[1]})"
+
+        def floor(x: str) -> str:
+            return x if integer else f"tl.floor({x}).to(tl.int32)"
+
+        def ceil(x: str) -> str:
+            return x if integer else f"tl.ceil({x}).to(tl.int32)"
+
+        if op is ast.LtE:     # j <= bound
+            return Blocks(("0", f"{floor(high)} + 1"), ("0", f"{floor(low)} + 1"), True)
+        if op is ast.Lt:      # j < bound
+            return Blocks(("0", ceil(high)), ("0", ceil(low)), True)
+        if op is ast.GtE:     # j >= bound
+            return Blocks((ceil(low), "S"), (ceil(high), "S"), True)
+        if op is ast.Gt:      # j > bound
+            return Blocks((f"{floor(low)} + 1", "S"), (f"{floor(high)} + 1", "S"), True)
+        if op is ast.Eq:
+            return Blocks((ceil(low), f"{floor(high)} + 1"), (ceil(high), f"{floor(low)} + 1"),
+                          True)
+        return Blocks(FULL, EMPTY, False)   # j != bound: no interval
+
+    def rows_only(self, node: ast.Compare, op: type, form: dict) -> Blocks:
+        """A comparison of the rows alone: whole blocks of keys, by its truth at both ends of
+        the rows (a linear comparison is monotone in i)."""
+        if op in (ast.Eq, ast.NotEq):
+            return Blocks(FULL, EMPTY, False)
+        first, last = (self.code(_rename(node, row)) for row in ("row_first", "row_last"))
+        return Blocks(("0", f"tl.where(({first}) | ({last}), S, 0)"),
+                      ("0", f"tl.where(({first}) & ({last}), S, 0)"), True)
+
+
+def _and(a: Blocks, b: Blocks) -> Blocks:
+    return Blocks(_intersect(a.any, b.any), _intersect(a.all, b.all), a.exact and b.exact)
+
+
+def _or(a: Blocks, b: Blocks) -> Blocks:
+    # `any`: the hull of the two (an over-estimate where they leave a gap, which only tests a
+    # few hidden keys element by element); `all`: the hull where the two meet, else the first
+    return Blocks(_hull(a.any, b.any), _union_under(a.all, b.all), a.exact and b.exact)
+
+
+def _intersect(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    # the kernel clamps lows at 0 and highs at S: those bounds add nothing
+    lo = b[0] if a[0] == "0" else a[0] if b[0] == "0" else _max(a[0], b[0])
+    hi = b[1] if a[1] == "S" else a[1] if b[1] == "S" else _min(a[1], b[1])
+    return lo, hi
+
+
+def _hull(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    if FULL in (a, b):
+        return FULL
+    if a == EMPTY:
+        return b
+    if b == EMPTY:
+        return a
+    a_empty, b_empty = f"({a[1]}) <= ({a[0]})", f"({b[1]}) <= ({b[0]})"
+    lo = f"tl.where({a_empty}, {b[0]}, tl.where({b_empty}, {a[0]}, {_min(a[0], b[0])}))"
+    hi = f"tl.where({a_empty}, {b[1]}, tl.where({b_empty}, {a[1]}, {_max(a[1], b[1])}))"
+    return lo, hi
+
+
+def _union_under(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    """An interval inside the union of two: their hull where they meet, else the first."""
+    if FULL in (a, b):
+        return FULL
+    if a == EMPTY:
+        return b
+    if b == EMPTY:
+        return a
+    meet = f"(({a[0]}) <= ({b[1]})) & (({b[0]}) <= ({a[1]}))"
+    hull = _min(a[0], b[0]), _max(a[1], b[1])
+    return (f"tl.where({meet}, {hull[0]}, {a[0]})", f"tl.where({meet}, {hull[1]}, {a[1]})")
+
+
+def _min(a: str, b: str) -> str:
+    return a if a == b else f"tl.minimum({a}, {b})"
+
+
+def _max(a: str, b: str) -> str:
+    return a if a == b else f"tl.maximum({a}, {b})"
+
+
+# A linear form: for "i", "j" and "" (terms free of both), a list of (sign, factor) terms, each
+# factor an expression free of i and j (1 for the variable alone).
+Terms = list[tuple[float, ast.expr]]
+ONE = ast.Constant(1)
+
+
+def _linear(node: ast.expr) -> dict[str, Terms] | None:
+    """``node`` as a linear form in i and j, or None where it is not linear in them."""
+    if not (_reads(node, "i") or _reads(node, "j")):
+        return {"": [(1, node)]}
+    if isinstance(node, ast.Name):
+        return {node.id: [(1, ONE)]}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _linear(node.operand)
+        if inner is None or isinstance(node.op, ast.UAdd):
+            return inner
+        return {var: [(-s, f) for s, f in terms] for var, terms in inner.items()}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        left, right = _linear(node.left), _linear(node.right)
+        if left is None or right is None:
+            return None
+        sign = -1 if isinstance(node.op, ast.Sub) else 1
+        out = {var: list(terms) for var, terms in left.items()}
+        for var, terms in right.items():
+            out.setdefault(var, []).extend((sign * s, f) for s, f in terms)
+        return out
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        for inner_node, factor in ((node.left, node.right), (node.right, node.left)):
+            if not (_reads(factor, "i") or _reads(factor, "j")):
+                inner = _linear(inner_node)
+                if inner is None:
+                    return None
+                return {var: [(s, factor if f is ONE else ast.BinOp(f, ast.Mult(), factor))
+                              for s, f in terms] for var, terms in inner.items()}
+    return None
+
+
+def _coefficient(terms: Terms) -> float | None:
+    """The sum of ``terms`` where every factor is a number, else None."""
+    total = 0
+    for sign, factor in terms:
+        try:
+            value = ast.literal_eval(factor)
+        except ValueError:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        total += sign * value
+    return total
+
+
+def _terms(terms: list[tuple[float, ast.expr, str]], row: str) -> ast.expr:
+    """The sum of signed terms (``var`` "i" multiplies the factor by ``row``) as an expression
+    that reads as written: ``row_first - window``, not ``-(-1 * row_first) - --window``."""
+    total: ast.expr | None = None
+    for sign, factor, var in terms:
+        if var == "i":
+            value = ast.Name(row, ast.Load()) if factor is ONE else \
+                ast.BinOp(factor, ast.Mult(), ast.Name(row, ast.Load()))
+        else:
+            value = factor
+        magnitude = abs(sign)
+        if magnitude != 1:
+            value = ast.BinOp(value, ast.Mult(), ast.Constant(magnitude)) if magnitude % 1 \
+                else ast.BinOp(value, ast.Mult(), ast.Constant(int(magnitude)))
+        if total is None:
+            total = value if sign > 0 else ast.UnaryOp(ast.USub(), value)
+        else:
+            total = ast.BinOp(total, ast.Add() if sign > 0 else ast.Sub(), value)
+    return total if total is not None else ast.Constant(0)
+
+
+def _rename(node: ast.expr, row: str) -> ast.expr:
+    """``node`` with i read as ``row``."""
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> ast.expr:
+            return ast.Name(row, ast.Load()) if name.id == "i" else name
+    return Rename().visit(ast.parse(ast.unparse(node), mode="eval").body)
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MaskVariant:
+    """The mask under one setting of the bool arguments it reads (constexprs of the kernels)."""
+
+    test: str               # the constexpr test selecting it ("" for the only one)
+    visible: str            # the element-wise test over row_i and col_j ("" where none is needed)
+    any: tuple[str, str]    # keys outside: hidden from every row of the block
+    all: tuple[str, str]    # keys inside: visible to every row of the block
+    hidden: bool            # every key is hidden (rows give zeros)
+    note: str               # what the bounds rest on, for the kernel's comment
+
+
+@dataclass(frozen=True)
+class AttentionPlan(CommonPlan):
+    query: str = ""
+    key: str = ""
+    value: str = ""
+    attn_mask: str = ""
+    per_head: tuple[str, ...] = ()
+    score: str = ""                     # the score expression's source over s, or ""
+    flags: tuple[str, ...] = ()         # bool arguments, as constexprs
+    kernel_scalars: tuple[str, ...] = ()    # float and int arguments the kernels take
+    variants: tuple[MaskVariant, ...] = ()
+    configs: tuple[dict, ...] = ()
+    interpreter_config: dict | None = None
+    helpers: tuple[str, ...] = ()
+
+    flag_args: tuple[str, ...] = ()     # the bool arguments themselves
+    kernel_floats: tuple[str, ...] = ()
+
+    @property
+    def float_args(self) -> tuple[str, ...]:
+        # int arguments stay integers: masks bound keys with them
+        return ("scale", *self.kernel_floats)
+
+    @property
+    def value_ints(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def masked_by_spec(self) -> bool:
+        return any(v.visible for v in self.variants)
+
+
+def _flag(name: str) -> str:
+    return name.upper()
+
+
+def plan(spec: OpSpec) -> AttentionPlan:
+    body: AttentionBody = spec.body
+    flags = tuple(a.name for a in spec.args if isinstance(a, ScalarArg) and a.type == "bool"
+                  and a.name != "enable_gqa")
+    scalars = tuple(a.name for a in spec.args if isinstance(a, ScalarArg)
+                    and a.type in ("float", "int") and a.name not in ("dropout_p", "scale"))
+    integers = frozenset({"i", "j", "h", "b", *(a.name for a in spec.args
+                                               if isinstance(a, ScalarArg) and a.type == "int")})
+    names = {"i": "rows", "j": "cols", **{f: _flag(f) for f in flags}}
+    score = ""
+    if body.score is not None:
+        score = emit(body.score, {"i": "row_i", "j": "col_j", **{f: _flag(f) for f in flags}})
+    variants = _variants(body.mask, flags, names, integers)
+    configs = tuple({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
+                    for m, n, w, s in itertools.product(body.block_m, body.block_n,
+                                                        body.num_warps, body.num_stages))
+    used = set()
+    for expr in (body.score, body.mask):
+        if expr is not None:
+            used |= helpers(expr)
+    common = common_plan(spec, ("out",))
+    return AttentionPlan(**common.__dict__, query=body.query, key=body.key, value=body.value,
+                         attn_mask=body.attn_mask, per_head=body.per_head, score=score,
+                         flags=tuple(_flag(f) for f in flags), flag_args=flags,
+                         kernel_scalars=scalars,
+                         kernel_floats=tuple(a.name for a in spec.args if a.name in scalars
+                                             and a.type == "float"),
+                         variants=variants, configs=configs,
+                         interpreter_config=INTERPRETER_CONFIG, helpers=tuple(sorted(used)))
+
+
+def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str],
+              integers: frozenset[str]) -> tuple[MaskVariant, ...]:
+    if mask is None:
+        return (MaskVariant("", "", FULL, FULL, False, "no mask: every key"),)
+    read = [f for f in flags if f in mask.names]
+    variants = []
+    for values in itertools.product((True, False), repeat=len(read)):
+        setting = dict(zip(read, values))
+        condition = _substitute(mask.tree, setting)
+        test = " and ".join(_flag(f) if v else f"not {_flag(f)}" for f, v in setting.items())
+        if condition is True:
+            variants.append(MaskVariant(test, "", FULL, FULL, False, "every key visible"))
+            continue
+        if condition is False:
+            variants.append(MaskVariant(test, "", EMPTY, EMPTY, True, "every key hidden"))
+            continue
+        blocks = mask_blocks(condition, names, integers)
+        visible = emit(condition, {**names, "i": "row_i", "j": "col_j"}, integers=True)
+        source = ast.unparse(condition)
+        note = (f"keys bounded from {source!r}" if blocks.exact
+                else f"{source!r} is tested element-wise in every block (its keys are not "
+                     f"bounded by an expression linear in i)")
+        variants.append(MaskVariant(test, visible, blocks.any, blocks.all, False, note))
+    return tuple(variants)
+
+
+def _substitute(node: ast.expr, setting: Mapping[str, bool]) -> ast.expr | bool:
+    """``node`` with bool arguments set, folded: True, False or the condition that remains."""
+    if isinstance(node, ast.Name) and node.id in setting:
+        return setting[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _substitute(node.operand, setting)
+        return (not inner) if isinstance(inner, bool) else ast.UnaryOp(ast.Not(), inner)
+    if isinstance(node, ast.BoolOp):
+        is_and = isinstance(node.op, ast.And)
+        kept = []
+        for value in node.values:
+            value = _substitute(value, setting)
+            if isinstance(value, bool):
+                if value != is_and:     # False in an and, True in an or: decides it
+                    return value
+                continue
+            kept.append(value)
+        if not kept:
+            return is_and
+        return kept[0] if len(kept) == 1 else ast.BoolOp(node.op, kept)
+    return node
+
+
+def scaffold(name: str) -> str:
+    return f'''# An attention op: see docs/families.md, "Attention family".
+[op]
+name = "{name}"
+family = "attention"
+doc = "softmax(q.k * scale - slopes[h] * |i - j|) @ v, keys j <= i"
+reference = "ref.alibi_attention(query, key, value, slopes, True, scale)"
+
+[args]
+query = {{ kind = "tensor", dims = ["...", "H", "L", "E"] }}
+key = {{ kind = "tensor", dims = ["...", "Hkv", "S", "E"] }}
+value = {{ kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }}
+slopes = {{ kind = "tensor", dims = ["H"], range = [0.0, 1.0] }}
+scale = {{ kind = "float", optional = true }}
+
+[attention]
+score = "s - slopes * abs(i - j)"
+mask = "j <= i"
+'''
+
+
+FAMILY = Family(
+    name="attention", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
+    generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    takes=frozenset({"optional scalar"}),
+    cases="specgen.testing.attention:attention_cases",
+    samples="specgen.testing.attention:attention_samples")

@@ -1,0 +1,278 @@
+"""The attention family's runtime: torch's ``scaled_dot_product_attention`` rules for shapes,
+heads, masks and scale, and the launch of the forward kernel (``RUNTIME``).
+
+Shapes: query ``(..., Hq, L, E)``, key ``(..., Hkv, S, E)``, value ``(..., Hkv, S, Ev)``, batch
+dims broadcast; heads match, or one side has one head, or (``enable_gqa=True``) the query's are a
+multiple of the key's, which groups of query heads share without a copy. Any strides. The output
+is laid out as torch's flash backend lays it out, ``(..., L, Hq, Ev)`` in memory viewed as
+``(..., Hq, L, Ev)``, so that ``out.transpose(-3, -2).flatten(-2)`` is a view.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import triton
+
+from specgen.runtime.checks import DTYPE_NAMES, check_tensors
+from specgen.runtime.context import interpreting, note_launch
+from specgen.runtime.launch import choose_int64, launch
+from specgen.runtime.layout import broadcast_shapes, merge_dims, next_power_of_2, span
+from specgen.runtime.op import FamilyRuntime, Op
+from specgen.runtime.replay import empty
+
+# the largest head dim a kernel tiles (E and Ev), as torch's flash backend
+MAX_HEAD_DIM = 256
+# batch dims a kernel walks after merging those that merge (two cover (B, H) layouts with any
+# extra leading dim that broadcasts)
+BATCH_RANK = 2
+# the widest query and key blocks of any config: rows and keys past the end form offsets
+MAX_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Launch:
+    """An attention op's launch data: its operands by role, and the arguments its kernels take
+    beyond them (bool arguments as constexprs of their upper-case names)."""
+
+    query: str
+    key: str
+    value: str
+    attn_mask: str                  # "" without one
+    per_head: tuple[str, ...]
+    scalars: tuple[str, ...]        # float and int arguments, in order
+    flags: tuple[str, ...]          # bool arguments
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A call's sizes after torch's broadcasting rules, and the layout of its result."""
+
+    batch: tuple[int, ...]          # the broadcast batch dims
+    heads: int                      # query heads of the result
+    group: int                      # query heads per key/value head
+    length: int                     # L
+    keys: int                       # S
+    dim: int                        # E
+    value_dim: int                  # Ev
+    rank: int                       # the result's rank
+
+
+class Attention(FamilyRuntime):
+    """Kernel ``forward``: a program per (batch, head, block of query rows)."""
+
+    doc_note = ("with torch's semantics; a row whose keys are all masked gives zeros (as "
+                "torch's math backend), dropout_p other than 0 raises NotImplementedError.")
+
+    def run(self, op: Op, args: tuple) -> torch.Tensor:
+        return forward(op, args, store_lse=False)[0]
+
+
+RUNTIME = Attention()
+
+
+def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output and, with ``store_lse``, each row's logsumexp (float32, ``(..., Hq, L)``):
+    what the backward recomputes the softmax from."""
+    d = op.description
+    spec: Launch = d.launch
+    named = {a.name: value for a, value in zip(d.args, args)}
+    query, key, value = named[spec.query], named[spec.key], named[spec.value]
+    mask = named[spec.attn_mask] if spec.attn_mask else None
+    if named.get("dropout_p", 0.0) != 0.0:
+        raise NotImplementedError(f"{op.name}: dropout_p={named['dropout_p']} is not supported "
+                                  f"(only 0.0)")
+    if mask is not None and named.get("is_causal", False):
+        raise ValueError(f"{op.name}: attn_mask and is_causal=True together are refused, as "
+                         f"torch refuses them; fold the causal mask into attn_mask")
+    tensors = {spec.query: query, spec.key: key, spec.value: value}
+    device = check_tensors(op.name, tensors, d.dtypes)
+    problem = _problem(op.name, query, key, value, mask, named.get("enable_gqa", False))
+    _check_mask(op.name, spec.attn_mask, mask, query, device)
+    heads = {name: named[name] for name in spec.per_head}
+    for name, tensor in heads.items():
+        _check_per_head(op.name, name, tensor, problem.heads, device, d.dtypes)
+
+    batch = problem.batch
+    shape, strides = _out_layout(problem)
+    out = empty(shape, query.dtype, device, strides)
+    lse = None
+    if store_lse:
+        lse = empty((*batch, problem.heads, problem.length), torch.float32, device)
+    if out.numel() == 0:
+        return out, lse
+
+    scale = named.get("scale")
+    if scale is None:
+        scale = 1.0 / math.sqrt(problem.dim) if problem.dim else 1.0
+    operands = {spec.query: query, spec.key: key, spec.value: value}
+    if mask is not None:
+        operands[spec.attn_mask] = mask
+    strides = _batch_strides(op.name, problem, operands, out, lse)
+    b0, b1 = strides.pop("batch")
+    lse_strides = strides.pop("lse", (0, 0, 0, 0))
+    index_64 = choose_int64(op.name, d.indexing, {
+        name: _padded_span(tensor) for name, tensor in (*operands.items(), ("out", out))},
+        max_tile=0)
+    block_e = max(16, next_power_of_2(problem.dim))
+    block_ev = max(16, next_power_of_2(problem.value_dim))
+    flags = {name.upper(): bool(named[name]) for name in spec.flags}
+    mask_kind = {} if not spec.attn_mask else {
+        "MASK_KIND": 0 if mask is None else 1 if mask.dtype == torch.bool else 2}
+    note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0))
+    blocks = b0 * b1 * problem.heads
+    length = problem.length
+
+    def grid(meta: dict) -> tuple[int]:
+        return (blocks * triton.cdiv(length, meta["BLOCK_M"]),)
+
+    pointers = [query, key, value, *([mask if mask is not None else query]
+                                     if spec.attn_mask else []),
+                *heads.values(), out, lse if lse is not None else out]
+    mask_strides = strides.get(spec.attn_mask, (0, 0, 0, 0, 0)) if spec.attn_mask else ()
+    head_strides = [t.stride(0) if t.shape[0] > 1 else 0 for t in heads.values()]
+    launch(op.kernels["forward"], grid, *pointers,
+           b1, problem.heads, problem.length, problem.keys, problem.group,
+           *strides[spec.query], *strides[spec.key], *strides[spec.value], *mask_strides,
+           *head_strides, *strides["out"], *lse_strides,
+           scale, *(named[name] for name in spec.scalars),
+           **flags, **mask_kind, STORE_LSE=store_lse, E=problem.dim, EV=problem.value_dim,
+           INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+           BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64,
+           tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items())))
+    return out, lse
+
+
+def _problem(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             mask: torch.Tensor | None, gqa: bool) -> Problem:
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if tensor.dim() < 2:
+            raise ValueError(f"{op}: argument '{name}' has {tensor.dim()} dims; expected at "
+                             f"least 2 (..., length, head dim)")
+    if query.dtype != key.dtype or query.dtype != value.dtype:
+        raise TypeError(f"{op}: query, key and value must have one dtype; got "
+                        f"{DTYPE_NAMES[query.dtype]}, {DTYPE_NAMES[key.dtype]}, "
+                        f"{DTYPE_NAMES[value.dtype]}")
+    rank = max(query.dim(), key.dim(), value.dim())
+    q, k, v = (_padded(t.shape, 4) for t in (query, key, value))
+    if q[-1] != k[-1]:
+        raise ValueError(f"{op}: query's head dim {q[-1]} differs from key's {k[-1]}")
+    if k[-2] != v[-2]:
+        raise ValueError(f"{op}: key has {k[-2]} keys and value {v[-2]}; expected one length")
+    if k[-3] != v[-3]:
+        raise ValueError(f"{op}: key has {k[-3]} heads and value {v[-3]}; expected the same")
+    for name, size in (("query", q[-1]), ("value", v[-1])):
+        if size > MAX_HEAD_DIM:
+            raise ValueError(f"{op}: {name}'s head dim is {size}; at most {MAX_HEAD_DIM} is "
+                             f"supported")
+    hq, hkv = q[-3], k[-3]
+    if hq == hkv:
+        heads, group = hq, 1
+    elif gqa and hkv and hq % hkv == 0:
+        heads, group = hq, hq // hkv
+    elif hkv == 1:            # one key/value head broadcasts over the query's
+        heads, group = hq, max(hq, 1)
+    elif hq == 1:             # one query head broadcasts over the key's
+        heads, group = hkv, 1
+    else:
+        hint = ("" if gqa else "; pass enable_gqa=True to share key/value heads among query heads"
+                if hkv and hq % hkv == 0 else "")
+        raise ValueError(f"{op}: query has {hq} heads and key {hkv}, which do not "
+                         f"broadcast{hint}")
+    batch = broadcast_shapes(q[:-3], k[:-3], v[:-3])
+    if batch is None:
+        raise ValueError(f"{op}: batch dims do not broadcast: query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)}, value {tuple(value.shape)}")
+    if mask is not None:
+        target = (*batch, heads, q[-2], k[-2])
+        full = broadcast_shapes(target, tuple(mask.shape))
+        if full is None or full[-4:] != target[-4:] or len(full) > len(target) and \
+                full[:len(full) - len(target)] != (1,) * (len(full) - len(target)):
+            raise ValueError(f"{op}: attn_mask of shape {tuple(mask.shape)} does not broadcast "
+                             f"to {target}")
+        batch = full[:-3]
+        rank = max(rank, mask.dim())
+    return Problem(tuple(batch), heads, group, q[-2], k[-2], q[-1], v[-1], rank)
+
+
+def _padded(shape: Sequence[int], rank: int) -> tuple[int, ...]:
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def _check_mask(op: str, name: str, mask: torch.Tensor | None, query: torch.Tensor,
+                device: torch.device) -> None:
+    if mask is None:
+        return
+    if mask.dtype != torch.bool and mask.dtype != query.dtype:
+        raise TypeError(f"{op}: argument '{name}' has dtype {mask.dtype}; expected bool (True "
+                        f"takes part) or the query's dtype ({query.dtype}), added to the scores")
+    if mask.device != device:
+        raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({mask.device}) are "
+                         f"on different devices")
+
+
+def _check_per_head(op: str, name: str, tensor: torch.Tensor, heads: int, device: torch.device,
+                    dtypes: Sequence[torch.dtype]) -> None:
+    if tensor.dim() != 1 or tensor.shape[0] not in (1, heads):
+        raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
+                         f"({heads},), a value per query head")
+    check_tensors(op, {name: tensor}, dtypes)
+    if tensor.device != device:
+        raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({tensor.device}) "
+                         f"are on different devices")
+
+
+def _batch_strides(op: str, problem: Problem, operands: dict[str, torch.Tensor],
+                   out: torch.Tensor, lse: torch.Tensor | None) -> dict:
+    """Each tensor's strides as the kernel takes them: two batch dims (merged where every tensor
+    allows), then heads, rows (or keys), columns; broadcast dims have stride 0. ``"batch"``: the
+    two batch sizes."""
+    batch = problem.batch
+    rank = len(batch)
+    full = {}
+    for name, tensor in (*operands.items(), ("out", out), *((("lse", lse),) if lse is not None
+                                                           else ())):
+        shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+        pad = rank + (3 if name != "lse" else 2) - len(shape)
+        shape, strides = (1,) * pad + shape, (0,) * pad + strides
+        # broadcast dims (size 1 against a larger size) step by 0
+        full[name] = tuple(0 if size == 1 else stride for size, stride in zip(shape, strides))
+    names = list(full)
+    batch_strides = [full[n][:rank] for n in names]
+    order = [d for d in reversed(range(rank)) if batch[d] != 1]
+    merged = merge_dims(batch, batch_strides, order)
+    if len(merged.sizes) > BATCH_RANK:
+        raise ValueError(f"{op}: the batch dims {batch} of these layouts do not merge into "
+                         f"{BATCH_RANK}; make the tensors contiguous over the batch dims")
+    pad = BATCH_RANK - len(merged.sizes)
+    result: dict = {"batch": (1,) * pad + merged.sizes}
+    for name, strides in zip(names, merged.strides):
+        result[name] = (0,) * pad + strides + full[name][rank:]
+    return result
+
+
+def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The output's shape ``(..., Hq, L, Ev)`` and strides, dense in ``(..., L, Hq, Ev)`` order,
+    at the rank torch gives it (the largest of the inputs')."""
+    heads, length, dim = problem.heads, problem.length, problem.value_dim
+    shape = (*problem.batch, heads, length, dim)
+    strides = [dim, heads * dim, 1]
+    size = length * heads * dim
+    for batch in reversed(problem.batch):
+        strides.insert(0, size)
+        size *= batch
+    drop = max(len(shape) - problem.rank, 0)     # padded leading dims of one
+    return shape[drop:], tuple(strides[drop:])
+
+
+def _padded_span(tensor: torch.Tensor) -> int:
+    """Elements a launch may address from the tensor: its span with every dim of a block
+    overrun (masked rows and keys past the end still form offsets)."""
+    shape = [size + MAX_BLOCK if size > 1 else size for size in tensor.shape]
+    return span(tuple(shape), tuple(abs(s) for s in tensor.stride()))
+
+
+__all__ = ["RUNTIME", "Launch", "Problem", "forward"]

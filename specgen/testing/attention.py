@@ -1,0 +1,164 @@
+"""Cases for the attention family: batch and head counts (grouped heads where the op takes
+``enable_gqa``), query and key lengths off every block size (1 included), head dims up to 256
+on the GPU, layouts (the ``(B, L, H, E).transpose(1, 2)`` view, permuted, sliced, offset), bool
+and float attention masks that broadcast, causal calls and the spec's own scalars.
+
+The interpreter computes a bfloat16 ``tl.dot`` wrongly, so the CPU tier draws float16 and
+float32; the GPU tier draws bfloat16 too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from specgen.runtime import OpInfo, interpreting
+from specgen.testing.core import (Case, Layout, broadcast_operand, knobs, layouts, make_tensor,
+                                  scalar_value, sizes)
+from specgen.testing.samples import Make, default
+
+# |actual - expected| <= atol + rtol * |expected|. The softmax weights are rounded to the inputs'
+# dtype before they meet the values (as every flash kernel does): up to one rounding of each
+# weight, times values up to 3 in magnitude, plus the output's own rounding
+TOLERANCES = {
+    torch.float32: (2e-5, 3e-5),
+    torch.float16: (2e-3, 3e-3),
+    torch.bfloat16: (1e-2, 2.5e-2),
+}
+# small tiles reach several query and key blocks, partial ones and the bounds of a mask on the
+# interpreter's small inputs
+SMALL_CONFIGS = (
+    {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+)
+
+
+def roles(info: OpInfo) -> dict[str, str]:
+    """The op's tensor arguments by role (query, key, value, attn_mask), per-head ones apart."""
+    by_dims = {("...", "H", "L", "E"): "query", ("...", "Hkv", "S", "E"): "key",
+               ("...", "Hkv", "S", "Ev"): "value", ("...", "L", "S"): "attn_mask"}
+    return {by_dims[a.dims]: a.name for a in info.args
+            if a.kind == "tensor" and a.dims in by_dims}
+
+
+@st.composite
+def attention_cases(draw, info: OpInfo) -> Case:
+    role = roles(info)
+    overrides = draw(knobs())
+    if draw(st.booleans()):
+        overrides["config"] = draw(st.sampled_from(SMALL_CONFIGS))
+    names = {a.name for a in info.args}
+    gqa = "enable_gqa" in names and draw(st.booleans())
+    limit = 48 if interpreting() else 300
+    length, keys = draw(sizes(limit, allow_zero=False)), draw(sizes(limit, allow_zero=False))
+    dims = [1, 2, 3, 8, 16, 17, 32, 40] + ([] if interpreting() else [64, 80, 128, 256])
+    dim, value_dim = draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
+    heads_kv = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 3)) if gqa else 1
+    heads = heads_kv * group
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    dtypes = [d for d in info.dtypes if d != torch.bfloat16 or not interpreting()]
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**31 - 1))
+
+    def operand(shape: tuple[int, ...], index: int) -> torch.Tensor:
+        # the (B, L, H, E) layout viewed as (B, H, L, E), or any other
+        if draw(st.booleans()) and len(shape) >= 3:
+            rank = len(shape)
+            order = (*range(rank - 3), rank - 2, rank - 3, rank - 1)
+            layout = Layout(order, (1,) * rank)
+        else:
+            layout = draw(layouts(len(shape)))
+        return make_tensor(shape, dtype, layout, seed=seed + index)
+
+    args: dict[str, Any] = {}
+    notes = [f"batch={batch} Hq={heads} Hkv={heads_kv} L={length} S={keys} E={dim} "
+             f"Ev={value_dim} {dtype} config={overrides['config']}"]
+    causal = False
+    for i, arg in enumerate(info.args):
+        name = arg.name
+        if name == role["query"]:
+            args[name] = operand((*draw(broadcast_operand(batch)), heads, length, dim), i)
+        elif name == role["key"]:
+            kv_batch = draw(broadcast_operand(batch))
+            args[name] = operand((*kv_batch, heads_kv, keys, dim), i)
+            kv_batch_shape = kv_batch
+        elif name == role["value"]:
+            args[name] = operand((*kv_batch_shape, heads_kv, keys, value_dim), i)
+        elif name == role.get("attn_mask"):
+            args[name] = draw(_mask(batch, heads, length, keys, dtype, seed + i))
+        elif arg.kind == "tensor":       # per-head values
+            args[name] = make_tensor((heads,), dtype, draw(layouts(1)), low=arg.low,
+                                     high=arg.high, seed=seed + i)
+        elif name == "dropout_p":
+            args[name] = 0.0             # the only value taken (others raise, tested apart)
+        elif name == "enable_gqa":
+            args[name] = gqa
+        elif name == "scale":
+            args[name] = draw(st.one_of(st.none(), st.floats(0.05, 1.0, width=32)))
+        else:
+            args[name] = scalar_value(draw, arg)
+        if arg.kind == "tensor" and args[name] is not None:
+            t = args[name]
+            notes.append(f"{name}: {tuple(t.shape)} {t.dtype} strides {t.stride()}")
+        elif arg.kind != "tensor":
+            notes.append(f"{name}={args[name]!r}")
+    if role.get("attn_mask") and args.get(role["attn_mask"]) is not None and "is_causal" in args:
+        args["is_causal"] = False        # torch refuses both (tested apart)
+    # the layout is flash's ((..., L, H, Ev) in memory), where torch's math gives another
+    return Case(args, (), overrides, describe="; ".join(notes), tolerances=TOLERANCES,
+                layout_reference=None)
+
+
+@st.composite
+def _mask(draw, batch, heads, length, keys, dtype, seed) -> torch.Tensor | None:
+    kind = draw(st.sampled_from(["none", "bool", "float"]))
+    if kind == "none":
+        return None
+    shape = draw(broadcast_operand((*batch, heads, length, keys)))
+    if kind == "float":
+        return make_tensor(shape, dtype, draw(layouts(len(shape))), low=-4.0, high=1.0,
+                           seed=seed)
+    # True takes part; now and then a row sees no key (it gives zeros)
+    dense = make_tensor(shape, torch.float32, Layout.contiguous(len(shape)), low=0.0, high=1.0,
+                        seed=seed)
+    mask = dense > draw(st.sampled_from([0.1, 0.5, 0.9]))
+    return mask.mT if draw(st.booleans()) and mask.dim() >= 2 else mask
+
+
+# a sample's sizes: none equal, so that a dim mixed up with another fails
+SAMPLE = {"B": 2, "H": 2, "L": 3, "S": 5, "E": 4, "Ev": 6}
+
+
+def attention_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
+    """A batched call with every argument at its default (the mask given, then omitted), and a
+    query in the (B, L, H, E) layout."""
+    role = roles(info)
+
+    def call(masked: bool, transposed: bool) -> tuple:
+        args = []
+        for a in info.args:
+            if a.name == role["query"]:
+                q = (make.r(2, 3, 2, 4).transpose(1, 2).detach().requires_grad_(True)
+                     if transposed else make.r(2, 2, 3, 4, g=True))
+                args.append(q)
+            elif a.name == role["key"]:
+                args.append(make.r(2, 2, 5, 4, g=True))
+            elif a.name == role["value"]:
+                args.append(make.r(2, 2, 5, 6, g=True))
+            elif a.name == role.get("attn_mask"):
+                args.append(make.r(3, 5, lo=-1.0, hi=1.0) if masked else None)
+            elif a.kind == "tensor":
+                args.append(make.r(2, g=True, lo=0.0, hi=1.0))
+            elif a.kind == "float" and a.default is None and not a.optional:
+                args.append(2.0 if a.range is None else (a.range[0] + a.range[1]) / 2)
+            elif a.kind == "int" and a.default is None:
+                args.append(2)
+            else:
+                args.append(default(a))
+        return tuple(args)
+
+    return {info.name: [call(True, False), call(False, True)]}
