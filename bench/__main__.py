@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, host
+from bench import attention, harness, host
 from specgen.families import FAMILIES as KERNEL_FAMILIES
 from specgen.families.contract import resolve
 
@@ -22,7 +22,8 @@ FAMILIES = {name: resolve(family.bench) for name, family in KERNEL_FAMILIES.item
             if family.bench}
 # Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
 # host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is.
-SECTIONS = {"host": host.section}
+# attention: TFLOP/s against SDPA's backends and FlexAttention (bench/attention.py).
+SECTIONS = {"host": host.section, "attention": attention.section}
 
 
 def parse_args() -> argparse.Namespace:

@@ -59,7 +59,12 @@ GENERATED_NAMES = frozenset({
     "full_lo", "group", "key_base", "key_tile", "l_i", "m_i", "m_new", "m_safe", "num_blocks_m",
     "out_base", "p", "qk_scale", "query_tile", "row_first", "row_last", "rows", "start",
     "start_m", "value_base", "value_tile", "visible", "head_kv", "query_base", "mask_base",
-    "lse", "lse_base", "out_tile", "scores", "b0", "b1",
+    "lse", "lse_base", "out_tile", "scores", "b0", "b1", "col_j", "row_i", "lo", "hi",
+    "l_safe", "no_full", "out_mask", "out_offsets", "out_ptr", "lse_ptr", "mask_ptr",
+    "mask_tile", "mask_offsets", "mask_stride_b0", "mask_stride_b1", "mask_stride_h",
+    "mask_stride_l", "mask_stride_s", "key_offsets", "value_offsets", "query_offsets",
+    "out_stride_b0", "out_stride_b1", "out_stride_h", "out_stride_l", "out_stride_e",
+    "lse_stride_b0", "lse_stride_b1", "lse_stride_h", "lse_stride_l",
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -399,6 +404,13 @@ def _linear(node: ast.expr) -> dict[str, Terms] | None:
         for var, terms in right.items():
             out.setdefault(var, []).extend((sign * s, f) for s, f in terms)
         return out
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and \
+            not (_reads(node.right, "i") or _reads(node.right, "j")):
+        inner = _linear(node.left)
+        if inner is None:
+            return None
+        return {var: [(s, ast.BinOp(f, ast.Div(), node.right)) for s, f in terms]
+                for var, terms in inner.items()}
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
         for inner_node, factor in ((node.left, node.right), (node.right, node.left)):
             if not (_reads(factor, "i") or _reads(factor, "j")):
@@ -414,9 +426,13 @@ def _coefficient(terms: Terms) -> float | None:
     """The sum of ``terms`` where every factor is a number, else None."""
     total = 0
     for sign, factor in terms:
+        if not all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator,
+                                  ast.unaryop)) for n in ast.walk(factor)):
+            return None
         try:
-            value = ast.literal_eval(factor)
-        except ValueError:
+            expression = ast.fix_missing_locations(ast.Expression(factor))
+            value = eval(compile(expression, "<coefficient>", "eval"))
+        except ArithmeticError:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
@@ -523,7 +539,8 @@ def plan(spec: OpSpec) -> AttentionPlan:
     for expr in (body.score, body.mask):
         if expr is not None:
             used |= helpers(expr)
-    common = common_plan(spec, ("out",))
+    # per-head tensors meet the scores after the matmul: autocast leaves them as they are
+    common = common_plan(spec, ("out",), promoted=body.per_head)
     return AttentionPlan(**common.__dict__, query=body.query, key=body.key, value=body.value,
                          attn_mask=body.attn_mask, per_head=body.per_head, score=score,
                          flags=tuple(_flag(f) for f in flags), flag_args=flags,

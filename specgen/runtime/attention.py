@@ -139,7 +139,9 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
            *strides[spec.query], *strides[spec.key], *strides[spec.value], *mask_strides,
            *head_strides, *strides["out"], *lse_strides,
            scale, *(named[name] for name in spec.scalars),
-           **flags, **mask_kind, STORE_LSE=store_lse, E=problem.dim, EV=problem.value_dim,
+           # head dims are constexprs: a symbolic one (torch.compile) is specialized, as every
+           # flash kernel compiles per head dim
+           **flags, **mask_kind, STORE_LSE=store_lse, E=int(problem.dim), EV=int(problem.value_dim),
            INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
            BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64,
            tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items())))
@@ -269,9 +271,11 @@ def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _padded_span(tensor: torch.Tensor) -> int:
-    """Elements a launch may address from the tensor: its span with every dim of a block
-    overrun (masked rows and keys past the end still form offsets)."""
-    shape = [size + MAX_BLOCK if size > 1 else size for size in tensor.shape]
+    """Elements a launch may address from the tensor: its span with its last two dims (rows or
+    keys, and the head dim) overrun by a block (masked lanes past the end still form offsets;
+    batch and head indices never pass their sizes)."""
+    rank = tensor.dim()
+    shape = [size + MAX_BLOCK if d >= rank - 2 else size for d, size in enumerate(tensor.shape)]
     return span(tuple(shape), tuple(abs(s) for s in tensor.stride()))
 
 

@@ -48,18 +48,24 @@ def roles(info: OpInfo) -> dict[str, str]:
 def attention_cases(draw, info: OpInfo) -> Case:
     role = roles(info)
     overrides = draw(knobs())
-    if draw(st.booleans()):
+    # the interpreter runs every program in numpy: small tiles over small problems still span
+    # several query and key blocks; the GPU tier runs the space's configs too
+    # (number 0 there: the interpreter's own first config, 16 x 16)
+    if interpreting():
+        overrides["config"] = draw(st.sampled_from((0, *SMALL_CONFIGS)))
+    elif draw(st.booleans()):
         overrides["config"] = draw(st.sampled_from(SMALL_CONFIGS))
     names = {a.name for a in info.args}
     gqa = "enable_gqa" in names and draw(st.booleans())
-    limit = 48 if interpreting() else 300
+    small = interpreting()
+    limit = 40 if small else 300
     length, keys = draw(sizes(limit, allow_zero=False)), draw(sizes(limit, allow_zero=False))
-    dims = [1, 2, 3, 8, 16, 17, 32, 40] + ([] if interpreting() else [64, 80, 128, 256])
+    dims = [1, 3, 8, 16, 17] if small else [1, 3, 8, 16, 17, 32, 40, 64, 80, 128, 256]
     dim, value_dim = draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
-    heads_kv = draw(st.integers(1, 3))
+    heads_kv = draw(st.integers(1, 2 if small else 3))
     group = draw(st.integers(1, 3)) if gqa else 1
     heads = heads_kv * group
-    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    batch = tuple(draw(st.lists(st.integers(1, 2 if small else 3), max_size=2)))
     dtypes = [d for d in info.dtypes if d != torch.bfloat16 or not interpreting()]
     dtype = draw(st.sampled_from(dtypes))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -81,24 +87,27 @@ def attention_cases(draw, info: OpInfo) -> Case:
     for i, arg in enumerate(info.args):
         name = arg.name
         if name == role["query"]:
-            args[name] = operand((*draw(broadcast_operand(batch)), heads, length, dim), i)
+            query_batch = draw(broadcast_operand(batch))
+            args[name] = operand((*query_batch, heads, length, dim), i)
         elif name == role["key"]:
             kv_batch = draw(broadcast_operand(batch))
             args[name] = operand((*kv_batch, heads_kv, keys, dim), i)
-            kv_batch_shape = kv_batch
         elif name == role["value"]:
-            args[name] = operand((*kv_batch_shape, heads_kv, keys, value_dim), i)
+            args[name] = operand((*kv_batch, heads_kv, keys, value_dim), i)
         elif name == role.get("attn_mask"):
-            args[name] = draw(_mask(batch, heads, length, keys, dtype, seed + i))
-        elif arg.kind == "tensor":       # per-head values
-            args[name] = make_tensor((heads,), dtype, draw(layouts(1)), low=arg.low,
+            # no more dims than the scores have (torch adds the mask to them in place)
+            scores = torch.broadcast_shapes(query_batch, kv_batch)
+            args[name] = draw(_mask(scores, heads, length, keys, dtype, seed + i))
+        elif arg.kind == "tensor":       # per-head values, of a dtype of their own
+            own = draw(st.sampled_from(info.dtypes))
+            args[name] = make_tensor((heads,), own, draw(layouts(1)), low=arg.low,
                                      high=arg.high, seed=seed + i)
         elif name == "dropout_p":
             args[name] = 0.0             # the only value taken (others raise, tested apart)
         elif name == "enable_gqa":
             args[name] = gqa
         elif name == "scale":
-            args[name] = draw(st.one_of(st.none(), st.floats(0.05, 1.0, width=32)))
+            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=32)))
         else:
             args[name] = scalar_value(draw, arg)
         if arg.kind == "tensor" and args[name] is not None:
@@ -118,15 +127,21 @@ def _mask(draw, batch, heads, length, keys, dtype, seed) -> torch.Tensor | None:
     kind = draw(st.sampled_from(["none", "bool", "float"]))
     if kind == "none":
         return None
-    shape = draw(broadcast_operand((*batch, heads, length, keys)))
+    full = (*batch, heads, length, keys)
+    # at least (L, S): torch refuses a mask of fewer dims
+    last = tuple(size if draw(st.integers(0, 3)) else 1 for size in full[-2:])
+    shape = (*draw(broadcast_operand(full[:-2])), *last)
     if kind == "float":
         return make_tensor(shape, dtype, draw(layouts(len(shape))), low=-4.0, high=1.0,
                            seed=seed)
-    # True takes part; now and then a row sees no key (it gives zeros)
-    dense = make_tensor(shape, torch.float32, Layout.contiguous(len(shape)), low=0.0, high=1.0,
+    # True takes part; now and then a row sees no key (it gives zeros); bool masks are made
+    # dense, and laid out transposed now and then
+    transposed = draw(st.booleans())
+    drawn = (*shape[:-2], shape[-1], shape[-2]) if transposed else shape
+    dense = make_tensor(drawn, torch.float32, Layout.contiguous(len(drawn)), low=0.0, high=1.0,
                         seed=seed)
     mask = dense > draw(st.sampled_from([0.1, 0.5, 0.9]))
-    return mask.mT if draw(st.booleans()) and mask.dim() >= 2 else mask
+    return mask.mT if transposed else mask
 
 
 # a sample's sizes: none equal, so that a dim mixed up with another fails

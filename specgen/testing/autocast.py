@@ -20,6 +20,9 @@ TORCH_POLICY = {
     "cross_entropy": "float32",
     "softmax": "float32 dtype", "log_softmax": "float32 dtype", "sum": "float32 dtype",
     "prod": "float32 dtype",
+    "scaled_dot_product_attention": "lower",
+    # attention variants written as specs: their references' matmuls take torch's "lower"
+    "softcap_attention": "lower", "alibi_attention": "lower", "sliding_window_attention": "lower",
 }
 # rms_norm joined torch's float32 list after torch 2.11: its policy is the running torch's
 if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):
@@ -27,7 +30,9 @@ if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUD
 
 # the arguments torch's autocast leaves as they are: linear_residual's reference is
 # F.linear(x, weight, bias) + residual, and autocast casts F.linear's arguments, not the `+`'s
-UNCAST = {"linear_residual": {"residual"}}
+UNCAST = {"linear_residual": {"residual"},
+          # ALiBi's slopes meet the scores after the matmul, which is what autocast casts
+          "alibi_attention": {"slopes"}}
 
 
 def _eligible(value) -> bool:

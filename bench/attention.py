@@ -1,0 +1,148 @@
+"""Attention forward, bf16: TFLOP/s of specgen against torch's scaled_dot_product_attention with
+its own choice, forced to the flash backend and forced to cuDNN, and for the variants written as
+specs against torch.compile'd FlexAttention with the same score_mod / mask_mod.
+
+FLOPs count the two matmuls, 4 * B * H * L * S * E, halved under a causal mask (the keys a row
+sees), as FlashAttention's benchmarks count them. Each timing is do_bench's median (L2 flushed
+before each call); the check column is specgen's largest error against SDPA's math in float32.
+
+    python3 -m bench --only attention
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from bench import harness
+
+DTYPE = torch.bfloat16
+# (batch, heads, length, head dim, causal): the issue's cells
+SHAPES = ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (16, 16, 1024, 64, False),
+          (4, 32, 4096, 256, False))
+PEERS = ("specgen", "sdpa", "sdpa flash", "sdpa cudnn")
+
+
+def _generated():
+    import generated
+
+    return generated
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def _flex(score_mod, mask_mod, length):
+    """torch.compile'd flex_attention with its block mask made once, outside the timing (as a
+    model makes it once per shape)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    block = create_block_mask(mask_mod, None, None, length, length, device="cuda")
+
+    def run(q, k, v):
+        return compiled(q, k, v, score_mod=score_mod, block_mask=block)
+    return run
+
+
+def _time(fn: Callable) -> float | str:
+    try:
+        return harness.bench_ms(fn)
+    except Exception as exc:   # a backend the build lacks: the cell says why
+        traceback.print_exc()
+        return harness.describe(exc)
+
+
+def _cell(value, flops) -> str:
+    if isinstance(value, str):
+        return f"failed: {value}"
+    return f"{flops / value / 1e9:.0f}"
+
+
+def section(run: harness.Run) -> str:
+    g = _generated()
+    rows = []
+    for batch, heads, length, dim, causal in SHAPES:
+        q, k, v = (torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE)
+                   for _ in range(3))
+        flops = 4 * batch * heads * length * length * dim * (0.5 if causal else 1.0)
+        from torch.nn.attention import SDPBackend
+        impls = {
+            "specgen": lambda: g.scaled_dot_product_attention(q, k, v, is_causal=causal),
+            "sdpa": lambda: _sdpa(None)(q, k, v, causal),
+            "sdpa flash": lambda: _sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+            "sdpa cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
+        }
+        ours = impls["specgen"]()
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        error = (ours.float() - want).abs().max().item()
+        times = {name: _time(fn) for name, fn in impls.items()}
+        cells = [f"B{batch} H{heads} S{length} E{dim}" + (" causal" if causal else "")]
+        cells += [_cell(times[name], flops) for name in PEERS]
+        cells += ["", f"{error:.1e}"]
+        print(" | ".join(cells), flush=True)
+        rows.append(cells)
+        del q, k, v
+    rows += _variants(g)
+    header = ("case", *(f"{p} TFLOP/s" for p in PEERS), "FlexAttention TFLOP/s",
+              "max error vs float32")
+    return (f"## attention\n\nForward, {harness.dtype_name(DTYPE)}; {_versions()}. "
+            "TFLOP/s: 4 * B * H * L * S * E, halved where causal. The variants' FlexAttention "
+            "column is torch.compile(flex_attention) with the same score_mod / mask_mod.\n\n"
+            + harness.markdown_table(header, rows) + "\n")
+
+
+def _variants(g) -> list[list[str]]:
+    batch, heads, length, dim = 4, 32, 4096, 128
+    q, k, v = (torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE)
+               for _ in range(3))
+    slopes = torch.rand(heads, device="cuda")
+    window = 1024
+    rows = []
+
+    def softcap_mod(score, b, h, i, j):
+        return 30.0 * torch.tanh(score / 30.0)
+
+    def alibi_mod(score, b, h, i, j):
+        return score - slopes[h] * (i - j).abs()
+
+    def causal_mask(b, h, i, j):
+        return j <= i
+
+    def window_mask(b, h, i, j):
+        return (j <= i) & (j > i - window)
+
+    cases = [
+        ("softcap_attention causal", lambda: g.softcap_attention(q, k, v, 30.0, True),
+         _flex(softcap_mod, causal_mask, length), 0.5),
+        ("alibi_attention causal", lambda: g.alibi_attention(q, k, v, slopes, True),
+         _flex(alibi_mod, causal_mask, length), 0.5),
+        (f"sliding_window_attention {window}", lambda: g.sliding_window_attention(q, k, v, window),
+         _flex(None, window_mask, length), window / length),
+    ]
+    for name, ours, flex, fraction in cases:
+        flops = 4 * batch * heads * length * length * dim * fraction
+        times = {"specgen": _time(ours), "flex": _time(lambda: flex(q, k, v))}
+        cells = [f"{name} B{batch} H{heads} S{length} E{dim}", _cell(times["specgen"], flops),
+                 "", "", "", _cell(times["flex"], flops), ""]
+        print(" | ".join(cells), flush=True)
+        rows.append(cells)
+    return rows
+
+
+def _versions() -> str:
+    import triton
+
+    return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+            f"{triton.__version__}")

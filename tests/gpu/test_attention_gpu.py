@@ -1,0 +1,82 @@
+"""Attention on the GPU: bfloat16 at real sizes (the interpreter computes a bfloat16 tl.dot
+wrongly), int64 indexing past 2**31 elements, and torch.compile with no graph break."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+from specgen import references as ref
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _reference(q, k, v, **kwargs):
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), **kwargs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim", [64, 128, 256, 80])
+def test_bfloat16_matches_float64_at_real_sizes(causal, dim):
+    torch.manual_seed(dim)
+    # (B, L, H, E) viewed as (B, H, L, E), grouped heads, L != S and not multiples of a block
+    q = torch.randn(2, 1000, 8, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 2, 1100, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 1100, dim, device="cuda", dtype=torch.bfloat16)
+    out = generated.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    want = _reference(q, k, v, is_causal=causal, enable_gqa=True)
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=2e-2)
+
+
+def test_variants_match_their_references_in_bfloat16():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 777, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    slopes = torch.rand(4, device="cuda")
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    for got, want in [
+        (generated.softcap_attention(q, k, v, 20.0, True),
+         ref.softcap_attention(q64, k64, v64, 20.0, True)),
+        (generated.alibi_attention(q, k, v, slopes, True),
+         ref.alibi_attention(q64, k64, v64, slopes.double(), True)),
+        (generated.sliding_window_attention(q, k, v, 100),
+         ref.sliding_window_attention(q64, k64, v64, 100)),
+    ]:
+        torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.big_memory
+def test_int64_indexing_past_two_to_the_31_elements():
+    # key and value heads 2**31 elements apart in their storage: the second head's offsets pass
+    # int32 (a KV cache that large), while only 2 x 512 x 64 elements are read
+    heads, keys, dim = 2, 512, 64
+    gap = 2**31
+    storage = torch.empty(gap + keys * dim, device="cuda", dtype=torch.bfloat16)
+    for t in (storage,):
+        t[:keys * dim].normal_()
+        t[gap:].normal_()
+    key = storage.as_strided((1, heads, keys, dim), (0, gap, dim, 1))
+    value = storage.as_strided((1, heads, keys, dim), (0, gap, dim, 1))
+    q = torch.randn(1, heads, 40, dim, device="cuda", dtype=torch.bfloat16)
+    out = generated.scaled_dot_product_attention(q, key, value, is_causal=True)
+    want = _reference(q, key.contiguous(), value.contiguous(), is_causal=True)
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=2e-2)
+    del storage
+
+
+def test_torch_compile_with_no_graph_break():
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.rand(300, 300, device="cuda") > 0.2
+
+    @torch.compile(fullgraph=True)
+    def block(q, k, v, mask):
+        a = generated.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b = generated.sliding_window_attention(q, k, v, 64)
+        return a * 2 + b
+
+    got = block(q, k, v, mask)
+    want = (generated.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2
+            + generated.sliding_window_attention(q, k, v, 64))
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=2e-2)
+    assert math.isfinite(got.float().abs().max().item())

@@ -1,0 +1,203 @@
+"""The attention family beyond the property suite: the key bounds the planner derives from a mask
+(checked against the mask itself, key by key), the row logsumexp the forward saves, and the
+errors bad calls and bad specs get before any launch."""
+
+import ast
+import itertools
+import math
+
+import pytest
+import torch
+
+import generated
+from specgen.errors import SpecError
+from specgen.families import attention as family
+from specgen.model import Source
+from specgen.parse import parse_spec
+from specgen.runtime import attention as runtime
+from specgen.testing import device
+
+
+class _Index(float):
+    """A floor or ceil result: ``.to(tl.int32)`` makes it an int, as in the kernel."""
+
+    def to(self, _dtype):
+        return int(self)
+
+
+class _TL:
+    """The few tl functions bound code calls, on Python numbers."""
+
+    int32 = "int32"
+
+    @staticmethod
+    def minimum(a, b):
+        return min(a, b)
+
+    @staticmethod
+    def maximum(a, b):
+        return max(a, b)
+
+    @staticmethod
+    def where(c, a, b):
+        return a if c else b
+
+    @staticmethod
+    def floor(x):
+        return _Index(math.floor(x))
+
+    @staticmethod
+    def ceil(x):
+        return _Index(math.ceil(x))
+
+
+MASKS = [
+    "j <= i", "j < i", "j >= i", "j > i - window and j <= i", "i - window < j",
+    "j <= i + window", "2 * j <= i + 3", "j * 2 > i - 1", "not (j > i)", "j == i",
+    "j <= i or j < window", "j >= i or j + window <= i", "i < window", "j != i",
+    "j * j <= i", "not (j <= i and j > i - window)", "window > 3 and j <= i",
+    "j <= i / 2 + 0.5",
+]
+
+
+@pytest.mark.parametrize("source", MASKS)
+def test_key_bounds_hold_key_by_key(source):
+    # for every block of rows: no key outside `any` is visible to a row, and every key inside
+    # `all` is visible to every row (the kernel skips the first and leaves the test out of the
+    # second); exact bounds where the mask compares j with an expression linear in i
+    tree = ast.parse(source, mode="eval").body
+    blocks = family.mask_blocks(tree, {}, frozenset({"i", "j", "window"}))
+    nonlinear = source in ("j * j <= i", "j != i")
+    assert blocks.exact is not nonlinear, blocks
+    condition = compile(source, "<mask>", "eval")
+    bound = {name: compile(code, "<bound>", "eval")
+             for name, code in zip(("any_lo", "any_hi", "all_lo", "all_hi"), (*blocks.any, *blocks.all))}
+    keys = 23
+    for window, first, size in itertools.product((0, 1, 4, 30), range(0, 20, 3), (1, 4, 7)):
+        last = first + size - 1
+        scope = {"tl": _TL, "row_first": first, "row_last": last, "S": keys, "window": window}
+        any_lo, any_hi, all_lo, all_hi = (eval(code, scope) for code in bound.values())
+        for j in range(keys):
+            seen = [eval(condition, {"i": i, "j": j, "window": window})
+                    for i in range(first, last + 1)]
+            if any(seen):
+                assert any_lo <= j < any_hi, (source, window, first, last, j)
+            if all_lo <= j < all_hi:
+                assert all(seen), (source, window, first, last, j)
+
+
+def test_causal_bounds_read_as_written():
+    # the plan is data: for is_causal the rows' keys end after the last row, whole before the
+    # first (so the kernel skips the blocks above the diagonal and tests only the diagonal's)
+    spec = _spec('mask = "not is_causal or j <= i"', 'is_causal = { kind = "bool", default = false }',
+                 reference="F.scaled_dot_product_attention(query, key, value, is_causal=is_causal)")
+    variants = {v.test: v for v in family.plan(spec).variants}
+    causal, full = variants["IS_CAUSAL"], variants["not IS_CAUSAL"]
+    assert (causal.any, causal.all) == (("0", "row_last + 1"), ("0", "row_first + 1"))
+    assert causal.visible == "col_j <= row_i"
+    assert (full.any, full.all, full.visible) == (("0", "S"), ("0", "S"), "")
+
+
+def test_forward_saves_each_rows_logsumexp():
+    op = generated.REGISTRY["sliding_window_attention"]
+    module = __import__("generated.sliding_window_attention", fromlist=["OP"])
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 20, 8, generator=generator).to(device()) for _ in range(3))
+    window = 5
+    out, lse = runtime.forward(module.OP, (q, k, v, window, None), store_lse=True)
+    scores = (q.double() @ k.double().mT) / math.sqrt(8)
+    i = torch.arange(20, device=q.device)[:, None]
+    j = torch.arange(20, device=q.device)[None, :]
+    scores = scores.masked_fill(~((j <= i) & (j > i - window)), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), op.reference(q.double(), k.double(), v.double(), window),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_that_sees_no_key_gives_zeros_and_its_logsumexp_is_minus_infinity():
+    module = __import__("generated.scaled_dot_product_attention", fromlist=["OP"])
+    q, k, v = (torch.randn(1, 2, 5, 8).to(device()) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool, device=q.device)
+    mask[2] = False
+    out, lse = runtime.forward(module.OP, (q, k, v, mask, 0.0, False, None, False), store_lse=True)
+    assert (out[:, :, 2] == 0).all() and torch.isinf(lse[:, :, 2]).all()
+    assert torch.isfinite(out).all()
+
+
+def _qkv(*shape_q, s=6, e=8, ev=8, hkv=None):
+    *batch, h, l, _ = shape_q
+    hkv = hkv or h
+    return (torch.randn(*shape_q).to(device()), torch.randn(*batch, hkv, s, e).to(device()),
+            torch.randn(*batch, hkv, s, ev).to(device()))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda q, k, v: generated.scaled_dot_product_attention(q, k, v, dropout_p=0.1),
+     NotImplementedError, "dropout_p=0.1"),
+    (lambda q, k, v: generated.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.ones(4, 6, dtype=torch.bool, device=q.device), is_causal=True),
+     ValueError, "attn_mask and is_causal"),
+    (lambda q, k, v: generated.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.ones(4, 6, dtype=torch.int32, device=q.device)),
+     TypeError, "argument 'attn_mask' has dtype torch.int32"),
+    (lambda q, k, v: generated.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.bool, device=q.device)),
+     ValueError, "does not broadcast"),
+    (lambda q, k, v: generated.scaled_dot_product_attention(q, k[..., :3], v),
+     ValueError, "head dim 8 differs from key's 3"),
+    (lambda q, k, v: generated.scaled_dot_product_attention(q, k, v.half()),
+     TypeError, "one dtype"),
+    (lambda q, k, v: generated.alibi_attention(q, k, v, torch.ones(3, device=q.device)),
+     ValueError, "argument 'slopes' has shape"),
+])
+def test_bad_calls_are_refused_before_any_launch(call, error, match):
+    q, k, v = _qkv(2, 2, 4, 8)
+    with pytest.raises(error, match=match):
+        call(q, k, v)
+
+
+def test_heads_that_do_not_group_name_enable_gqa():
+    q, k, v = _qkv(1, 4, 4, 8, hkv=2)
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        generated.scaled_dot_product_attention(q, k, v)
+    q, k, v = _qkv(1, 3, 4, 300, e=300)
+    with pytest.raises(ValueError, match="at most 256"):
+        generated.scaled_dot_product_attention(q, k, v)
+
+
+def _spec(attention: str, extra_args: str = "",
+          reference: str = "F.scaled_dot_product_attention(query, key, value)") -> object:
+    text = f'''
+[op]
+name = "variant"
+family = "attention"
+reference = "{reference}"
+
+[args]
+query = {{ kind = "tensor", dims = ["...", "H", "L", "E"] }}
+key = {{ kind = "tensor", dims = ["...", "Hkv", "S", "E"] }}
+value = {{ kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }}
+{extra_args}
+
+[attention]
+{attention}
+'''
+    return parse_spec(text, Source("specs/variant.toml", "0" * 64, text))
+
+
+@pytest.mark.parametrize("attention, extra, match", [
+    ('mask = "j + 1"', "", r"\[attention.mask\].*is a value, and this entry is a condition"),
+    ('score = "j <= i"', "", r"\[attention.score\].*is a condition"),
+    ('mask = "s > 0"', "", r"\[attention.mask\].*name 's' cannot be used here"),
+    ('score = "s + key"', "", r"\[attention.score\].*'key' cannot be used here: a tensor operand"),
+    ('mask = "j <= i"', 'scale = { kind = "float", default = 1.0 }',
+     r"\[args.scale\].*defaults to None"),
+    ('mask = "j <= i"', 'bias = { kind = "tensor", dims = ["N"] }',
+     r"\[args.bias.dims\]: expected the dims of an attention operand"),
+    ('mask = "j <= i"', 'mode = { kind = "choice", values = ["a", "b"] }',
+     r"\[args.mode\]: the attention family takes no choice arguments"),
+    ('shape = "j <= i"', "", r"\[attention.shape\]: unknown key"),
+])
+def test_spec_errors_name_file_and_key(attention, extra, match):
+    with pytest.raises(SpecError, match=match):
+        _spec(attention, extra)
