@@ -69,8 +69,8 @@ GENERATED_NAMES = frozenset({
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
 DEFAULT_BLOCK_M = (64, 128)
-DEFAULT_BLOCK_N = (32, 64, 128)
-DEFAULT_STAGES = (2, 3, 4)
+DEFAULT_BLOCK_N = (64, 128)
+DEFAULT_STAGES = (3,)
 # the first config under the interpreter: its tiny inputs need no large tiles (tl.dot needs 16)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
