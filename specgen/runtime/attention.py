@@ -10,6 +10,7 @@ is laid out as torch's flash backend lays it out, ``(..., L, Hq, Ev)`` in memory
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -270,6 +271,35 @@ def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return shape[drop:], tuple(strides[drop:])
 
 
+def prune_configs(configs, named_args, **kwargs):
+    """``early_config_prune`` of the forward kernels: configs whose pipelined key and value tiles
+    (and the query tile) pass the device's shared memory are dropped, unless none is left (then
+    the smallest). Autotuning skips such a config by itself; a config the tests force does not."""
+    element = next(v for v in named_args.values() if hasattr(v, "element_size")).element_size()
+    block_e, block_ev = kwargs["BLOCK_E"], kwargs["BLOCK_EV"]
+    device = next(v for v in named_args.values() if hasattr(v, "device")).device
+    limit = _shared_memory(device)
+
+    def size(config) -> int:
+        meta = config.kwargs
+        tiles = config.num_stages * meta["BLOCK_N"] * (block_e + block_ev)
+        return element * (tiles + meta["BLOCK_M"] * block_e)
+
+    fitting = [c for c in configs if size(c) <= limit]
+    return fitting or [min(configs, key=size)]
+
+
+def _shared_memory(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1 << 30
+    return _device_shared_memory(device.index or 0)
+
+
+@functools.cache
+def _device_shared_memory(index: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
 def _padded_span(tensor: torch.Tensor) -> int:
     """Elements a launch may address from the tensor: its span with its last two dims (rows or
     keys, and the head dim) overrun by a block (masked lanes past the end still form offsets;
@@ -279,4 +309,4 @@ def _padded_span(tensor: torch.Tensor) -> int:
     return span(tuple(shape), tuple(abs(s) for s in tensor.stride()))
 
 
-__all__ = ["RUNTIME", "Launch", "Problem", "forward"]
+__all__ = ["RUNTIME", "Launch", "Problem", "forward", "prune_configs"]
