@@ -97,10 +97,57 @@ def section(run: harness.Run) -> str:
     rows += _variants(g)
     header = ("case", *(f"{p} TFLOP/s" for p in PEERS), "FlexAttention TFLOP/s",
               "max error vs float32")
+    decode_header = ("decode case", "specgen GB/s", "sdpa GB/s", "copy GB/s", "specgen % copy",
+                     "sdpa % copy", "max error vs float32")
     return (f"## attention\n\nForward, {harness.dtype_name(DTYPE)}; {_versions()}. "
             "TFLOP/s: 4 * B * H * L * S * E, halved where causal. The variants' FlexAttention "
             "column is torch.compile(flex_attention) with the same score_mod / mask_mod.\n\n"
-            + harness.markdown_table(header, rows) + "\n")
+            + harness.markdown_table(header, rows) + "\n\n"
+            "Decoding: one query row against full caches (SDPA computes the same with "
+            "enable_gqa=True); GB/s counts the caches, the query and the output once; copy is a "
+            "device copy of the same bytes timed the same way.\n\n"
+            + harness.markdown_table(decode_header, _decode(g)) + "\n")
+
+
+# (batch, query heads, key/value heads, cached keys, head dim): the issue's decoding cells
+DECODE_SHAPES = ((8, 32, 8, 32768, 128), (1, 32, 32, 131072, 128))
+
+
+def _decode(g) -> list[list[str]]:
+    rows = []
+    for batch, heads, heads_kv, keys, dim in DECODE_SHAPES:
+        q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=DTYPE)
+        k, v = (torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=DTYPE)
+                for _ in range(2))
+        lengths = torch.full((batch,), keys, device="cuda", dtype=torch.int32)
+        moved = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
+        target = torch.empty_like(source)
+        times = {
+            "specgen": _time(lambda: g.decode_attention(q, k, v, lengths, enable_gqa=True)),
+            "sdpa": _time(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)),
+            "copy": _time(lambda: target.copy_(source)),
+        }
+        ours = g.decode_attention(q, k, v, lengths, enable_gqa=True)
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+        error = (ours.float() - want).abs().max().item()
+        rate = {name: (moved / ms / 1e6 if not isinstance(ms, str) else ms)
+                for name, ms in times.items()}
+
+        def cell(value):
+            return f"failed: {value}" if isinstance(value, str) else f"{value:.0f}"
+
+        def share(value):
+            if isinstance(value, str) or isinstance(rate["copy"], str):
+                return ""
+            return f"{100 * value / rate['copy']:.0f}%"
+        cells = [f"B{batch} Hq{heads} Hkv{heads_kv} S{keys} E{dim}", cell(rate["specgen"]),
+                 cell(rate["sdpa"]), cell(rate["copy"]), share(rate["specgen"]),
+                 share(rate["sdpa"]), f"{error:.1e}"]
+        print(" | ".join(cells), flush=True)
+        rows.append(cells)
+        del q, k, v, source, target
+    return rows
 
 
 def _variants(g) -> list[list[str]]:

@@ -98,3 +98,26 @@ def sliding_window_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     """Causal attention over the last ``window`` keys: query i sees keys i - window < j <= i."""
     return _attention(query, key, value, scale,
                       visible=lambda i, j: (j <= i) & (j > i - window))
+
+
+def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     cache_seqlens: torch.Tensor, scale: float | None = None,
+                     enable_gqa: bool = False) -> torch.Tensor:
+    """Attention of the last ``L`` queries of each batch element against its KV cache: batch b
+    uses keys ``[0, cache_seqlens[b])``, query row i sees keys ``j <= cache_seqlens[b] - L + i``
+    (bottom-right aligned); a batch element with no keys gives zeros."""
+    heads, heads_kv = query.shape[-3], key_cache.shape[-3]
+    if enable_gqa and heads != heads_kv:
+        key_cache = key_cache.repeat_interleave(heads // heads_kv, dim=-3)
+        value_cache = value_cache.repeat_interleave(heads // heads_kv, dim=-3)
+    length, keys = query.shape[-2], key_cache.shape[-2]
+    i = torch.arange(length, device=query.device)[:, None]
+    j = torch.arange(keys, device=query.device)[None, :]
+    # (B, 1, L, S): each batch element's own bound
+    seen = j <= cache_seqlens.reshape(-1, 1, 1, 1).to(query.device) - length + i
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
+    s = torch.matmul(query, key_cache.transpose(-2, -1)) * scale
+    s = s.masked_fill(~seen, float("-inf"))
+    weights = torch.where(seen.any(-1, keepdim=True), torch.softmax(s, dim=-1), 0.0)
+    return torch.matmul(weights, value_cache)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import generated
+from specgen import references as ref
 from specgen.errors import SpecError
 from specgen.families import attention as family
 from specgen.model import Source
@@ -149,6 +150,10 @@ def _qkv(*shape_q, s=6, e=8, ev=8, hkv=None):
      TypeError, "one dtype"),
     (lambda q, k, v: generated.alibi_attention(q, k, v, torch.ones(3, device=q.device)),
      ValueError, "argument 'slopes' has shape"),
+    (lambda q, k, v: generated.decode_attention(q, k, v, torch.tensor([3.0, 1.0], device=q.device)),
+     TypeError, "argument 'cache_seqlens' has dtype torch.float32; expected int32 or int64"),
+    (lambda q, k, v: generated.decode_attention(q, k, v, torch.tensor([3, 1, 2], device=q.device)),
+     ValueError, r"argument 'cache_seqlens' has shape \(3,\); expected \(2,\)"),
 ])
 def test_bad_calls_are_refused_before_any_launch(call, error, match):
     q, k, v = _qkv(2, 2, 4, 8)
@@ -201,3 +206,37 @@ value = {{ kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }}
 def test_spec_errors_name_file_and_key(attention, extra, match):
     with pytest.raises(SpecError, match=match):
         _spec(attention, extra)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+def test_split_keys_merge_to_one_softmax(splits):
+    # flash decoding: programs share a row's keys, a second kernel merges their partial results
+    # by their logsumexps; a batch element with no keys (length 0) gives zeros, and splits with
+    # no keys weigh nothing
+    from specgen.runtime import override
+
+    generator = torch.Generator().manual_seed(splits)
+    q = torch.randn(3, 4, 2, 16, generator=generator).to(device())
+    key, value = (torch.randn(3, 2, 200, 16, generator=generator).to(device()) for _ in range(2))
+    lengths = torch.tensor([200, 0, 33], dtype=torch.int32, device=q.device)
+    with override(strategy=f"split:{splits}"):
+        out = generated.decode_attention(q, key, value, lengths, enable_gqa=True)
+    want = ref.decode_attention(q.double(), key.double(), value.double(), lengths, None, True)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    assert (out[1] == 0).all()
+
+
+def test_split_count_fills_the_gpu_only_where_rows_do_not():
+    # the planner's choice: one program per row block where those fill the multiprocessors;
+    # for a decode step (one query row, few heads) enough splits to fill them, each of at least
+    # SPLIT_MIN_KEYS keys
+    problem = runtime.Problem((8,), 32, 4, 1, 32768, 128, 128, 4)
+    module = __import__("generated.decode_attention", fromlist=["OP"])
+    cpu = torch.device("cpu")
+    assert runtime._splits(module.OP, problem, 8 * 32, cpu) == 2      # 256 of 264 programs
+    small = runtime.Problem((1,), 8, 1, 1, 131072, 128, 128, 4)
+    assert runtime._splits(module.OP, small, 8, cpu) == 33
+    short = runtime.Problem((1,), 8, 1, 1, 1000, 128, 128, 4)
+    assert runtime._splits(module.OP, short, 8, cpu) == 1
+    prefill = runtime.Problem((4,), 32, 1, 4096, 4096, 128, 128, 4)
+    assert runtime._splits(module.OP, prefill, 4 * 32, cpu) == 1

@@ -51,7 +51,7 @@ CASES = [
      "the pointwise family takes no shape argument (the rowwise family does)"),
     ("optional scalar outside the row-wise family", 'alpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "float", optional = true }', "args.alpha",
-     "the pointwise family takes no optional scalar (the rowwise family does)"),
+     "the pointwise family takes no optional scalar (the attention and rowwise families do)"),
     ("dtype argument not optional", 'alpha = { kind = "float", default = 1.0 }',
      'alpha = { kind = "float", default = 1.0 }\ndtype = { kind = "dtype" }', "args.dtype",
      "a dtype argument defaults to None"),

@@ -4,13 +4,17 @@ style (one program per block of query rows, an online softmax over blocks of key
 Operands are identified by their ``dims``: the query ``["...", "H", "L", "E"]``, the key
 ``["...", "Hkv", "S", "E"]``, the value ``["...", "Hkv", "S", "Ev"]``, an attention mask
 ``["...", "L", "S"]`` (bool: True takes part; float: added to the score, as torch's
-``attn_mask``) and per-head tensors ``["H"]`` (ALiBi slopes), which expressions read at the
-program's head. Arguments named ``scale`` (optional float; None is ``1 / sqrt(E)``),
+``attn_mask``), per-head tensors ``["H"]`` (ALiBi slopes), which expressions read at the
+program's head, and per-batch integer tensors ``["B"]`` (a KV cache's lengths), read at its
+batch element. Arguments named ``scale`` (optional float; None is ``1 / sqrt(E)``),
 ``dropout_p`` and ``enable_gqa`` have torch's meanings.
 
 Spec tables: ``[attention]`` (``score``: an expression over the scaled score ``s``; ``mask``: a
 condition saying which keys a query sees; both over the indices ``i`` (query row), ``j`` (key
-column), ``h`` (query head), ``b`` (batch element) and the arguments) and ``[tuning]``
+column), ``h`` (query head), ``b`` (batch element), the lengths ``L`` and ``S`` and the
+arguments), ``[schedule]`` (``split_kv``: "auto", several programs share a row's keys where
+the rows alone would not fill the GPU, their partial results merged by a second kernel, as
+flash decoding; or "off") and ``[tuning]``
 (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, whose product is the config space).
 
 The planner reads the mask once more, at build time, for which key blocks each query block needs
@@ -41,10 +45,12 @@ ROLES = {
     ("...", "Hkv", "S", "Ev"): "value",
     ("...", "L", "S"): "attn_mask",
     ("H",): "per_head",
+    ("B",): "per_batch",
 }
 # the index symbols of score and mask expressions, and what each is
 INDEX_SYMBOLS = {"i": "the query row", "j": "the key column", "h": "the query head",
-                 "b": "the batch element (batch dims flattened)"}
+                 "b": "the batch element (batch dims flattened)", "L": "the query length",
+                 "S": "the key length"}
 # arguments whose meaning is torch's, by name (runtime/attention.py reads them)
 NAMED_ARGS = {"scale": "float", "dropout_p": "float", "enable_gqa": "bool"}
 # the largest head dim (E, Ev) a kernel tiles, as torch's flash backend
@@ -64,7 +70,11 @@ GENERATED_NAMES = frozenset({
     "mask_tile", "mask_offsets", "mask_stride_b0", "mask_stride_b1", "mask_stride_h",
     "mask_stride_l", "mask_stride_s", "key_offsets", "value_offsets", "query_offsets",
     "out_stride_b0", "out_stride_b1", "out_stride_h", "out_stride_l", "out_stride_e",
-    "lse_stride_b0", "lse_stride_b1", "lse_stride_h", "lse_stride_l",
+    "lse_stride_b0", "lse_stride_b1", "lse_stride_h", "lse_stride_l", "split", "splits",
+    "split_lo", "split_hi", "per_split", "key_blocks", "partial_ptr", "partial_lse_ptr",
+    "partial_base", "partial_offsets", "row", "weights", "total", "parts", "lse_parts",
+    "lse_max", "cols_split", "part_offsets", "NUM_SPLITS", "partial_mask", "partial_row",
+    "num_rows",
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -82,6 +92,8 @@ class AttentionBody:
     value: str
     attn_mask: str                  # "" without one
     per_head: tuple[str, ...]
+    per_batch: tuple[str, ...]
+    split_kv: str
     score: Expr | None
     mask: Expr | None
     block_m: tuple[int, ...]
@@ -108,14 +120,15 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
                               f"{list(dims)}; got {len(roles[role])}")
     if len(roles["attn_mask"]) > 1:
         raise where.child(roles["attn_mask"][1]).error("at most one attention mask tensor")
-    for role in ("query", "key", "value", "per_head"):
+    for role in ("query", "key", "value", "per_head", "per_batch"):
         for tensor in roles[role]:
             if next(a for a in spec_args if a.name == tensor).optional:
                 raise where.child(tensor).error(f"a {role.replace('_', '-')} tensor cannot be "
                                                 f"optional (only an attention mask can)")
 
     table = top.pop_table("attention", required=False) or Table({}, top.where.child("attention"))
-    values = {**{n: Symbol(n, "value") for n in (*INDEX_SYMBOLS, *roles["per_head"])}}
+    values = {n: Symbol(n, "value") for n in (*INDEX_SYMBOLS, *roles["per_head"],
+                                              *roles["per_batch"])}
     for arg in spec_args:
         if isinstance(arg, ScalarArg) and arg.name not in ("dropout_p", "enable_gqa"):
             values[arg.name] = Symbol(arg.name, "bool" if arg.type == "bool" else "scalar")
@@ -143,8 +156,12 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
     num_warps = warps_list(tuning, (4, 8))
     num_stages = tuple(_stages(tuning))
     tuning.finish()
+    schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
+    split_kv = schedule.pop_choice("split_kv", ("auto", "off"), "auto")
+    schedule.finish()
     return AttentionBody(roles["query"][0], roles["key"][0], roles["value"][0],
-                         (roles["attn_mask"] or [""])[0], tuple(roles["per_head"]), score, mask,
+                         (roles["attn_mask"] or [""])[0], tuple(roles["per_head"]),
+                         tuple(roles["per_batch"]), split_kv, score, mask,
                          block_m, block_n, num_warps, num_stages)
 
 
@@ -490,6 +507,8 @@ class AttentionPlan(CommonPlan):
     value: str = ""
     attn_mask: str = ""
     per_head: tuple[str, ...] = ()
+    per_batch: tuple[str, ...] = ()
+    split_kv: bool = True
     score: str = ""                     # the score expression's source over s, or ""
     flags: tuple[str, ...] = ()         # bool arguments, as constexprs
     kernel_scalars: tuple[str, ...] = ()    # float and int arguments the kernels take
@@ -525,8 +544,9 @@ def plan(spec: OpSpec) -> AttentionPlan:
                   and a.name != "enable_gqa")
     scalars = tuple(a.name for a in spec.args if isinstance(a, ScalarArg)
                     and a.type in ("float", "int") and a.name not in ("dropout_p", "scale"))
-    integers = frozenset({"i", "j", "h", "b", *(a.name for a in spec.args
-                                               if isinstance(a, ScalarArg) and a.type == "int")})
+    integers = frozenset({"i", "j", "h", "b", "L", "S", *body.per_batch,
+                          *(a.name for a in spec.args
+                            if isinstance(a, ScalarArg) and a.type == "int")})
     names = {"i": "rows", "j": "cols", **{f: _flag(f) for f in flags}}
     score = ""
     if body.score is not None:
@@ -542,7 +562,8 @@ def plan(spec: OpSpec) -> AttentionPlan:
     # per-head tensors meet the scores after the matmul: autocast leaves them as they are
     common = common_plan(spec, ("out",), promoted=body.per_head)
     return AttentionPlan(**common.__dict__, query=body.query, key=body.key, value=body.value,
-                         attn_mask=body.attn_mask, per_head=body.per_head, score=score,
+                         attn_mask=body.attn_mask, per_head=body.per_head,
+                         per_batch=body.per_batch, split_kv=body.split_kv == "auto", score=score,
                          flags=tuple(_flag(f) for f in flags), flag_args=flags,
                          kernel_scalars=scalars,
                          kernel_floats=tuple(a.name for a in spec.args if a.name in scalars

@@ -19,8 +19,8 @@ import torch
 import triton
 
 from specgen.runtime.checks import DTYPE_NAMES, check_tensors
-from specgen.runtime.context import interpreting, note_launch
-from specgen.runtime.launch import choose_int64, launch
+from specgen.runtime.context import note_launch, overrides
+from specgen.runtime.launch import choose_int64, launch, multiprocessors
 from specgen.runtime.layout import broadcast_shapes, merge_dims, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
@@ -32,6 +32,13 @@ MAX_HEAD_DIM = 256
 BATCH_RANK = 2
 # the widest query and key blocks of any config: rows and keys past the end form offsets
 MAX_BLOCK = 256
+# split-KV (flash decoding): programs per multiprocessor to aim for, the fewest keys a split
+# takes, and the most splits a row block may have
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_MIN_KEYS = 512
+MAX_SPLITS = 64
+# the query block the split count assumes (the configs' smallest)
+SPLIT_BLOCK_M = 64
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,10 @@ class Launch:
     value: str
     attn_mask: str                  # "" without one
     per_head: tuple[str, ...]
+    per_batch: tuple[str, ...]      # integer tensors read at the batch element (cache lengths)
     scalars: tuple[str, ...]        # float and int arguments, in order
     flags: tuple[str, ...]          # bool arguments
+    split_kv: bool = False          # programs may share a row's keys, then a merge kernel runs
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,9 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     heads = {name: named[name] for name in spec.per_head}
     for name, tensor in heads.items():
         _check_per_head(op.name, name, tensor, problem.heads, device, d.dtypes)
+    per_batch = {name: named[name] for name in spec.per_batch}
+    for name, tensor in per_batch.items():
+        _check_per_batch(op.name, name, tensor, math.prod(problem.batch), device)
 
     batch = problem.batch
     shape, strides = _out_layout(problem)
@@ -123,30 +135,64 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     flags = {name.upper(): bool(named[name]) for name in spec.flags}
     mask_kind = {} if not spec.attn_mask else {
         "MASK_KIND": 0 if mask is None else 1 if mask.dtype == torch.bool else 2}
-    note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0))
     blocks = b0 * b1 * problem.heads
     length = problem.length
 
-    def grid(meta: dict) -> tuple[int]:
-        return (blocks * triton.cdiv(length, meta["BLOCK_M"]),)
-
+    # per-head and per-batch vectors of one element broadcast (stride 0)
+    vectors = (*heads.values(), *per_batch.values())
+    vector_strides = [t.stride(0) if t.shape[0] > 1 else 0 for t in vectors]
+    # a pointer stands in for an absent mask and an unsaved logsumexp (never read or written)
     pointers = [query, key, value, *([mask if mask is not None else query]
                                      if spec.attn_mask else []),
-                *heads.values(), out, lse if lse is not None else out]
+                *vectors, out, lse if lse is not None else out]
     mask_strides = strides.get(spec.attn_mask, (0, 0, 0, 0, 0)) if spec.attn_mask else ()
-    head_strides = [t.stride(0) if t.shape[0] > 1 else 0 for t in heads.values()]
-    launch(op.kernels["forward"], grid, *pointers,
+    splits = _splits(op, problem, blocks, device) if spec.split_kv else 1
+    split_args, split_kwargs = [], {}
+    rows = blocks * problem.length
+    if spec.split_kv:
+        partial = partial_lse = out         # unused where one program takes a row's keys
+        if splits > 1:
+            partial = empty((splits, rows, problem.value_dim), torch.float32, device)
+            partial_lse = empty((splits, rows), torch.float32, device)
+        split_args = [partial, partial_lse, rows, splits]
+        split_kwargs = {"SPLIT": splits > 1}
+    note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0), splits=splits)
+
+    def grid(meta: dict) -> tuple[int]:
+        return (blocks * triton.cdiv(length, meta["BLOCK_M"]) * splits,)
+
+    launch(op.kernels["forward"], grid, *pointers, *split_args,
            b1, problem.heads, problem.length, problem.keys, problem.group,
            *strides[spec.query], *strides[spec.key], *strides[spec.value], *mask_strides,
-           *head_strides, *strides["out"], *lse_strides,
+           *vector_strides, *strides["out"], *lse_strides,
            scale, *(named[name] for name in spec.scalars),
            # head dims are constexprs: a symbolic one (torch.compile) is specialized, as every
            # flash kernel compiles per head dim
-           **flags, **mask_kind, STORE_LSE=store_lse, E=int(problem.dim), EV=int(problem.value_dim),
+           **flags, **mask_kind, **split_kwargs, STORE_LSE=store_lse, E=int(problem.dim), EV=int(problem.value_dim),
            INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
            BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64,
-           tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items())))
+           tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items()), splits))
+    if splits > 1:
+        launch(op.kernels["merge"], (rows,), partial, partial_lse, out,
+               lse if lse is not None else out, rows, splits, b1, problem.heads, problem.length,
+               *strides["out"], *lse_strides, STORE_LSE=store_lse, EV=int(problem.value_dim),
+               BLOCK_EV=block_ev, NUM_SPLITS=next_power_of_2(splits), INDEX_64=index_64,
+               num_warps=4)
     return out, lse
+
+
+def _splits(op: Op, problem: Problem, blocks: int, device: torch.device) -> int:
+    """How many programs share a row block's keys: enough that the programs fill the GPU
+    (``SPLIT_PROGRAMS_PER_SM`` each), each split at least ``SPLIT_MIN_KEYS`` keys; 1 where the
+    row blocks alone fill it. The tests force a count (``override(strategy="split:N")``)."""
+    forced = overrides().strategy
+    if forced and forced.startswith("split:"):
+        return int(forced.split(":")[1])
+    programs = blocks * triton.cdiv(problem.length, SPLIT_BLOCK_M)
+    wanted = SPLIT_PROGRAMS_PER_SM * multiprocessors(device)
+    if programs >= wanted:
+        return 1
+    return max(1, min(triton.cdiv(wanted, programs), problem.keys // SPLIT_MIN_KEYS, MAX_SPLITS))
 
 
 def _problem(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -223,6 +269,19 @@ def _check_per_head(op: str, name: str, tensor: torch.Tensor, heads: int, device
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
                          f"({heads},), a value per query head")
     check_tensors(op, {name: tensor}, dtypes)
+    if tensor.device != device:
+        raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({tensor.device}) "
+                         f"are on different devices")
+
+
+def _check_per_batch(op: str, name: str, tensor: torch.Tensor, batch: int,
+                     device: torch.device) -> None:
+    if tensor.dim() != 1 or tensor.shape[0] not in (1, batch):
+        raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
+                         f"({batch},), a value per batch element")
+    if tensor.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: argument '{name}' has dtype {tensor.dtype}; expected int32 or "
+                        f"int64 (key counts)")
     if tensor.device != device:
         raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({tensor.device}) "
                          f"are on different devices")

@@ -15,8 +15,8 @@ import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
-from specgen.testing.core import (Case, Layout, broadcast_operand, knobs, layouts, make_tensor,
-                                  scalar_value, sizes)
+from specgen.testing.core import (Case, Layout, broadcast_operand, device, knobs, layouts,
+                                  make_tensor, scalar_value, sizes)
 from specgen.testing.samples import Make, default
 
 # |actual - expected| <= atol + rtol * |expected|. The softmax weights are rounded to the inputs'
@@ -65,7 +65,13 @@ def attention_cases(draw, info: OpInfo) -> Case:
     heads_kv = draw(st.integers(1, 2 if small else 3))
     group = draw(st.integers(1, 3)) if gqa else 1
     heads = heads_kv * group
-    batch = tuple(draw(st.lists(st.integers(1, 2 if small else 3), max_size=2)))
+    # an op with per-batch tensors (a KV cache's lengths) takes one batch dim, B
+    per_batch = any(a.kind == "tensor" and a.dims == ("B",) for a in info.args)
+    batch = tuple(draw(st.lists(st.integers(1, 2 if small else 3), min_size=int(per_batch),
+                                max_size=1 if per_batch else 2)))
+    # several programs sharing a row block's keys (flash decoding), forced now and then
+    if draw(st.booleans()):
+        overrides["strategy"] = f"split:{draw(st.integers(1, 4))}"
     dtypes = [d for d in info.dtypes if d != torch.bfloat16 or not interpreting()]
     dtype = draw(st.sampled_from(dtypes))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -87,10 +93,10 @@ def attention_cases(draw, info: OpInfo) -> Case:
     for i, arg in enumerate(info.args):
         name = arg.name
         if name == role["query"]:
-            query_batch = draw(broadcast_operand(batch))
+            query_batch = batch if per_batch else draw(broadcast_operand(batch))
             args[name] = operand((*query_batch, heads, length, dim), i)
         elif name == role["key"]:
-            kv_batch = draw(broadcast_operand(batch))
+            kv_batch = batch if per_batch else draw(broadcast_operand(batch))
             args[name] = operand((*kv_batch, heads_kv, keys, dim), i)
         elif name == role["value"]:
             args[name] = operand((*kv_batch, heads_kv, keys, value_dim), i)
@@ -98,6 +104,10 @@ def attention_cases(draw, info: OpInfo) -> Case:
             # no more dims than the scores have (torch adds the mask to them in place)
             scores = torch.broadcast_shapes(query_batch, kv_batch)
             args[name] = draw(_mask(scores, heads, length, keys, dtype, seed + i))
+        elif arg.kind == "tensor" and arg.dims == ("B",):   # keys in use, 0 to S
+            lengths = draw(st.lists(st.integers(0, keys), min_size=batch[0], max_size=batch[0]))
+            args[name] = torch.tensor(lengths, dtype=draw(st.sampled_from(
+                [torch.int32, torch.int64])), device=device())
         elif arg.kind == "tensor":       # per-head values, of a dtype of their own
             own = draw(st.sampled_from(info.dtypes))
             args[name] = make_tensor((heads,), own, draw(layouts(1)), low=arg.low,
@@ -166,6 +176,8 @@ def attention_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
                 args.append(make.r(2, 2, 5, 6, g=True))
             elif a.name == role.get("attn_mask"):
                 args.append(make.r(3, 5, lo=-1.0, hi=1.0) if masked else None)
+            elif a.kind == "tensor" and a.dims == ("B",):
+                args.append(torch.tensor([5, 2], dtype=torch.int32, device=make.device))
             elif a.kind == "tensor":
                 args.append(make.r(2, g=True, lo=0.0, hi=1.0))
             elif a.kind == "float" and a.default is None and not a.optional:

@@ -23,6 +23,7 @@ TORCH_POLICY = {
     "scaled_dot_product_attention": "lower",
     # attention variants written as specs: their references' matmuls take torch's "lower"
     "softcap_attention": "lower", "alibi_attention": "lower", "sliding_window_attention": "lower",
+    "decode_attention": "lower",
 }
 # rms_norm joined torch's float32 list after torch 2.11: its policy is the running torch's
 if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):

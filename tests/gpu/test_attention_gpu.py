@@ -80,3 +80,20 @@ def test_torch_compile_with_no_graph_break():
             + generated.sliding_window_attention(q, k, v, 64))
     torch.testing.assert_close(got, want, rtol=1e-2, atol=2e-2)
     assert math.isfinite(got.float().abs().max().item())
+
+
+@pytest.mark.big_memory
+def test_decoding_against_a_long_cache():
+    # one query row per batch element against 131072 cached keys, grouped heads, lengths of
+    # their own (the full cache, a short one, none): split over programs, then merged
+    torch.manual_seed(0)
+    batch, heads, heads_kv, keys, dim = 3, 8, 2, 131072, 128
+    q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=torch.bfloat16)
+    cache = [torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=torch.bfloat16)
+             for _ in range(2)]
+    lengths = torch.tensor([keys, 1000, 0], device="cuda", dtype=torch.int32)
+    out = generated.decode_attention(q, *cache, lengths, enable_gqa=True)
+    want = ref.decode_attention(q.double(), cache[0].double(), cache[1].double(), lengths,
+                                None, True)
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)
+    assert (out[2] == 0).all()
