@@ -227,16 +227,42 @@ def test_split_keys_merge_to_one_softmax(splits):
 
 
 def test_split_count_fills_the_gpu_only_where_rows_do_not():
-    # the planner's choice: one program per row block where those fill the multiprocessors;
-    # for a decode step (one query row, few heads) enough splits to fill them, each of at least
-    # SPLIT_MIN_KEYS keys
-    problem = runtime.Problem((8,), 32, 4, 1, 32768, 128, 128, 4)
-    module = __import__("generated.decode_attention", fromlist=["OP"])
+    # the planner's choice: one program per row block where those fill the multiprocessors
+    # (2 per SM, 264 on an H100); else enough splits to fill them, each of at least
+    # SPLIT_MIN_KEYS keys, at most MAX_SPLITS
     cpu = torch.device("cpu")
-    assert runtime._splits(module.OP, problem, 8 * 32, cpu) == 2      # 256 of 264 programs
-    small = runtime.Problem((1,), 8, 1, 1, 131072, 128, 128, 4)
-    assert runtime._splits(module.OP, small, 8, cpu) == 33
-    short = runtime.Problem((1,), 8, 1, 1, 1000, 128, 128, 4)
-    assert runtime._splits(module.OP, short, 8, cpu) == 1
-    prefill = runtime.Problem((4,), 32, 1, 4096, 4096, 128, 128, 4)
-    assert runtime._splits(module.OP, prefill, 4 * 32, cpu) == 1
+    assert runtime._splits(264, 32768, cpu) == 1
+    assert runtime._splits(64, 32768, cpu) == 5            # B8 Hkv8, a group packed a program
+    assert runtime._splits(32, 131072, cpu) == 9           # B1 H32, one row each
+    assert runtime._splits(8, 1000, cpu) == 1              # too few keys to share
+    assert runtime._splits(1, 10**6, cpu) == runtime.MAX_SPLITS
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_grouped_heads_packed_into_one_program_read_their_keys_once(splits):
+    # decoding with grouped heads: a program takes the group's query heads as rows (PACKED),
+    # with the rows' own heads for loads and stores; a mask tensor or a spec that reads the
+    # head keeps a program per head
+    from specgen.runtime import override, record_launches
+
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 3, 16, generator=generator).to(device()).transpose(1, 2).contiguous()
+    q = q.transpose(1, 2)                                   # the (B, L, H, E) layout
+    key, value = (torch.randn(2, 2, 70, 16, generator=generator).to(device()) for _ in range(2))
+    lengths = torch.tensor([70, 9], dtype=torch.int64, device=q.device)
+    with override(strategy=f"split:{splits}"), record_launches() as logs:
+        out = generated.decode_attention(q, key, value, lengths, enable_gqa=True)
+        sdpa = generated.scaled_dot_product_attention(q, key, value, is_causal=True,
+                                                      enable_gqa=True)
+        masked = generated.scaled_dot_product_attention(
+            q, key, value, attn_mask=torch.ones(3, 70, dtype=torch.bool, device=q.device),
+            enable_gqa=True)
+    packed = [launch.details.get("packed") for launch in logs if launch.kernel == "forward"]
+    assert packed == [True, True, False], packed
+    want = ref.decode_attention(q.double(), key.double(), value.double(), lengths, None, True)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    q64, k64, v64 = q.double(), key.double(), value.double()
+    torch.testing.assert_close(sdpa.double(), torch.nn.functional.scaled_dot_product_attention(
+        q64, k64, v64, is_causal=True, enable_gqa=True), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(masked.double(), torch.nn.functional.scaled_dot_product_attention(
+        q64, k64, v64, enable_gqa=True), rtol=1e-5, atol=1e-5)

@@ -74,7 +74,7 @@ GENERATED_NAMES = frozenset({
     "split_lo", "split_hi", "per_split", "key_blocks", "partial_ptr", "partial_lse_ptr",
     "partial_base", "partial_offsets", "row", "weights", "total", "parts", "lse_parts",
     "lse_max", "cols_split", "part_offsets", "NUM_SPLITS", "partial_mask", "partial_row",
-    "num_rows",
+    "num_rows", "heads", "head", "block_rows", "row_heads", "row_valid", "query_rows", "PACKED",
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -509,6 +509,8 @@ class AttentionPlan(CommonPlan):
     per_head: tuple[str, ...] = ()
     per_batch: tuple[str, ...] = ()
     split_kv: bool = True
+    # whether a program may take a group of query heads (neither score nor mask reads the head)
+    packable: bool = False
     score: str = ""                     # the score expression's source over s, or ""
     flags: tuple[str, ...] = ()         # bool arguments, as constexprs
     kernel_scalars: tuple[str, ...] = ()    # float and int arguments the kernels take
@@ -560,10 +562,14 @@ def plan(spec: OpSpec) -> AttentionPlan:
         if expr is not None:
             used |= helpers(expr)
     # per-head tensors meet the scores after the matmul: autocast leaves them as they are
+    head_reads = {"h", *body.per_head}
+    packable = not any(expr is not None and expr.names & head_reads
+                       for expr in (body.score, body.mask))
     common = common_plan(spec, ("out",), promoted=body.per_head)
     return AttentionPlan(**common.__dict__, query=body.query, key=body.key, value=body.value,
                          attn_mask=body.attn_mask, per_head=body.per_head,
-                         per_batch=body.per_batch, split_kv=body.split_kv == "auto", score=score,
+                         per_batch=body.per_batch, split_kv=body.split_kv == "auto",
+                         packable=packable, score=score,
                          flags=tuple(_flag(f) for f in flags), flag_args=flags,
                          kernel_scalars=scalars,
                          kernel_floats=tuple(a.name for a in spec.args if a.name in scalars

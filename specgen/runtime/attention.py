@@ -39,6 +39,9 @@ SPLIT_MIN_KEYS = 512
 MAX_SPLITS = 64
 # the query block the split count assumes (the configs' smallest)
 SPLIT_BLOCK_M = 64
+# a group of query heads sharing a key/value head is packed into one program's rows where the
+# group's rows number at most this (decoding: each head's program would read the keys again)
+PACK_MAX_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Launch:
     scalars: tuple[str, ...]        # float and int arguments, in order
     flags: tuple[str, ...]          # bool arguments
     split_kv: bool = False          # programs may share a row's keys, then a merge kernel runs
+    packable: bool = False          # a program may take a group of query heads (PACKED)
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,11 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     flags = {name.upper(): bool(named[name]) for name in spec.flags}
     mask_kind = {} if not spec.attn_mask else {
         "MASK_KIND": 0 if mask is None else 1 if mask.dtype == torch.bool else 2}
-    blocks = b0 * b1 * problem.heads
-    length = problem.length
+    # packed: a program per key/value head takes its group's query heads as rows
+    packed = (spec.packable and problem.group > 1 and mask is None
+              and problem.group * problem.length <= PACK_MAX_ROWS)
+    blocks = b0 * b1 * (problem.heads // problem.group if packed else problem.heads)
+    length = problem.length * problem.group if packed else problem.length
 
     # per-head and per-batch vectors of one element broadcast (stride 0)
     vectors = (*heads.values(), *per_batch.values())
@@ -146,9 +153,10 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
                                      if spec.attn_mask else []),
                 *vectors, out, lse if lse is not None else out]
     mask_strides = strides.get(spec.attn_mask, (0, 0, 0, 0, 0)) if spec.attn_mask else ()
-    splits = _splits(op, problem, blocks, device) if spec.split_kv else 1
+    splits = _splits(blocks * triton.cdiv(length, SPLIT_BLOCK_M), problem.keys, device) \
+        if spec.split_kv else 1
     split_args, split_kwargs = [], {}
-    rows = blocks * problem.length
+    rows = b0 * b1 * problem.heads * problem.length
     if spec.split_kv:
         partial = partial_lse = out         # unused where one program takes a row's keys
         if splits > 1:
@@ -156,7 +164,10 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
             partial_lse = empty((splits, rows), torch.float32, device)
         split_args = [partial, partial_lse, rows, splits]
         split_kwargs = {"SPLIT": splits > 1}
-    note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0), splits=splits)
+    if spec.packable:
+        split_kwargs["PACKED"] = packed
+    note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0), splits=splits,
+                packed=packed)
 
     def grid(meta: dict) -> tuple[int]:
         return (blocks * triton.cdiv(length, meta["BLOCK_M"]) * splits,)
@@ -181,18 +192,18 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     return out, lse
 
 
-def _splits(op: Op, problem: Problem, blocks: int, device: torch.device) -> int:
-    """How many programs share a row block's keys: enough that the programs fill the GPU
-    (``SPLIT_PROGRAMS_PER_SM`` each), each split at least ``SPLIT_MIN_KEYS`` keys; 1 where the
-    row blocks alone fill it. The tests force a count (``override(strategy="split:N")``)."""
+def _splits(programs: int, keys: int, device: torch.device) -> int:
+    """How many programs share a row block's keys, given the row blocks' ``programs``: enough
+    that the programs fill the GPU (``SPLIT_PROGRAMS_PER_SM`` each), each split at least
+    ``SPLIT_MIN_KEYS`` keys; 1 where the row blocks alone fill it. The tests force a count
+    (``override(strategy="split:N")``)."""
     forced = overrides().strategy
     if forced and forced.startswith("split:"):
         return int(forced.split(":")[1])
-    programs = blocks * triton.cdiv(problem.length, SPLIT_BLOCK_M)
     wanted = SPLIT_PROGRAMS_PER_SM * multiprocessors(device)
     if programs >= wanted:
         return 1
-    return max(1, min(triton.cdiv(wanted, programs), problem.keys // SPLIT_MIN_KEYS, MAX_SPLITS))
+    return max(1, min(triton.cdiv(wanted, programs), keys // SPLIT_MIN_KEYS, MAX_SPLITS))
 
 
 def _problem(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
