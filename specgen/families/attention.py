@@ -361,13 +361,21 @@ def _intersect(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
     return lo, hi
 
 
-def _hull(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+def _joined(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str] | None:
+    """The join of two intervals where one settles it (the whole range, or nothing), else None."""
     if FULL in (a, b):
         return FULL
     if a == EMPTY:
         return b
     if b == EMPTY:
         return a
+    return None
+
+
+def _hull(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    settled = _joined(a, b)
+    if settled is not None:
+        return settled
     a_empty, b_empty = f"({a[1]}) <= ({a[0]})", f"({b[1]}) <= ({b[0]})"
     lo = f"tl.where({a_empty}, {b[0]}, tl.where({b_empty}, {a[0]}, {_min(a[0], b[0])}))"
     hi = f"tl.where({a_empty}, {b[1]}, tl.where({b_empty}, {a[1]}, {_max(a[1], b[1])}))"
@@ -376,12 +384,9 @@ def _hull(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
 
 def _union_under(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
     """An interval inside the union of two: their hull where they meet, else the first."""
-    if FULL in (a, b):
-        return FULL
-    if a == EMPTY:
-        return b
-    if b == EMPTY:
-        return a
+    settled = _joined(a, b)
+    if settled is not None:
+        return settled
     meet = f"(({a[0]}) <= ({b[1]})) & (({b[0]}) <= ({a[1]}))"
     hull = _min(a[0], b[0]), _max(a[1], b[1])
     return (f"tl.where({meet}, {hull[0]}, {a[0]})", f"tl.where({meet}, {hull[1]}, {a[1]})")
