@@ -4,7 +4,8 @@ specs against torch.compile'd FlexAttention with the same score_mod / mask_mod.
 
 FLOPs count the two matmuls, 4 * B * H * L * S * E, halved under a causal mask (the keys a row
 sees), as FlashAttention's benchmarks count them. Each timing is do_bench's median (L2 flushed
-before each call); the check column is specgen's largest error against SDPA's math in float32.
+before each call); the check column is specgen's largest error against SDPA (its default
+backend) on the inputs in float32.
 
     python3 -m bench --only attention
 """

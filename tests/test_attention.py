@@ -6,6 +6,7 @@ import ast
 import itertools
 import math
 
+import numpy
 import pytest
 import torch
 
@@ -32,6 +33,10 @@ class _TL:
     int32 = "int32"
 
     @staticmethod
+    def abs(x):
+        return abs(x)
+
+    @staticmethod
     def minimum(a, b):
         return min(a, b)
 
@@ -42,6 +47,12 @@ class _TL:
     @staticmethod
     def where(c, a, b):
         return a if c else b
+
+    float32 = "float32"
+
+    @staticmethod
+    def cast(x, _dtype):
+        return numpy.float32(x)
 
     @staticmethod
     def floor(x):
@@ -57,8 +68,21 @@ MASKS = [
     "j <= i + window", "2 * j <= i + 3", "j * 2 > i - 1", "not (j > i)", "j == i",
     "j <= i or j < window", "j >= i or j + window <= i", "i < window", "j != i",
     "j * j <= i", "not (j <= i and j > i - window)", "window > 3 and j <= i",
-    "j <= i / 2 + 0.5",
+    "j <= i / 2 + 0.5", "9 * j <= i - 6", "3 * j < i - 8", "j > i - abs(window)",
+    "j <= i + 2 ** -1", "j - j + i < 3",
 ]
+
+
+def _float32_code(code: str):
+    """Bound code compiled with its float constants as float32, so that its arithmetic rounds as
+    the kernel's does (9 * j <= i - 6 at i = 150: 150 / 9 - 6 / 9 is 15.999999 in float32)."""
+    class Float32(ast.NodeTransformer):
+        def visit_Constant(self, node):
+            if type(node.value) is float:
+                return ast.Call(ast.Name("F32", ast.Load()), [node], [])
+            return node
+    tree = ast.fix_missing_locations(Float32().visit(ast.parse(code, mode="eval")))
+    return compile(tree, "<bound>", "eval")
 
 
 @pytest.mark.parametrize("source", MASKS)
@@ -68,15 +92,16 @@ def test_key_bounds_hold_key_by_key(source):
     # second); exact bounds where the mask compares j with an expression linear in i
     tree = ast.parse(source, mode="eval").body
     blocks = family.mask_blocks(tree, {}, frozenset({"i", "j", "window"}))
-    nonlinear = source in ("j * j <= i", "j != i")
+    nonlinear = source in ("j * j <= i", "j != i", "j - j + i < 3")
     assert blocks.exact is not nonlinear, blocks
     condition = compile(source, "<mask>", "eval")
-    bound = {name: compile(code, "<bound>", "eval")
+    bound = {name: _float32_code(code)
              for name, code in zip(("any_lo", "any_hi", "all_lo", "all_hi"), (*blocks.any, *blocks.all))}
-    keys = 23
-    for window, first, size in itertools.product((0, 1, 4, 30), range(0, 20, 3), (1, 4, 7)):
+    keys = 60
+    for window, first, size in itertools.product((0, 1, 4, 30), range(0, 160, 7), (1, 4, 7)):
         last = first + size - 1
-        scope = {"tl": _TL, "row_first": first, "row_last": last, "S": keys, "window": window}
+        scope = {"tl": _TL, "row_first": first, "row_last": last, "S": keys, "window": window,
+                 "F32": numpy.float32}
         any_lo, any_hi, all_lo, all_hi = (eval(code, scope) for code in bound.values())
         for j in range(keys):
             seen = [eval(condition, {"i": i, "j": j, "window": window})
@@ -266,3 +291,62 @@ def test_grouped_heads_packed_into_one_program_read_their_keys_once(splits):
         q64, k64, v64, is_causal=True, enable_gqa=True), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(masked.double(), torch.nn.functional.scaled_dot_product_attention(
         q64, k64, v64, enable_gqa=True), rtol=1e-5, atol=1e-5)
+
+
+def test_a_score_that_gives_minus_infinity_leaves_no_nan(tmp_path, monkeypatch):
+    # a spec's score may hide keys itself (log(0) is -inf) in blocks with no element-wise test:
+    # the softmax subtracts 0 there, not -inf, as for masked rows
+    from click.testing import CliRunner
+
+    from specgen.cli import main
+    from specgen.runtime import override
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "later_keys.toml").write_text('''
+[op]
+name = "later_keys"
+family = "attention"
+reference = "F.scaled_dot_product_attention(query, key, value)"
+
+[args]
+query = { kind = "tensor", dims = ["...", "H", "L", "E"] }
+key = { kind = "tensor", dims = ["...", "Hkv", "S", "E"] }
+value = { kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }
+
+[attention]
+score = "s + log(where(j >= i, 1.0, 0.0))"
+''')
+    result = CliRunner().invoke(main, ["build", "specs", "--out", "later_ops"])
+    assert result.exit_code == 0, result.output
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    op = importlib.import_module("later_ops").later_keys
+    q, k, v = (torch.randn(1, 1, 40, 16).to(device()) for _ in range(3))
+    with override(config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}):
+        out = op(q, k, v)
+    i = torch.arange(40)[:, None]
+    j = torch.arange(40)[None, :]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=(j >= i).to(q.device))
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_masks_as_torch_takes_them():
+    # a float32 mask with a half query (torch adds it in float32); a mask that would grow the
+    # scores' shape is refused, as torch refuses it
+    q, k, v = (t.half() for t in _qkv(1, 3, 4, 8))
+    mask = torch.randn(4, 6, device=q.device)
+    out = generated.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                            attn_mask=mask.double())
+    torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=3e-3)
+    for shape in [(2, 1, 3, 4, 6), (2, 3, 4, 6)]:
+        with pytest.raises(ValueError, match="does not broadcast to the scores'"):
+            generated.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(shape, device=q.device))
+
+
+def test_errors_name_the_ops_own_arguments():
+    q, k, v = _qkv(2, 2, 4, 8)
+    with pytest.raises(ValueError, match="key_cache has 6 keys and value_cache 5"):
+        generated.decode_attention(q, k, v[..., :5, :], torch.tensor([1, 2], device=q.device))

@@ -47,14 +47,11 @@ ROLES = {
     ("H",): "per_head",
     ("B",): "per_batch",
 }
-# the index symbols of score and mask expressions, and what each is
-INDEX_SYMBOLS = {"i": "the query row", "j": "the key column", "h": "the query head",
-                 "b": "the batch element (batch dims flattened)", "L": "the query length",
-                 "S": "the key length"}
+# the index symbols of score and mask expressions: query row, key column, query head, batch
+# element (batch dims flattened), query length, key length
+INDEX_SYMBOLS = ("i", "j", "h", "b", "L", "S")
 # arguments whose meaning is torch's, by name (runtime/attention.py reads them)
-NAMED_ARGS = {"scale": "float", "dropout_p": "float", "enable_gqa": "bool"}
-# the largest head dim (E, Ev) a kernel tiles, as torch's flash backend
-MAX_HEAD_DIM = 256
+NAMED_ARGS = {"scale": "float", "dropout_p": "float", "enable_gqa": "bool", "is_causal": "bool"}
 
 # names the generated module binds for itself: a spec that declared one would shadow it or be
 # shadowed (tests/test_spec_errors.py checks the set against what the template binds)
@@ -265,8 +262,9 @@ class _Bounder:
             return result
         if isinstance(node, ast.Compare):
             return self.compare(node)
-        # a bool argument (or a negated one): the same for every key
-        return self.uniform(node)
+        # what is left after the bool arguments were substituted and every `not` moved onto a
+        # comparison cannot get here; a comparison of neither index is `uniform`
+        return Blocks(FULL, EMPTY, False)
 
     def code(self, node: ast.expr) -> str:
         return emit(node, self.names, integers=True)
@@ -277,7 +275,8 @@ class _Bounder:
                 return False
             if isinstance(n, ast.Constant) and type(n.value) is not int:
                 return False
-            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+            # a division, or a power (2 ** -1 is written 1.0 / 2), gives a float
+            if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Pow)):
                 return False
             if isinstance(n, ast.Call):
                 return False
@@ -297,6 +296,10 @@ class _Bounder:
             return Blocks(FULL, EMPTY, False)
         coef = _coefficient(form.get("j", []))
         if coef == 0:
+            # j cancels out (j - j + i < 3): the comparison still names j, which a bound of the
+            # rows alone would emit; it is left to the element-wise test
+            if _reads(node, "j"):
+                return Blocks(FULL, EMPTY, False)
             return self.rows_only(node, op, form)
         if coef is None:
             return Blocks(FULL, EMPTY, False)
@@ -316,23 +319,29 @@ class _Bounder:
             low, high = f"tl.minimum({ends[0]}, {ends[1]})", f"tl.maximum({ends[0]}, {ends[1]})"
 
         def floor(x: str) -> str:
-            return x if integer else f"tl.floor({x}).to(tl.int32)"
+            return x if integer else f"tl.floor(tl.cast({x}, tl.float32)).to(tl.int32)"
 
         def ceil(x: str) -> str:
-            return x if integer else f"tl.ceil({x}).to(tl.int32)"
+            return x if integer else f"tl.ceil(tl.cast({x}, tl.float32)).to(tl.int32)"
 
         if op is ast.LtE:     # j <= bound
-            return Blocks(("0", f"{floor(high)} + 1"), ("0", f"{floor(low)} + 1"), True)
-        if op is ast.Lt:      # j < bound
-            return Blocks(("0", ceil(high)), ("0", ceil(low)), True)
-        if op is ast.GtE:     # j >= bound
-            return Blocks((ceil(low), "S"), (ceil(high), "S"), True)
-        if op is ast.Gt:      # j > bound
-            return Blocks((f"{floor(low)} + 1", "S"), (f"{floor(high)} + 1", "S"), True)
-        if op is ast.Eq:
-            return Blocks((ceil(low), f"{floor(high)} + 1"), (ceil(high), f"{floor(low)} + 1"),
-                          True)
-        return Blocks(FULL, EMPTY, False)   # j != bound: no interval
+            blocks = ("0", f"{floor(high)} + 1"), ("0", f"{floor(low)} + 1")
+        elif op is ast.Lt:    # j < bound
+            blocks = ("0", ceil(high)), ("0", ceil(low))
+        elif op is ast.GtE:   # j >= bound
+            blocks = (ceil(low), "S"), (ceil(high), "S")
+        elif op is ast.Gt:    # j > bound
+            blocks = (f"{floor(low)} + 1", "S"), (f"{floor(high)} + 1", "S")
+        elif op is ast.Eq:
+            blocks = (ceil(low), f"{floor(high)} + 1"), (ceil(high), f"{floor(low)} + 1")
+        else:
+            return Blocks(FULL, EMPTY, False)   # j != bound: no interval
+        if not integer:
+            # a fractional bound is rounded in float32, which may land a whole number one off
+            # (9 * j <= i - 6 at i = 150): `any` grows and `all` shrinks by a key each side,
+            # and the element-wise test in the blocks at the edges decides exactly
+            blocks = _widened(blocks[0], 1), _widened(blocks[1], -1)
+        return Blocks(*blocks, True)
 
     def rows_only(self, node: ast.Compare, op: type, form: dict) -> Blocks:
         """A comparison of the rows alone: whole blocks of keys, by its truth at both ends of
@@ -342,6 +351,14 @@ class _Bounder:
         first, last = (self.code(_rename(node, row)) for row in ("row_first", "row_last"))
         return Blocks(("0", f"tl.where(({first}) | ({last}), S, 0)"),
                       ("0", f"tl.where(({first}) & ({last}), S, 0)"), True)
+
+
+def _widened(interval: tuple[str, str], keys: int) -> tuple[str, str]:
+    """``interval`` grown by ``keys`` at each end (shrunk where negative); the kernel's own
+    bounds, 0 and S, stay."""
+    lo, hi = interval
+    return (lo if lo == "0" else f"{lo} - {keys}" if keys > 0 else f"{lo} + {-keys}",
+            hi if hi == "S" else f"{hi} + {keys}" if keys > 0 else f"{hi} - {-keys}")
 
 
 def _and(a: Blocks, b: Blocks) -> Blocks:
@@ -501,7 +518,6 @@ class MaskVariant:
     visible: str            # the element-wise test over row_i and col_j ("" where none is needed)
     any: tuple[str, str]    # keys outside: hidden from every row of the block
     all: tuple[str, str]    # keys inside: visible to every row of the block
-    hidden: bool            # every key is hidden (rows give zeros)
     note: str               # what the bounds rest on, for the kernel's comment
 
 
@@ -537,8 +553,12 @@ class AttentionPlan(CommonPlan):
         return ()
 
     @property
-    def masked_by_spec(self) -> bool:
-        return any(v.visible for v in self.variants)
+    def tune_keys(self) -> tuple[str, ...]:
+        """What autotuning keys on: the sizes, and every constexpr that makes another kernel
+        (a config tuned for one variant is not the best of another)."""
+        return ("L", "S", "E", "EV", "INDEX_64", *self.flags,
+                *(("MASK_KIND",) if self.attn_mask else ()), *(("SPLIT",) if self.split_kv else ()),
+                *(("PACKED",) if self.packable else ()))
 
 
 def _flag(name: str) -> str:
@@ -586,7 +606,7 @@ def plan(spec: OpSpec) -> AttentionPlan:
 def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str],
               integers: frozenset[str]) -> tuple[MaskVariant, ...]:
     if mask is None:
-        return (MaskVariant("", "", FULL, FULL, False, "no mask: every key"),)
+        return (MaskVariant("", "", FULL, FULL, "no mask: every key"),)
     read = [f for f in flags if f in mask.names]
     variants = []
     for values in itertools.product((True, False), repeat=len(read)):
@@ -594,10 +614,10 @@ def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str
         condition = _substitute(mask.tree, setting)
         test = " and ".join(_flag(f) if v else f"not {_flag(f)}" for f, v in setting.items())
         if condition is True:
-            variants.append(MaskVariant(test, "", FULL, FULL, False, "every key visible"))
+            variants.append(MaskVariant(test, "", FULL, FULL, "every key visible"))
             continue
         if condition is False:
-            variants.append(MaskVariant(test, "", EMPTY, EMPTY, True, "every key hidden"))
+            variants.append(MaskVariant(test, "", EMPTY, EMPTY, "every key hidden"))
             continue
         blocks = mask_blocks(condition, names, integers)
         visible = emit(condition, {**names, "i": "row_i", "j": "col_j"}, integers=True)
@@ -605,7 +625,7 @@ def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str
         note = (f"keys bounded from {source!r}" if blocks.exact
                 else f"{source!r} is tested element-wise in every block (its keys are not "
                      f"bounded by an expression linear in i)")
-        variants.append(MaskVariant(test, visible, blocks.any, blocks.all, False, note))
+        variants.append(MaskVariant(test, visible, blocks.any, blocks.all, note))
     return tuple(variants)
 
 

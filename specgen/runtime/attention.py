@@ -102,9 +102,9 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     if mask is not None and named.get("is_causal", False):
         raise ValueError(f"{op.name}: attn_mask and is_causal=True together are refused, as "
                          f"torch refuses them; fold the causal mask into attn_mask")
-    tensors = {spec.query: query, spec.key: key, spec.value: value}
-    device = check_tensors(op.name, tensors, d.dtypes)
-    problem = _problem(op.name, query, key, value, mask, named.get("enable_gqa", False))
+    operands = {spec.query: query, spec.key: key, spec.value: value}
+    device = check_tensors(op.name, operands, d.dtypes)
+    problem = _problem(op.name, operands, mask, named.get("enable_gqa", False))
     _check_mask(op.name, spec.attn_mask, mask, query, device)
     heads = {name: named[name] for name in spec.per_head}
     for name, tensor in heads.items():
@@ -117,15 +117,14 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     shape, strides = _out_layout(problem)
     out = empty(shape, query.dtype, device, strides)
     lse = None
-    if store_lse:
-        lse = empty((*batch, problem.heads, problem.length), torch.float32, device)
-    if out.numel() == 0:
+    if store_lse:   # at the output's rank, less its last dim
+        lse = empty(shape[:-1], torch.float32, device)
+    if out.numel() == 0 and (lse is None or lse.numel() == 0):
         return out, lse
 
     scale = named.get("scale")
     if scale is None:
         scale = 1.0 / math.sqrt(problem.dim) if problem.dim else 1.0
-    operands = {spec.query: query, spec.key: key, spec.value: value}
     if mask is not None:
         operands[spec.attn_mask] = mask
     strides = _batch_strides(op.name, problem, operands, out, lse)
@@ -206,25 +205,27 @@ def _splits(programs: int, keys: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(wanted, programs), keys // SPLIT_MIN_KEYS, MAX_SPLITS))
 
 
-def _problem(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             mask: torch.Tensor | None, gqa: bool) -> Problem:
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
+def _problem(op: str, operands: dict[str, torch.Tensor], mask: torch.Tensor | None,
+             gqa: bool) -> Problem:
+    """``operands``: the query, key and value by their names in the op."""
+    (qn, query), (kn, key), (vn, value) = operands.items()
+    for name, tensor in operands.items():
         if tensor.dim() < 2:
             raise ValueError(f"{op}: argument '{name}' has {tensor.dim()} dims; expected at "
                              f"least 2 (..., length, head dim)")
     if query.dtype != key.dtype or query.dtype != value.dtype:
-        raise TypeError(f"{op}: query, key and value must have one dtype; got "
+        raise TypeError(f"{op}: {qn}, {kn} and {vn} must have one dtype; got "
                         f"{DTYPE_NAMES[query.dtype]}, {DTYPE_NAMES[key.dtype]}, "
                         f"{DTYPE_NAMES[value.dtype]}")
     rank = max(query.dim(), key.dim(), value.dim())
     q, k, v = (_padded(t.shape, 4) for t in (query, key, value))
     if q[-1] != k[-1]:
-        raise ValueError(f"{op}: query's head dim {q[-1]} differs from key's {k[-1]}")
+        raise ValueError(f"{op}: {qn}'s head dim {q[-1]} differs from {kn}'s {k[-1]}")
     if k[-2] != v[-2]:
-        raise ValueError(f"{op}: key has {k[-2]} keys and value {v[-2]}; expected one length")
+        raise ValueError(f"{op}: {kn} has {k[-2]} keys and {vn} {v[-2]}; expected one length")
     if k[-3] != v[-3]:
-        raise ValueError(f"{op}: key has {k[-3]} heads and value {v[-3]}; expected the same")
-    for name, size in (("query", q[-1]), ("value", v[-1])):
+        raise ValueError(f"{op}: {kn} has {k[-3]} heads and {vn} {v[-3]}; expected the same")
+    for name, size in ((qn, q[-1]), (vn, v[-1])):
         if size > MAX_HEAD_DIM:
             raise ValueError(f"{op}: {name}'s head dim is {size}; at most {MAX_HEAD_DIM} is "
                              f"supported")
@@ -240,21 +241,20 @@ def _problem(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     else:
         hint = ("" if gqa else "; pass enable_gqa=True to share key/value heads among query heads"
                 if hkv and hq % hkv == 0 else "")
-        raise ValueError(f"{op}: query has {hq} heads and key {hkv}, which do not "
+        raise ValueError(f"{op}: {qn} has {hq} heads and {kn} {hkv}, which do not "
                          f"broadcast{hint}")
     batch = broadcast_shapes(q[:-3], k[:-3], v[:-3])
     if batch is None:
-        raise ValueError(f"{op}: batch dims do not broadcast: query {tuple(query.shape)}, key "
-                         f"{tuple(key.shape)}, value {tuple(value.shape)}")
+        raise ValueError(f"{op}: batch dims do not broadcast: {qn} {tuple(query.shape)}, {kn} "
+                         f"{tuple(key.shape)}, {vn} {tuple(value.shape)}")
     if mask is not None:
-        target = (*batch, heads, q[-2], k[-2])
-        full = broadcast_shapes(target, tuple(mask.shape))
-        if full is None or full[-4:] != target[-4:] or len(full) > len(target) and \
-                full[:len(full) - len(target)] != (1,) * (len(full) - len(target)):
+        # the scores' shape at the inputs' rank: the mask broadcasts to it and grows no dim (as
+        # torch adds it to the scores in place)
+        target = (*batch, heads, q[-2], k[-2])[-max(rank, 2):] if rank < 4 else \
+            (*batch, heads, q[-2], k[-2])
+        if mask.dim() > len(target) or broadcast_shapes(target, tuple(mask.shape)) != target:
             raise ValueError(f"{op}: attn_mask of shape {tuple(mask.shape)} does not broadcast "
-                             f"to {target}")
-        batch = full[:-3]
-        rank = max(rank, mask.dim())
+                             f"to the scores' {target}")
     return Problem(tuple(batch), heads, group, q[-2], k[-2], q[-1], v[-1], rank)
 
 
@@ -266,9 +266,10 @@ def _check_mask(op: str, name: str, mask: torch.Tensor | None, query: torch.Tens
                 device: torch.device) -> None:
     if mask is None:
         return
-    if mask.dtype != torch.bool and mask.dtype != query.dtype:
+    if mask.dtype not in (torch.bool, query.dtype, torch.float32):
         raise TypeError(f"{op}: argument '{name}' has dtype {mask.dtype}; expected bool (True "
-                        f"takes part) or the query's dtype ({query.dtype}), added to the scores")
+                        f"takes part), or the query's dtype ({query.dtype}) or float32, added "
+                        f"to the scores")
     if mask.device != device:
         raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({mask.device}) are "
                          f"on different devices")
