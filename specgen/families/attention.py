@@ -394,9 +394,11 @@ def _hull(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
     if settled is not None:
         return settled
     a_empty, b_empty = f"({a[1]}) <= ({a[0]})", f"({b[1]}) <= ({b[0]})"
-    lo = f"tl.where({a_empty}, {b[0]}, tl.where({b_empty}, {a[0]}, {_min(a[0], b[0])}))"
-    hi = f"tl.where({a_empty}, {b[1]}, tl.where({b_empty}, {a[1]}, {_max(a[1], b[1])}))"
-    return lo, hi
+
+    def pick(x: str, y: str, both: str) -> str:
+        # an end the two share needs no choice
+        return x if x == y else f"tl.where({a_empty}, {y}, tl.where({b_empty}, {x}, {both}))"
+    return pick(a[0], b[0], _min(a[0], b[0])), pick(a[1], b[1], _max(a[1], b[1]))
 
 
 def _union_under(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
@@ -406,7 +408,8 @@ def _union_under(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
         return settled
     meet = f"(({a[0]}) <= ({b[1]})) & (({b[0]}) <= ({a[1]}))"
     hull = _min(a[0], b[0]), _max(a[1], b[1])
-    return (f"tl.where({meet}, {hull[0]}, {a[0]})", f"tl.where({meet}, {hull[1]}, {a[1]})")
+    return tuple(end if end == first else f"tl.where({meet}, {end}, {first})"
+                 for end, first in zip(hull, a))
 
 
 def _min(a: str, b: str) -> str:
