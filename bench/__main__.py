@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from bench import attention, harness, host
+from bench import harness, host
 from specgen.families import FAMILIES as KERNEL_FAMILIES
 from specgen.families.contract import resolve
 
@@ -21,9 +21,11 @@ from specgen.families.contract import resolve
 FAMILIES = {name: resolve(family.bench) for name, family in KERNEL_FAMILIES.items()
             if family.bench}
 # Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
-# host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is.
-# attention: TFLOP/s against SDPA's backends and FlexAttention (bench/attention.py).
-SECTIONS = {"host": host.section, "attention": attention.section}
+# host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is;
+# then each kernel family's own (`bench_section`: attention against SDPA's backends).
+SECTIONS = {"host": host.section,
+            **{name: resolve(family.bench_section) for name, family in KERNEL_FAMILIES.items()
+               if family.bench_section}}
 
 
 def parse_args() -> argparse.Namespace:

@@ -740,3 +740,17 @@ def test_an_op_named_as_another_packages_is_a_spec_error(project):
     assert ("mine/relu.toml: [op.name]: 'relu' is also an op of the package again/ (from "
             "specs/relu.toml)") in output, output
     assert not (project / "my_ops").exists()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_path_a_family_declares_resolves(name):
+    # the contract's "module:function" paths (derived ops, property cases, opcheck samples,
+    # benchmark cases or section) are imported only by the tests and the bench: a typo would
+    # surface late, in another tool
+    from specgen.families.contract import resolve
+
+    family = FAMILIES[name]
+    for field in ("derive", "cases", "samples", "bench", "bench_section"):
+        path = getattr(family, field)
+        if path:
+            assert callable(resolve(path)), (name, field, path)

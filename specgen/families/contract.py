@@ -50,6 +50,10 @@ class Family:
     cases: str = ""
     samples: str = ""
     bench: str = ""
+    # "module:function" of a benchmark section of its own (bench.harness.Run -> markdown), for a
+    # family whose peers are not harness.Case's eager and compiled columns (attention: SDPA's
+    # backends, FlexAttention)
+    bench_section: str = ""
 
     @property
     def template(self) -> str:
