@@ -121,3 +121,21 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     s = s.masked_fill(~seen, float("-inf"))
     weights = torch.where(seen.any(-1, keepdim=True), torch.softmax(s, dim=-1), 0.0)
     return torch.matmul(weights, value_cache)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """torch's scaled_dot_product_attention through its math backend: torch's semantics on every
+    device and layout, and its gradient for every argument. On CUDA its flash and efficient
+    backends need a mask's last dim contiguous and refuse a mask's gradient; and a backward
+    through them (our ops differentiate through their reference) was 7x further from the
+    float64 gradient than torch's own call, on a float16 case of odd strides (H100, torch 2.11;
+    the cause not found)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa)

@@ -350,3 +350,26 @@ def test_errors_name_the_ops_own_arguments():
     q, k, v = _qkv(2, 2, 4, 8)
     with pytest.raises(ValueError, match="key_cache has 6 keys and value_cache 5"):
         generated.decode_attention(q, k, v[..., :5, :], torch.tensor([1, 2], device=q.device))
+
+
+def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
+    # the estimate is Triton's count where it ran out on an H100 (E 256, Ev 16, float16, 64 x
+    # 128 blocks, 3 stages: 241664 of 232448 bytes); where no config fits (float32, head dims
+    # of 256) smaller tiles and fewer stages run
+    import triton
+
+    def configs(*points):
+        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=s)
+                for m, n, s in points]
+
+    monkeypatch.setattr(runtime, "_shared_memory", lambda device: 232448)
+    half = torch.empty(1, dtype=torch.float16)
+    kept = runtime.prune_configs(configs((64, 128, 3), (64, 64, 3)), {"q": half},
+                                 BLOCK_E=256, BLOCK_EV=16)
+    assert [(c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(64, 3)]
+    single = torch.empty(1, dtype=torch.float32)
+    kept = runtime.prune_configs(configs((64, 64, 3), (128, 64, 3)), {"q": single},
+                                 BLOCK_E=256, BLOCK_EV=256)
+    # 4 * (2 stages * 32 * 512 + 64 * 256) = 196608 bytes
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == \
+        [(64, 32, 2)]

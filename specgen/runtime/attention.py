@@ -32,6 +32,9 @@ MAX_HEAD_DIM = 256
 BATCH_RANK = 2
 # the widest query and key blocks of any config: rows and keys past the end form offsets
 MAX_BLOCK = 256
+# tiles for head dims whose pipelined tiles no config of the space fits: (BLOCK_M, BLOCK_N,
+# stages), the first that fits runs
+FALLBACK_CONFIGS = ((64, 32, 2), (64, 32, 1), (32, 16, 1))
 # split-KV (flash decoding): programs per multiprocessor to aim for, the fewest keys a split
 # takes, and the most splits a row block may have
 SPLIT_PROGRAMS_PER_SM = 2
@@ -352,12 +355,19 @@ def prune_configs(configs, named_args, **kwargs):
     limit = _shared_memory(device)
 
     def size(config) -> int:
+        # the estimate matches Triton's own count where it ran out (E 256, Ev 16, fp16, 64 x 128
+        # blocks, 3 stages: 241664 bytes)
         meta = config.kwargs
         tiles = config.num_stages * meta["BLOCK_N"] * (block_e + block_ev)
         return element * (tiles + meta["BLOCK_M"] * block_e)
 
     fitting = [c for c in configs if size(c) <= limit]
-    return fitting or [min(configs, key=size)]
+    if fitting:
+        return fitting
+    # none fits (float32 with head dims of 256): smaller tiles and fewer stages than the space's
+    fallbacks = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=s)
+                 for m, n, s in FALLBACK_CONFIGS]
+    return [next((c for c in fallbacks if size(c) <= limit), fallbacks[-1])]
 
 
 def _shared_memory(device: torch.device) -> int:
