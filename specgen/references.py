@@ -62,7 +62,8 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if score is not None:
         s = score(s, i, j)
     if visible is not None:
-        seen = visible(i, j).expand(length, keys)
+        # (L, S), or any shape that broadcasts against the scores (a bound per batch element)
+        seen = visible(i, j)
         s = s.masked_fill(~seen, float("-inf"))
         weights = torch.softmax(s, dim=-1)
         weights = torch.where(seen.any(-1, keepdim=True), weights, 0.0)
@@ -110,17 +111,10 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     if enable_gqa and heads != heads_kv:
         key_cache = key_cache.repeat_interleave(heads // heads_kv, dim=-3)
         value_cache = value_cache.repeat_interleave(heads // heads_kv, dim=-3)
-    length, keys = query.shape[-2], key_cache.shape[-2]
-    i = torch.arange(length, device=query.device)[:, None]
-    j = torch.arange(keys, device=query.device)[None, :]
-    # (B, 1, L, S): each batch element's own bound
-    seen = j <= cache_seqlens.reshape(-1, 1, 1, 1).to(query.device) - length + i
-    if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
-    s = torch.matmul(query, key_cache.transpose(-2, -1)) * scale
-    s = s.masked_fill(~seen, float("-inf"))
-    weights = torch.where(seen.any(-1, keepdim=True), torch.softmax(s, dim=-1), 0.0)
-    return torch.matmul(weights, value_cache)
+    # (B, 1, 1, 1) lengths: each batch element's own bound
+    lengths = cache_seqlens.reshape(-1, 1, 1, 1).to(query.device)
+    return _attention(query, key_cache, value_cache, scale,
+                      visible=lambda i, j: j <= lengths - query.shape[-2] + i)
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -362,7 +362,7 @@ def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
         return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=s)
                 for m, n, s in points]
 
-    monkeypatch.setattr(runtime, "_shared_memory", lambda device: 232448)
+    monkeypatch.setattr(runtime, "shared_memory", lambda device: 232448)
     half = torch.empty(1, dtype=torch.float16)
     kept = runtime.prune_configs(configs((64, 128, 3), (64, 64, 3)), {"q": half},
                                  BLOCK_E=256, BLOCK_EV=16)

@@ -27,6 +27,7 @@ element (correct, only slower).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Mapping
@@ -518,6 +519,7 @@ class MaskVariant:
     """The mask under one setting of the bool arguments it reads (constexprs of the kernels)."""
 
     test: str               # the constexpr test selecting it ("" for the only one)
+    branch: str             # its line in the chain of them: "if <test>", "elif <test>", "else"
     visible: str            # the element-wise test over row_i and col_j ("" where none is needed)
     any: tuple[str, str]    # keys outside: hidden from every row of the block
     all: tuple[str, str]    # keys inside: visible to every row of the block
@@ -609,7 +611,7 @@ def plan(spec: OpSpec) -> AttentionPlan:
 def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str],
               integers: frozenset[str]) -> tuple[MaskVariant, ...]:
     if mask is None:
-        return (MaskVariant("", "", FULL, FULL, "no mask: every key"),)
+        return (MaskVariant("", "", "", FULL, FULL, "no mask: every key"),)
     read = [f for f in flags if f in mask.names]
     variants = []
     for values in itertools.product((True, False), repeat=len(read)):
@@ -617,10 +619,10 @@ def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str
         condition = _substitute(mask.tree, setting)
         test = " and ".join(_flag(f) if v else f"not {_flag(f)}" for f, v in setting.items())
         if condition is True:
-            variants.append(MaskVariant(test, "", FULL, FULL, "every key visible"))
+            variants.append(MaskVariant(test, "", "", FULL, FULL, "every key visible"))
             continue
         if condition is False:
-            variants.append(MaskVariant(test, "", EMPTY, EMPTY, "every key hidden"))
+            variants.append(MaskVariant(test, "", "", EMPTY, EMPTY, "every key hidden"))
             continue
         blocks = mask_blocks(condition, names, integers)
         visible = emit(condition, {**names, "i": "row_i", "j": "col_j"}, integers=True)
@@ -628,8 +630,12 @@ def _variants(mask: Expr | None, flags: tuple[str, ...], names: Mapping[str, str
         note = (f"keys bounded from {source!r}" if blocks.exact
                 else f"{source!r} is tested element-wise in every block (its keys are not "
                      f"bounded by an expression linear in i)")
-        variants.append(MaskVariant(test, visible, blocks.any, blocks.all, note))
-    return tuple(variants)
+        variants.append(MaskVariant(test, "", visible, blocks.any, blocks.all, note))
+    # the chain of constexpr branches that selects one, as the kernel writes it
+    last = len(variants) - 1
+    return tuple(dataclasses.replace(v, branch="" if not v.test else "else" if k == last and k
+                                     else f"{'if' if k == 0 else 'elif'} {v.test}")
+                 for k, v in enumerate(variants))
 
 
 def _substitute(node: ast.expr, setting: Mapping[str, bool]) -> ast.expr | bool:

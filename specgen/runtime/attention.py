@@ -10,7 +10,6 @@ is laid out as torch's flash backend lays it out, ``(..., L, Hq, Ev)`` in memory
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -18,9 +17,9 @@ from typing import Sequence
 import torch
 import triton
 
-from specgen.runtime.checks import DTYPE_NAMES, check_tensors
+from specgen.runtime.checks import DTYPE_NAMES, check_same_device, check_tensors
 from specgen.runtime.context import note_launch, overrides
-from specgen.runtime.launch import choose_int64, launch, multiprocessors
+from specgen.runtime.launch import choose_int64, launch, multiprocessors, shared_memory
 from specgen.runtime.layout import broadcast_shapes, merge_dims, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
@@ -108,13 +107,15 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     operands = {spec.query: query, spec.key: key, spec.value: value}
     device = check_tensors(op.name, operands, d.dtypes)
     problem = _problem(op.name, operands, mask, named.get("enable_gqa", False))
-    _check_mask(op.name, spec.attn_mask, mask, query, device)
+    _check_mask(op.name, spec.attn_mask, mask, query)
     heads = {name: named[name] for name in spec.per_head}
     for name, tensor in heads.items():
-        _check_per_head(op.name, name, tensor, problem.heads, device, d.dtypes)
+        _check_per_head(op.name, name, tensor, problem.heads, d.dtypes)
     per_batch = {name: named[name] for name in spec.per_batch}
     for name, tensor in per_batch.items():
-        _check_per_batch(op.name, name, tensor, math.prod(problem.batch), device)
+        _check_per_batch(op.name, name, tensor, math.prod(problem.batch))
+    check_same_device(op.name, spec.query, device, {
+        **({spec.attn_mask: mask} if mask is not None else {}), **heads, **per_batch})
 
     batch = problem.batch
     shape, strides = _out_layout(problem)
@@ -157,7 +158,7 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     mask_strides = strides.get(spec.attn_mask, (0, 0, 0, 0, 0)) if spec.attn_mask else ()
     splits = _splits(blocks * triton.cdiv(length, SPLIT_BLOCK_M), problem.keys, device) \
         if spec.split_kv else 1
-    split_args, split_kwargs = [], {}
+    split_args, constexprs = [], {}
     rows = b0 * b1 * problem.heads * problem.length
     if spec.split_kv:
         partial = partial_lse = out         # unused where one program takes a row's keys
@@ -165,9 +166,9 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
             partial = empty((splits, rows, problem.value_dim), torch.float32, device)
             partial_lse = empty((splits, rows), torch.float32, device)
         split_args = [partial, partial_lse, rows, splits]
-        split_kwargs = {"SPLIT": splits > 1}
+        constexprs = {"SPLIT": splits > 1}
     if spec.packable:
-        split_kwargs["PACKED"] = packed
+        constexprs["PACKED"] = packed
     note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0), splits=splits,
                 packed=packed)
 
@@ -181,7 +182,7 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
            scale, *(named[name] for name in spec.scalars),
            # head dims are constexprs: a symbolic one (torch.compile) is specialized, as every
            # flash kernel compiles per head dim
-           **flags, **mask_kind, **split_kwargs, STORE_LSE=store_lse, E=int(problem.dim), EV=int(problem.value_dim),
+           **flags, **mask_kind, **constexprs, STORE_LSE=store_lse, E=int(problem.dim), EV=int(problem.value_dim),
            INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
            BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64,
            tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items()), splits))
@@ -265,41 +266,30 @@ def _padded(shape: Sequence[int], rank: int) -> tuple[int, ...]:
     return (1,) * (rank - len(shape)) + tuple(shape)
 
 
-def _check_mask(op: str, name: str, mask: torch.Tensor | None, query: torch.Tensor,
-                device: torch.device) -> None:
+def _check_mask(op: str, name: str, mask: torch.Tensor | None, query: torch.Tensor) -> None:
     if mask is None:
         return
     if mask.dtype not in (torch.bool, query.dtype, torch.float32):
         raise TypeError(f"{op}: argument '{name}' has dtype {mask.dtype}; expected bool (True "
                         f"takes part), or the query's dtype ({query.dtype}) or float32, added "
                         f"to the scores")
-    if mask.device != device:
-        raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({mask.device}) are "
-                         f"on different devices")
 
 
-def _check_per_head(op: str, name: str, tensor: torch.Tensor, heads: int, device: torch.device,
+def _check_per_head(op: str, name: str, tensor: torch.Tensor, heads: int,
                     dtypes: Sequence[torch.dtype]) -> None:
     if tensor.dim() != 1 or tensor.shape[0] not in (1, heads):
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
                          f"({heads},), a value per query head")
     check_tensors(op, {name: tensor}, dtypes)
-    if tensor.device != device:
-        raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({tensor.device}) "
-                         f"are on different devices")
 
 
-def _check_per_batch(op: str, name: str, tensor: torch.Tensor, batch: int,
-                     device: torch.device) -> None:
+def _check_per_batch(op: str, name: str, tensor: torch.Tensor, batch: int) -> None:
     if tensor.dim() != 1 or tensor.shape[0] not in (1, batch):
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
                          f"({batch},), a value per batch element")
     if tensor.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: argument '{name}' has dtype {tensor.dtype}; expected int32 or "
                         f"int64 (key counts)")
-    if tensor.device != device:
-        raise ValueError(f"{op}: arguments 'query' ({device}) and '{name}' ({tensor.device}) "
-                         f"are on different devices")
 
 
 def _batch_strides(op: str, problem: Problem, operands: dict[str, torch.Tensor],
@@ -352,7 +342,7 @@ def prune_configs(configs, named_args, **kwargs):
     element = next(v for v in named_args.values() if hasattr(v, "element_size")).element_size()
     block_e, block_ev = kwargs["BLOCK_E"], kwargs["BLOCK_EV"]
     device = next(v for v in named_args.values() if hasattr(v, "device")).device
-    limit = _shared_memory(device)
+    limit = shared_memory(device)
 
     def size(config) -> int:
         # the estimate matches Triton's own count where it ran out (E 256, Ev 16, fp16, 64 x 128
@@ -368,17 +358,6 @@ def prune_configs(configs, named_args, **kwargs):
     fallbacks = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=s)
                  for m, n, s in FALLBACK_CONFIGS]
     return [next((c for c in fallbacks if size(c) <= limit), fallbacks[-1])]
-
-
-def _shared_memory(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1 << 30
-    return _device_shared_memory(device.index or 0)
-
-
-@functools.cache
-def _device_shared_memory(index: int) -> int:
-    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
 def _padded_span(tensor: torch.Tensor) -> int:

@@ -88,14 +88,21 @@ def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
         if tensor.dtype not in dtypes:
             raise TypeError(f"{op}: argument '{name}' has dtype {tensor.dtype}; "
                             f"supported: {_dtype_list(dtypes)}")
-        if tensor.device != first.device:
-            raise ValueError(f"{op}: arguments '{first_name}' ({first.device}) and '{name}' "
-                             f"({tensor.device}) are on different devices")
+    check_same_device(op, first_name, first.device, tensors)
     device = first.device
     if device.type not in ("cuda", "meta") and not interpreting():
         raise ValueError(f"{op}: argument '{first_name}' is on {device}; specgen kernels run on "
                          f"CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)")
     return device
+
+
+def check_same_device(op: str, first_name: str, device: torch.device,
+                      tensors: Mapping[str, torch.Tensor]) -> None:
+    """Every tensor on ``device``, the first argument's (``first_name``)."""
+    for name, tensor in tensors.items():
+        if tensor.device != device:
+            raise ValueError(f"{op}: arguments '{first_name}' ({device}) and '{name}' "
+                             f"({tensor.device}) are on different devices")
 
 
 def broadcast_shape(op: str, tensors: Mapping[str, torch.Tensor]) -> tuple[int, ...]:

@@ -77,6 +77,19 @@ def multiprocessors(device: torch.device) -> int:
     return _sm_count(device.index or 0) if device.type == "cuda" else NOMINAL_SMS
 
 
+def shared_memory(device: torch.device) -> int:
+    """The most shared memory a program may take on ``device`` (bytes); unbounded where there is
+    no GPU (the interpreter): config pruning then keeps what the GPU tier would try first."""
+    if device.type != "cuda":
+        return 1 << 30
+    return _device_shared_memory(device.index or 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_shared_memory(device_index: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
+
+
 def max_programs(device: torch.device, launch: str,
                  per_sm: int = PERSISTENT_PROGRAMS_PER_SM) -> int:
     """The most programs a grid-stride launch starts: all tiles (flat) or ``per_sm`` per SM."""

@@ -21,7 +21,8 @@ import triton.testing
 
 from specgen.runtime.checks import check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
-from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
+from specgen.runtime.launch import (launch, max_programs, multiprocessors, shared_memory,
+                                   use_int64)
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
 from specgen.runtime.pointwise import result_dtype
@@ -411,18 +412,6 @@ def _fitted_block(block: int, size) -> int:
     return next_power_of_2(size)
 
 
-def _shared_memory_limit(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1 << 30
-    return _device_smem(device.index or 0)
-
-
-@functools.cache
-def _device_smem(device_index: int) -> int:
-    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
-    return props["max_shared_mem"]
-
-
 def prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` of the matmul kernels: fit the tiles to the problem and the device.
 
@@ -434,7 +423,7 @@ def prune_configs(configs, named_args, **kwargs):
     """
     m, n, k = named_args["M"], named_args["N"], named_args["K"]
     a = next(v for v in named_args.values() if hasattr(v, "element_size"))
-    limit = _shared_memory_limit(a.device)
+    limit = shared_memory(a.device)
     fitted, seen = [], set()
     for config in configs:
         meta = dict(config.kwargs)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from specgen.families.attention import ROLES
 from specgen.runtime import OpInfo, interpreting
 from specgen.testing.core import (Case, Layout, broadcast_operand, device, knobs, layouts,
                                   make_tensor, scalar_value, sizes)
@@ -37,11 +38,10 @@ SMALL_CONFIGS = (
 
 
 def roles(info: OpInfo) -> dict[str, str]:
-    """The op's tensor arguments by role (query, key, value, attn_mask), per-head ones apart."""
-    by_dims = {("...", "H", "L", "E"): "query", ("...", "Hkv", "S", "E"): "key",
-               ("...", "Hkv", "S", "Ev"): "value", ("...", "L", "S"): "attn_mask"}
-    return {by_dims[a.dims]: a.name for a in info.args
-            if a.kind == "tensor" and a.dims in by_dims}
+    """The op's tensor arguments by role (query, key, value, attn_mask; the family's ``ROLES``),
+    per-head and per-batch ones apart."""
+    return {ROLES[a.dims]: a.name for a in info.args
+            if a.kind == "tensor" and ROLES.get(a.dims) not in (None, "per_head", "per_batch")}
 
 
 @st.composite
@@ -154,13 +154,10 @@ def _mask(draw, batch, heads, length, keys, dtype, seed) -> torch.Tensor | None:
     return mask.mT if transposed else mask
 
 
-# a sample's sizes: none equal, so that a dim mixed up with another fails
-SAMPLE = {"B": 2, "H": 2, "L": 3, "S": 5, "E": 4, "Ev": 6}
-
-
 def attention_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
     """A batched call with every argument at its default (the mask given, then omitted), and a
-    query in the (B, L, H, E) layout."""
+    query in the (B, L, H, E) layout; its sizes (B 2, H 2, L 3, S 5, E 4, Ev 6) differ from each
+    other but for B and H, so that most dims mixed up fail."""
     role = roles(info)
 
     def call(masked: bool, transposed: bool) -> tuple:
