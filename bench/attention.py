@@ -100,9 +100,11 @@ def section(run: harness.Run) -> str:
               "max error vs float32")
     decode_header = ("decode case", "specgen GB/s", "sdpa GB/s", "copy GB/s", "specgen % copy",
                      "sdpa % copy", "max error vs float32")
-    return (f"## attention\n\nForward, {harness.dtype_name(DTYPE)}; {_versions()}. "
-            "TFLOP/s: 4 * B * H * L * S * E, halved where causal. The variants' FlexAttention "
-            "column is torch.compile(flex_attention) with the same score_mod / mask_mod.\n\n"
+    return (f"## attention\n\nForward, {harness.dtype_name(DTYPE)}; {_versions()}. Measured "
+            f"{run.date} by `{run.command}`. Each cell is one do_bench median (L2 flushed before "
+            "each call). TFLOP/s: 4 * B * H * L * S * E, halved where causal, times the window's "
+            "share of keys for the sliding window. The variants' FlexAttention column is "
+            "torch.compile(flex_attention) with the same score_mod / mask_mod.\n\n"
             + harness.markdown_table(header, rows) + "\n\n"
             "Decoding: one query row against full caches (SDPA computes the same with "
             "enable_gqa=True); GB/s counts the caches, the query and the output once; copy is a "
