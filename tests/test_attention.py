@@ -130,7 +130,7 @@ def test_forward_saves_each_rows_logsumexp():
     generator = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 3, 20, 8, generator=generator).to(device()) for _ in range(3))
     window = 5
-    out, lse = runtime.forward(module.OP, (q, k, v, window, None), store_lse=True)
+    out, lse = runtime.forward(module.OP, (q, k, v, window, None))
     scores = (q.double() @ k.double().mT) / math.sqrt(8)
     i = torch.arange(20, device=q.device)[:, None]
     j = torch.arange(20, device=q.device)[None, :]
@@ -145,7 +145,7 @@ def test_a_row_that_sees_no_key_gives_zeros_and_its_logsumexp_is_minus_infinity(
     q, k, v = (torch.randn(1, 2, 5, 8).to(device()) for _ in range(3))
     mask = torch.ones(5, 5, dtype=torch.bool, device=q.device)
     mask[2] = False
-    out, lse = runtime.forward(module.OP, (q, k, v, mask, 0.0, False, None, False), store_lse=True)
+    out, lse = runtime.forward(module.OP, (q, k, v, mask, 0.0, False, None, False))
     assert (out[:, :, 2] == 0).all() and torch.isinf(lse[:, :, 2]).all()
     assert torch.isfinite(out).all()
 

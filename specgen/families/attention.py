@@ -32,8 +32,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Mapping
 
+from specgen import derive
 from specgen.errors import Where
-from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
+from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
 from specgen.families.common import CommonPlan, common_plan, power_of_two_list, warps_list
 from specgen.families.contract import Family
 from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
@@ -73,12 +74,34 @@ GENERATED_NAMES = frozenset({
     "partial_base", "partial_offsets", "row", "weights", "total", "parts", "lse_parts",
     "lse_max", "cols_split", "part_offsets", "NUM_SPLITS", "partial_mask", "partial_row",
     "num_rows", "heads", "head", "block_rows", "row_heads", "row_valid", "query_rows", "PACKED",
+    # the backward's
+    "grad_out_ptr", "grad_out_base", "grad_out_stride_b0", "grad_out_stride_b1",
+    "grad_out_stride_h", "grad_out_stride_l", "grad_out_stride_e", "delta_ptr", "delta_base",
+    "delta", "lse2", "grad_tile", "grad_offsets", "out_tile", "row_stats", "row_mask_ev",
+    "grad_query", "grad_query_ptr", "grad_query_base", "grad_query_offsets",
+    "grad_query_stride_b0", "grad_query_stride_b1", "grad_query_stride_h",
+    "grad_query_stride_l", "grad_query_stride_e", "grad_key", "grad_key_ptr", "grad_key_base",
+    "grad_key_offsets", "grad_key_stride_b0", "grad_key_stride_b1", "grad_key_stride_h",
+    "grad_key_stride_s", "grad_key_stride_e", "grad_value", "grad_value_ptr",
+    "grad_value_base", "grad_value_offsets", "grad_value_stride_b0", "grad_value_stride_b1",
+    "grad_value_stride_h", "grad_value_stride_s", "grad_value_stride_e", "grad_mask_ptr",
+    "grad_mask_base", "grad_mask_offsets", "grad_mask_stride_b0", "grad_mask_stride_b1",
+    "grad_mask_stride_h", "grad_mask_stride_l", "grad_mask_stride_s", "MASK_GRAD", "grad_p",
+    "grad_score", "grad_qk", "score_ds", "seen", "query_tile", "key_lo", "key_hi",
+    "num_blocks_n", "start_n", "heads_kv", "group_head", "sees_some", "sees_all", "slots",
+    "slot_base", "query_offsets", "grad_offsets",
 })
-GENERATED_PREFIXES: tuple[str, ...] = ()
+# the backward's per-expression names: score_d<k> (the score's derivative by the k-th per-head
+# tensor), head_grad_<k> and part_<k> (its sums), grad_<tensor>_ptr
+GENERATED_PREFIXES: tuple[str, ...] = ("score_d", "head_grad_", "part_", "grad_")
 
 DEFAULT_BLOCK_M = (64, 128)
 DEFAULT_BLOCK_N = (64, 128)
 DEFAULT_STAGES = (3,)
+# the backward's tiles (BLOCK_M, BLOCK_N, warps, stages): the key pass holds a key block and
+# walks query blocks, the query pass the other way round
+BACKWARD_CONFIGS = ((64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 128, 4, 3),
+                    (128, 32, 4, 3))
 # the first config under the interpreter: its tiny inputs need no large tiles (tl.dot needs 16)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
@@ -94,6 +117,10 @@ class AttentionBody:
     split_kv: str
     score: Expr | None
     mask: Expr | None
+    # the score's derivatives, derived at build time: by s, then by each per-head tensor it
+    # reads (those whose derivative is not zero), as sources over the spec's names
+    score_grad: str
+    head_grads: tuple[tuple[str, str], ...]
     block_m: tuple[int, ...]
     block_n: tuple[int, ...]
     num_warps: tuple[int, ...]
@@ -142,6 +169,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
         mask = parse_expr(mask_source, table.where.child("mask"), values, {
             **operands, "s": "the mask says which keys a query sees, before any score"},
             condition=True)
+    score_grad, head_grads = _score_grads(score, roles["per_head"], table.where.child("score"))
     table.finish()
 
     tuning = top.pop_table("tuning", required=False) or Table({}, top.where.child("tuning"))
@@ -159,8 +187,28 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
     schedule.finish()
     return AttentionBody(roles["query"][0], roles["key"][0], roles["value"][0],
                          (roles["attn_mask"] or [""])[0], tuple(roles["per_head"]),
-                         tuple(roles["per_batch"]), split_kv, score, mask,
+                         tuple(roles["per_batch"]), split_kv, score, mask, score_grad, head_grads,
                          block_m, block_n, num_warps, num_stages)
+
+
+def _score_grads(score: Expr | None, per_head: list[str],
+                 where: Where) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The backward's derivatives of the score expression: by the scaled score ``s`` (what the
+    gradient of q.k goes through) and by each per-head tensor it reads (their gradients). An
+    expression with no derivative rule is an error here, never a wrong gradient."""
+    if score is None:
+        return "1.0", ()
+    grads = []
+    for name in ("s", *(t for t in per_head if t in score.names)):
+        try:
+            tree = derive.partial(score.tree, name)
+        except derive.NotDifferentiable as err:
+            raise where.error(f"{quoted(score.source)}: {err}, and the backward differentiates "
+                              f"the score by {name!r}: write it with functions that have one "
+                              f"(docs/spec.md lists them)") from None
+        grads.append((name, derive.source(tree)))
+    return grads[0][1], tuple((name, grad) for name, grad in grads[1:]
+                              if derive.value(derive.parse(grad)) != 0.0)
 
 
 def _stages(tuning: Table) -> tuple[int, ...]:
@@ -538,6 +586,10 @@ class AttentionPlan(CommonPlan):
     # whether a program may take a group of query heads (neither score nor mask reads the head)
     packable: bool = False
     score: str = ""                     # the score expression's source over s, or ""
+    score_grad: str = "1.0"             # its derivative by s, emitted
+    # per-head tensors with a gradient, each with the score's derivative by it, emitted
+    head_grads: tuple[tuple[str, str], ...] = ()
+    backward_configs: tuple[dict, ...] = ()
     flags: tuple[str, ...] = ()         # bool arguments, as constexprs
     kernel_scalars: tuple[str, ...] = ()    # float and int arguments the kernels take
     variants: tuple[MaskVariant, ...] = ()
@@ -565,6 +617,11 @@ class AttentionPlan(CommonPlan):
                 *(("MASK_KIND",) if self.attn_mask else ()), *(("SPLIT",) if self.split_kv else ()),
                 *(("PACKED",) if self.packable else ()))
 
+    @property
+    def backward_tune_keys(self) -> tuple[str, ...]:
+        return ("L", "S", "E", "EV", "INDEX_64", *self.flags,
+                *(("MASK_KIND",) if self.attn_mask else ()))
+
 
 def _flag(name: str) -> str:
     return name.upper()
@@ -581,16 +638,24 @@ def plan(spec: OpSpec) -> AttentionPlan:
                             if isinstance(a, ScalarArg) and a.type == "int")})
     names = {"i": "rows", "j": "cols", **{f: _flag(f) for f in flags}}
     score = ""
+    score_names = {"i": "row_i", "j": "col_j", **{f: _flag(f) for f in flags}}
     if body.score is not None:
-        score = emit(body.score, {"i": "row_i", "j": "col_j", **{f: _flag(f) for f in flags}})
+        score = emit(body.score, score_names)
+    score_grad = emit(derive.parse(body.score_grad), score_names)
+    head_grads = tuple((name, emit(derive.parse(grad), score_names))
+                       for name, grad in body.head_grads)
     variants = _variants(body.mask, flags, names, integers)
     configs = tuple({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
                     for m, n, w, s in itertools.product(body.block_m, body.block_n,
                                                         body.num_warps, body.num_stages))
+    backward_configs = tuple({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+                             for m, n, w, st in BACKWARD_CONFIGS)
     used = set()
     for expr in (body.score, body.mask):
         if expr is not None:
             used |= helpers(expr)
+    for grad in (body.score_grad, *(g for _, g in body.head_grads)):
+        used |= helpers(Expr(grad, derive.parse(grad), frozenset()))
     # per-head tensors meet the scores after the matmul: autocast leaves them as they are
     head_reads = {"h", *body.per_head}
     packable = not any(expr is not None and expr.names & head_reads
@@ -599,7 +664,8 @@ def plan(spec: OpSpec) -> AttentionPlan:
     return AttentionPlan(**common.__dict__, query=body.query, key=body.key, value=body.value,
                          attn_mask=body.attn_mask, per_head=body.per_head,
                          per_batch=body.per_batch, split_kv=body.split_kv == "auto",
-                         packable=packable, score=score,
+                         packable=packable, score=score, score_grad=score_grad,
+                         head_grads=head_grads, backward_configs=backward_configs,
                          flags=tuple(_flag(f) for f in flags), flag_args=flags,
                          kernel_scalars=scalars,
                          kernel_floats=tuple(a.name for a in spec.args if a.name in scalars

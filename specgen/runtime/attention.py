@@ -1,27 +1,38 @@
 """The attention family's runtime: torch's ``scaled_dot_product_attention`` rules for shapes,
-heads, masks and scale, and the launch of the forward kernel (``RUNTIME``).
+heads, masks and scale, the launch of the forward kernel and of the backward's two (``RUNTIME``).
 
 Shapes: query ``(..., Hq, L, E)``, key ``(..., Hkv, S, E)``, value ``(..., Hkv, S, Ev)``, batch
 dims broadcast; heads match, or one side has one head, or (``enable_gqa=True``) the query's are a
 multiple of the key's, which groups of query heads share without a copy. Any strides. The output
 is laid out as torch's flash backend lays it out, ``(..., L, Hq, Ev)`` in memory viewed as
 ``(..., Hq, L, Ev)``, so that ``out.transpose(-3, -2).flatten(-2)`` is a view.
+
+Autograd: the registered operator ``specgen::<op>`` returns the output and each row's
+logsumexp; its backward is ``specgen::<op>_backward``, FlashAttention-2's: a pass over query
+blocks (each row's dO . O, then dQ over the keys it sees) and one over key blocks (dK and dV over
+the query rows that see them, the query heads of a group summed in the program). Neither holds an
+L x S matrix (but a float mask's own gradient, which has that shape) and neither uses atomics:
+the gradients are deterministic. Eager calls that need a gradient take the same kernels through
+an ``autograd.Function`` without the dispatcher.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import triton
 
-from specgen.runtime.checks import DTYPE_NAMES, check_same_device, check_tensors
-from specgen.runtime.context import note_launch, overrides
+from specgen.runtime.autograd import op_function
+from specgen.runtime.checks import (DTYPE_NAMES, check_same_device, check_tensor_types,
+                                    check_tensors)
+from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.launch import choose_int64, launch, multiprocessors, shared_memory
 from specgen.runtime.layout import broadcast_shapes, merge_dims, next_power_of_2, span
-from specgen.runtime.op import FamilyRuntime, Op
+from specgen.runtime.op import FamilyRuntime, Op, typed_param
+from specgen.runtime.registry import triton_op
 from specgen.runtime.replay import empty
 
 # the largest head dim a kernel tiles (E and Ev), as torch's flash backend
@@ -61,6 +72,7 @@ class Launch:
     flags: tuple[str, ...]          # bool arguments
     split_kv: bool = False          # programs may share a row's keys, then a merge kernel runs
     packable: bool = False          # a program may take a group of query heads (PACKED)
+    head_grads: tuple[str, ...] = ()    # per-head tensors the score differentiates by
 
 
 @dataclass(frozen=True)
@@ -78,21 +90,148 @@ class Problem:
 
 
 class Attention(FamilyRuntime):
-    """Kernel ``forward``: a program per (batch, head, block of query rows)."""
+    """Kernels ``forward`` (a program per (batch, head, block of query rows)), ``merge`` (split
+    KV), ``backward_query`` and ``backward_key``. The registered operator returns the output and
+    each row's logsumexp; the public function returns the output."""
 
     doc_note = ("with torch's semantics; a row whose keys are all masked gives zeros (as "
-                "torch's math backend), dropout_p other than 0 raises NotImplementedError.")
+                "torch's math backend), dropout_p other than 0 raises NotImplementedError. "
+                "Differentiable (FlashAttention-2's backward, deterministic); double backward "
+                "is not supported.")
 
-    def run(self, op: Op, args: tuple) -> torch.Tensor:
-        return forward(op, args, store_lse=False)[0]
+    public_output = 0
+
+    def setup(self, op: Op) -> type[torch.autograd.Function]:
+        return op_function(op.name, _EagerAutograd)
+
+    def register(self, op: Op) -> None:
+        d = op.description
+        op.register_operators(results=2, by_reference=False)
+        names = ", ".join(a.name for a in d.args)
+        typed = ", ".join(typed_param(a) for a in d.args)
+        source = (f"def _{d.name}_backward(grad_out: torch.Tensor, out: torch.Tensor, "
+                  f"lse: torch.Tensor, {typed}, mask_grad: bool = False) -> list[torch.Tensor]:\n"
+                  f"    return _backward(_op, ({names},), out, lse, grad_out, mask_grad)\n")
+        scope = {"torch": torch, "Optional": Optional, "_backward": backward, "_op": op}
+        exec(compile(source, f"<specgen {d.name} backward operator>", "exec"), scope)
+        implementation = scope[f"_{d.name}_backward"]
+        implementation.__module__ = op.module
+        triton_op(f"specgen::{d.name}_backward", mutates_args=())(implementation)
+        backward_operator = getattr(torch.ops.specgen, f"{d.name}_backward")
+
+        def setup_context(ctx, inputs, output):
+            _, lse = output
+            # the logsumexp is saved for the backward, not a differentiable output
+            ctx.mark_non_differentiable(lse)
+            _save(ctx, op, inputs, output)
+
+        def autograd_backward(ctx, grad_out, grad_lse):
+            _refuse_double_backward(op)
+            args, out, lse = _saved(ctx)
+            grads = backward_operator(grad_out, out, lse, *args,
+                                      mask_grad=_mask_grad_needed(op, ctx))
+            return _by_argument(op, ctx, grads)
+
+        torch.library.register_autograd(f"specgen::{d.name}", autograd_backward,
+                                        setup_context=setup_context)
+
+    def call(self, op: Op, key: tuple | None, args: tuple, out: object = None) -> torch.Tensor:
+        d = op.description
+        tensors = [args[i] for i in d.tensor_positions]
+        if (torch.is_grad_enabled() and untraced(tensors)
+                and any(t is not None and t.requires_grad for t in tensors)):
+            # eager autograd: the kernels inside an autograd.Function, without the dispatcher
+            check_tensor_types(op.name, dict(zip(d.tensor_names, tensors)),
+                               optional=d.optional_tensors)
+            return op.state.apply(op, *op.check_scalars(args, taken=True))
+        return op.call(key, args)[0]
+
+    def run(self, op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        return forward(op, args)
 
 
 RUNTIME = Attention()
 
 
-def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The output and, with ``store_lse``, each row's logsumexp (float32, ``(..., Hq, L)``):
-    what the backward recomputes the softmax from."""
+def _save(ctx, op: Op, args: tuple, output: tuple) -> None:
+    # tensors through save_for_backward (an input changed in place before the backward raises
+    # torch's error), the rest as they came
+    ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in args), *output)
+    ctx.scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+    ctx.op = op
+
+
+def _saved(ctx) -> tuple[list, torch.Tensor, torch.Tensor]:
+    *tensors, out, lse = ctx.saved_tensors
+    return [s if t is None else t for t, s in zip(tensors, ctx.scalars)], out, lse
+
+
+def _mask_grad_needed(op: Op, ctx, skip: int = 0) -> bool:
+    spec: Launch = op.description.launch
+    if not spec.attn_mask:
+        return False
+    position = next(i for i, a in enumerate(op.description.args) if a.name == spec.attn_mask)
+    return bool(ctx.needs_input_grad[skip + position])
+
+
+def _refuse_double_backward(op: Op) -> None:
+    # grad mode is on in a backward exactly when it builds a graph (create_graph=True)
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{op.name}: double backward (create_graph=True) is not supported: "
+                           f"the backward's kernels are not differentiable")
+
+
+def _by_argument(op: Op, ctx, grads: list[torch.Tensor], skip: int = 0) -> tuple:
+    """The backward operator's gradients (query, key, value, mask, then per-head tensors) at
+    their arguments' positions, None where an argument needs none."""
+    spec: Launch = op.description.launch
+    found = dict(zip((spec.query, spec.key, spec.value, spec.attn_mask or "", *spec.head_grads),
+                     grads))
+    needs = ctx.needs_input_grad[skip:]
+    result = []
+    for arg, need in zip(op.description.args, needs):
+        grad = found.get(arg.name) if need else None
+        if need and grad is None:
+            # a per-head tensor the score does not differentiate by
+            grad = torch.zeros_like(_saved(ctx)[0][len(result)])
+        result.append(grad)
+    return tuple(result)
+
+
+class _EagerAutograd(torch.autograd.Function):
+    """Untraced calls that need a gradient: the forward and the backward kernels, without the
+    dispatcher and custom-op autograd."""
+
+    @staticmethod
+    def forward(ctx, op, *args):
+        out, lse = forward(op, args)
+        _save(ctx, op, args, (out, lse))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        op = ctx.op
+        _refuse_double_backward(op)
+        args, out, lse = _saved(ctx)
+        grads = backward(op, tuple(args), out, lse, grad_out, _mask_grad_needed(op, ctx, skip=1))
+        return (None, *_by_argument(op, ctx, grads, skip=1))
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call's checked arguments: what the forward and the backward launch from."""
+
+    named: dict                     # every argument by name
+    operands: dict                  # the query, key, value and a given mask, by their names
+    mask: torch.Tensor | None
+    heads: dict                     # per-head tensors
+    per_batch: dict                 # per-batch tensors
+    problem: Problem
+    device: torch.device
+    scale: float
+
+
+def _checked(op: Op, args: tuple) -> Call:
     d = op.description
     spec: Launch = d.launch
     named = {a.name: value for a, value in zip(d.args, args)}
@@ -116,24 +255,35 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
         _check_per_batch(op.name, name, tensor, math.prod(problem.batch))
     check_same_device(op.name, spec.query, device, {
         **({spec.attn_mask: mask} if mask is not None else {}), **heads, **per_batch})
-
-    batch = problem.batch
-    shape, strides = _out_layout(problem)
-    out = empty(shape, query.dtype, device, strides)
-    lse = None
-    if store_lse:   # at the output's rank, less its last dim
-        lse = empty(shape[:-1], torch.float32, device)
-    if out.numel() == 0 and (lse is None or lse.numel() == 0):
-        return out, lse
-
+    if mask is not None:
+        operands[spec.attn_mask] = mask
     scale = named.get("scale")
     if scale is None:
         scale = 1.0 / math.sqrt(problem.dim) if problem.dim else 1.0
-    if mask is not None:
-        operands[spec.attn_mask] = mask
-    strides = _batch_strides(op.name, problem, operands, out, lse)
+    return Call(named, operands, mask, heads, per_batch, problem, device, scale)
+
+
+def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and each row's logsumexp (float32, ``(..., Hq, L)``, -inf where a row sees no
+    key): what the backward recomputes the softmax from."""
+    d = op.description
+    spec: Launch = d.launch
+    call = _checked(op, args)
+    named, operands, mask, heads, per_batch = (call.named, call.operands, call.mask, call.heads,
+                                               call.per_batch)
+    problem, device, scale = call.problem, call.device, call.scale
+    query, key, value = operands[spec.query], operands[spec.key], operands[spec.value]
+
+    shape, strides = _out_layout(problem)
+    out = empty(shape, query.dtype, device, strides)
+    # at the output's rank, less its last dim
+    lse = empty(shape[:-1], torch.float32, device)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+
+    strides = _batch_strides(op.name, problem, {**operands, "out": out, "lse": lse})
     b0, b1 = strides.pop("batch")
-    lse_strides = strides.pop("lse", (0, 0, 0, 0))
+    lse_strides = strides.pop("lse")
     index_64 = choose_int64(op.name, d.indexing, {
         name: _padded_span(tensor) for name, tensor in (*operands.items(), ("out", out))},
         max_tile=0)
@@ -154,7 +304,7 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
     # a pointer stands in for an absent mask and an unsaved logsumexp (never read or written)
     pointers = [query, key, value, *([mask if mask is not None else query]
                                      if spec.attn_mask else []),
-                *vectors, out, lse if lse is not None else out]
+                *vectors, out, lse]
     mask_strides = strides.get(spec.attn_mask, (0, 0, 0, 0, 0)) if spec.attn_mask else ()
     splits = _splits(blocks * triton.cdiv(length, SPLIT_BLOCK_M), problem.keys, device) \
         if spec.split_kv else 1
@@ -182,17 +332,129 @@ def forward(op: Op, args: tuple, store_lse: bool) -> tuple[torch.Tensor, torch.T
            scale, *(named[name] for name in spec.scalars),
            # head dims are constexprs: a symbolic one (torch.compile) is specialized, as every
            # flash kernel compiles per head dim
-           **flags, **mask_kind, **constexprs, STORE_LSE=store_lse, E=int(problem.dim), EV=int(problem.value_dim),
+           **flags, **mask_kind, **constexprs, E=int(problem.dim), EV=int(problem.value_dim),
            INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
            BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64,
            tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items()), splits))
     if splits > 1:
         launch(op.kernels["merge"], (rows,), partial, partial_lse, out,
-               lse if lse is not None else out, rows, splits, b1, problem.heads, problem.length,
-               *strides["out"], *lse_strides, STORE_LSE=store_lse, EV=int(problem.value_dim),
+               lse, rows, splits, b1, problem.heads, problem.length,
+               *strides["out"], *lse_strides, EV=int(problem.value_dim),
                BLOCK_EV=block_ev, NUM_SPLITS=next_power_of_2(splits), INDEX_64=index_64,
                num_warps=4)
     return out, lse
+
+
+def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
+             grad_out: torch.Tensor, mask_grad: bool) -> list[torch.Tensor]:
+    """The gradients of the query, key and value, of a float mask (with ``mask_grad``; else an
+    empty tensor stands in) and of each per-head tensor the score differentiates by, from the
+    forward's output and row logsumexps and the output's gradient ``grad_out``."""
+    d = op.description
+    spec: Launch = d.launch
+    call = _checked(op, args)
+    problem, device, operands, mask = call.problem, call.device, call.operands, call.mask
+    query, key, value = operands[spec.query], operands[spec.key], operands[spec.value]
+    if tuple(grad_out.shape) != tuple(out.shape):
+        raise ValueError(f"{op.name}: the output's gradient has shape {tuple(grad_out.shape)}, "
+                         f"the output {tuple(out.shape)}")
+    mask_grad = mask_grad and mask is not None and mask.dtype != torch.bool
+    batch, heads, group = problem.batch, problem.heads, problem.group
+    heads_kv = heads // group if group else heads
+    # each gradient at the problem's full shape (dense), summed to its input's where the input
+    # broadcast (batch dims, one head); float32 until then
+    full = {
+        spec.query: (*batch, heads, problem.length, problem.dim),
+        spec.key: (*batch, heads_kv, problem.keys, problem.dim),
+        spec.value: (*batch, heads_kv, problem.keys, problem.value_dim),
+    }
+    grads = {}
+    for name, shape in full.items():
+        exact = tuple(operands[name].shape) == shape
+        grads[name] = empty(shape, query.dtype if exact else torch.float32, device)
+    grad_mask = (torch.zeros((*batch, heads, problem.length, problem.keys), dtype=torch.float32,
+                             device=device) if mask_grad else None)
+    # a slot per 16 keys: the key pass's programs each write BLOCK_N / 16 of them
+    slots = triton.cdiv(problem.keys, 16)
+    head_grads = {name: empty((math.prod(batch), heads, slots), torch.float32, device)
+                  for name in spec.head_grads}
+    delta = empty(lse.shape, torch.float32, device)
+
+    if lse.numel() and problem.keys:
+        _launch_backward(op, call, out, lse, grad_out, delta, grads, grad_mask, head_grads)
+    else:   # no rows or no keys: every gradient is 0
+        for tensor in (*grads.values(), *head_grads.values()):
+            tensor.zero_()
+
+    result = [_summed(grads[name], operands[name]) for name in full]
+    result.append(_summed(grad_mask, mask) if grad_mask is not None else query.new_empty(0))
+    for name, buffer in head_grads.items():
+        tensor = call.heads[name]
+        result.append(_summed(buffer.sum((0, 2)), tensor))
+    return result
+
+
+def _summed(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``grad`` summed over the dims ``like`` broadcast over, in ``like``'s dtype."""
+    if tuple(grad.shape) != tuple(like.shape):
+        grad = grad.sum_to_size(like.shape)
+    return grad.to(like.dtype)
+
+
+def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_mask,
+                     head_grads) -> None:
+    d = op.description
+    spec: Launch = d.launch
+    problem, named, operands, mask = call.problem, call.named, call.operands, call.mask
+    query = operands[spec.query]
+    tensors = {**operands, "out": out, "lse": lse, "grad_out": grad_out, "delta": delta,
+               **{f"grad_{name}": g for name, g in zip(("query", "key", "value"), grads.values())},
+               **({"grad_mask": grad_mask} if grad_mask is not None else {})}
+    strides = _batch_strides(op.name, problem, tensors)
+    b0, b1 = strides.pop("batch")
+    index_64 = choose_int64(op.name, d.indexing, {
+        name: _padded_span(tensor) for name, tensor in tensors.items()
+        if name not in ROW_STATISTICS}, max_tile=0)
+    block_e = max(16, next_power_of_2(problem.dim))
+    block_ev = max(16, next_power_of_2(problem.value_dim))
+    flags = {name.upper(): bool(named[name]) for name in spec.flags}
+    mask_kind = {} if not spec.attn_mask else {
+        "MASK_KIND": 0 if mask is None else 1 if mask.dtype == torch.bool else 2}
+    vectors = (*call.heads.values(), *call.per_batch.values())
+    vector_strides = [t.stride(0) if t.shape[0] > 1 else 0 for t in vectors]
+    # a pointer stands in for an absent mask and an unwanted mask gradient (never read or written)
+    mask_pointer = [mask if mask is not None else query] if spec.attn_mask else []
+    mask_strides = strides.get(spec.attn_mask, (0,) * 5) if spec.attn_mask else ()
+    sizes = (b1, problem.heads, problem.length, problem.keys, problem.group)
+    operand_strides = (*strides[spec.query], *strides[spec.key], *strides[spec.value],
+                       *mask_strides, *vector_strides)
+    scalars = (call.scale, *(named[name] for name in spec.scalars))
+    meta = dict(**flags, **mask_kind, E=int(problem.dim), EV=int(problem.value_dim),
+                INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+                BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64)
+    tune_key = (problem.length, problem.keys, query.dtype, tuple(mask_kind.items()))
+    batches = b0 * b1
+    grad_query, grad_key, grad_value = grads.values()
+    note_launch(op.name, "backward_query", index_64, mask=mask_kind.get("MASK_KIND", 0))
+    inputs = (query, operands[spec.key], operands[spec.value], *mask_pointer, *vectors)
+    launch(op.kernels["backward_query"],
+           lambda m: (batches * problem.heads * triton.cdiv(problem.length, m["BLOCK_M"]),),
+           *inputs, out, lse, grad_out, delta, grad_query,
+           *([grad_mask if grad_mask is not None else query] if spec.attn_mask else []),
+           *sizes, *operand_strides, *strides["out"], *strides["lse"], *strides["grad_out"],
+           *strides["grad_query"],
+           *((strides["grad_mask"] if grad_mask is not None else (0,) * 5)
+             if spec.attn_mask else ()),
+           *scalars, **meta, **({"MASK_GRAD": grad_mask is not None} if spec.attn_mask else {}),
+           tune_key=(*tune_key, grad_mask is not None))
+    note_launch(op.name, "backward_key", index_64, mask=mask_kind.get("MASK_KIND", 0))
+    heads_kv = problem.heads // problem.group
+    launch(op.kernels["backward_key"],
+           lambda m: (batches * heads_kv * triton.cdiv(problem.keys, m["BLOCK_N"]),),
+           *inputs, lse, grad_out, delta,
+           grad_key, grad_value, *head_grads.values(),
+           *sizes, *operand_strides, *strides["lse"], *strides["grad_out"], *strides["grad_key"],
+           *strides["grad_value"], *scalars, **meta, tune_key=tune_key)
 
 
 def _splits(programs: int, keys: int, device: torch.device) -> int:
@@ -292,18 +554,20 @@ def _check_per_batch(op: str, name: str, tensor: torch.Tensor, batch: int) -> No
                         f"int64 (key counts)")
 
 
-def _batch_strides(op: str, problem: Problem, operands: dict[str, torch.Tensor],
-                   out: torch.Tensor, lse: torch.Tensor | None) -> dict:
+# tensors of a value per row, (..., H, L): one dim fewer than the others
+ROW_STATISTICS = ("lse", "delta")
+
+
+def _batch_strides(op: str, problem: Problem, tensors: dict[str, torch.Tensor]) -> dict:
     """Each tensor's strides as the kernel takes them: two batch dims (merged where every tensor
     allows), then heads, rows (or keys), columns; broadcast dims have stride 0. ``"batch"``: the
     two batch sizes."""
     batch = problem.batch
     rank = len(batch)
     full = {}
-    for name, tensor in (*operands.items(), ("out", out), *((("lse", lse),) if lse is not None
-                                                           else ())):
+    for name, tensor in tensors.items():
         shape, strides = tuple(tensor.shape), tuple(tensor.stride())
-        pad = rank + (3 if name != "lse" else 2) - len(shape)
+        pad = rank + (3 if name not in ROW_STATISTICS else 2) - len(shape)
         shape, strides = (1,) * pad + shape, (0,) * pad + strides
         # broadcast dims (size 1 against a larger size) step by 0
         full[name] = tuple(0 if size == 1 else stride for size, stride in zip(shape, strides))

@@ -263,11 +263,16 @@ class Op:
         function.__doc__ = _docstring(d, self.family)
         return function
 
-    def register_operators(self) -> None:
+    def register_operators(self, results: int | None = None, by_reference: bool = True) -> None:
+        """``results``: how many tensors the operator returns, where the implementation returns
+        more than the outputs (attention's row statistics, which its backward reads);
+        ``by_reference``: its autograd differentiates the reference (else the family registers
+        its own)."""
         d = self.description
-        typed = ", ".join(_typed(a) for a in d.args)
-        result = ("torch.Tensor" if len(d.outputs) == 1
-                  else f"tuple[{', '.join('torch.Tensor' for _ in d.outputs)}]")
+        typed = ", ".join(typed_param(a) for a in d.args)
+        results = results or len(d.outputs)
+        result = ("torch.Tensor" if results == 1
+                  else f"tuple[{', '.join('torch.Tensor' for _ in range(results))}]")
         names = ", ".join(a.name for a in d.args)
         scope = {"torch": torch, "Optional": Optional, "_run": self.run, "_run_out": self.run_out}
         source = f"def _{d.name}({typed}) -> {result}:\n    return _run({names})\n"
@@ -286,7 +291,7 @@ class Op:
         if self.family.takes_out:
             # outputs come first: torch.library does not take keyword-only tensors
             self.out_operator = getattr(torch.ops.specgen, f"{d.name}_out")
-        if self.differentiable:
+        if self.differentiable and by_reference:
             # the backward: the vector-Jacobian product of `reference` at the saved inputs
             differentiate_by_reference(f"specgen::{d.name}", self.reference)
 
@@ -298,7 +303,8 @@ def _remember(filename: str, source: str) -> str:
     return filename
 
 
-def _typed(arg: ArgInfo) -> str:
+def typed_param(arg: ArgInfo) -> str:
+    """An argument as an operator's annotated parameter (torch.library reads the schema)."""
     if arg.kind == "tensor":
         return f"{arg.name}: Optional[torch.Tensor] = None" if arg.optional \
             else f"{arg.name}: torch.Tensor"

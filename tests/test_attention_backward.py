@@ -1,0 +1,173 @@
+"""The attention family's backward beyond the property suite's gradient check: the two known
+failure modes of the Triton tutorial's backward (causal ignored where L != S; wrong at head dim
+128), grouped heads summed in the kernel, the per-head and mask gradients, the derivative the
+planner derives from a score, determinism, and the autograd rules (double backward refused, an
+input changed in place refused)."""
+
+import pytest
+import torch
+
+import generated
+from specgen import derive
+from specgen import references as ref
+from specgen.errors import SpecError
+from specgen.families import attention as family
+from specgen.model import Source
+from specgen.parse import parse_spec
+from specgen.runtime import override, record_launches
+from specgen.testing import device
+
+F = torch.nn.functional
+# float32 on the CPU tier: the kernels' float32 dots are exact there (ieee), so the gradients
+# agree with float64 autograd to a few ulps of the sums
+RTOL, ATOL = 1e-4, 1e-5
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+def _inputs(*shapes, seed=0, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.rand(*shape, generator=generator, dtype=torch.float64) * 4 - 2).to(dtype)
+            .to(device()).requires_grad_() for shape in shapes]
+
+
+def _check(ours, reference, inputs, *extra, config=SMALL, **kwargs):
+    """Our gradients of every input against float64 autograd of ``reference``."""
+    with override(config=config):
+        out = ours(*inputs, *extra, **kwargs)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7),
+                       dtype=torch.float64).to(out.device)
+    got = torch.autograd.grad(out, inputs, grad.to(out.dtype))
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(reference(*wide, *extra, **kwargs), wide, grad)
+    for name, g, w in zip("abcdefgh", got, want):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g.double(), w, rtol=RTOL, atol=ATOL, msg=f"input {name}")
+
+
+@pytest.mark.parametrize("length, keys", [(37, 21), (21, 37), (40, 40)])
+def test_causal_gradients_where_the_lengths_differ(length, keys):
+    # the tutorial's backward ignored the causal mask outside the square case
+    q, k, v = _inputs((2, 2, length, 16), (2, 2, keys, 16), (2, 2, keys, 8))
+    _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v],
+           is_causal=True)
+
+
+def test_gradients_at_head_dim_128():
+    # the tutorial's backward was wrong at a head dim of 128
+    q, k, v = _inputs((1, 2, 20, 128), (1, 2, 24, 128), (1, 2, 24, 128), seed=1)
+    _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v])
+
+
+def test_grouped_heads_sum_their_key_and_value_gradients():
+    q, k, v = _inputs((2, 6, 19, 16), (2, 2, 23, 16), (2, 2, 23, 24), seed=2)
+    _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v],
+           is_causal=True, enable_gqa=True)
+
+
+def test_broadcast_batch_and_head_gradients_are_summed():
+    # one key/value head for every query head, and key/value batch dims of one
+    q, k, v = _inputs((3, 4, 17, 16), (1, 1, 20, 16), (1, 1, 20, 16), seed=3)
+    _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v])
+
+
+def test_a_float_mask_gets_its_gradient():
+    q, k, v, mask = _inputs((2, 2, 18, 16), (2, 2, 22, 16), (2, 2, 22, 16), (2, 1, 18, 22),
+                            seed=4)
+    _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention,
+           [q, k, v, mask])
+
+
+def test_a_bool_mask_takes_part_in_the_gradients():
+    q, k, v = _inputs((1, 2, 18, 16), (1, 2, 22, 16), (1, 2, 22, 16), seed=5)
+    mask = torch.rand(18, 22, generator=torch.Generator().manual_seed(5)).to(device()) > 0.4
+    mask[3] = False     # a row that sees no key: zeros, and no gradient
+    _check(generated.scaled_dot_product_attention, ref.scaled_dot_product_attention,
+           [q, k, v], mask)
+
+
+def test_score_expressions_and_per_head_gradients():
+    q, k, v = _inputs((2, 3, 21, 16), (2, 3, 26, 16), (2, 3, 26, 16), seed=6)
+    slopes, = _inputs((3,), seed=7)
+    _check(generated.alibi_attention, ref.alibi_attention, [q, k, v, slopes], True)
+    _check(generated.softcap_attention, ref.softcap_attention, [q, k, v], 3.0, True)
+    _check(generated.sliding_window_attention, ref.sliding_window_attention, [q, k, v], 5)
+
+
+def test_decoding_gradients_per_cache_length():
+    q, k, v = _inputs((3, 4, 2, 16), (3, 2, 40, 16), (3, 2, 40, 16), seed=8)
+    lengths = torch.tensor([40, 0, 17], device=device())
+    _check(generated.decode_attention, ref.decode_attention, [q, k, v], lengths,
+           enable_gqa=True)
+
+
+def test_the_backward_runs_two_kernels_and_is_deterministic():
+    q, k, v = _inputs((2, 2, 33, 16), (2, 2, 33, 16), (2, 2, 33, 16), seed=9)
+    runs = []
+    for _ in range(2):
+        with override(config=SMALL), record_launches() as log:
+            out = generated.scaled_dot_product_attention(q, k, v, is_causal=True)
+            runs.append(torch.autograd.grad(out.sum(), (q, k, v)))
+    kernels = [launch.kernel for launch in log]
+    assert kernels == ["forward", "backward_query", "backward_key"], kernels
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
+def test_double_backward_is_refused():
+    q, k, v = _inputs((1, 1, 5, 16), (1, 1, 5, 16), (1, 1, 5, 16))
+    out = generated.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_an_input_changed_in_place_after_the_forward_is_refused():
+    q, k, v = _inputs((1, 1, 5, 16), (1, 1, 5, 16), (1, 1, 5, 16))
+    out = generated.scaled_dot_product_attention(q, k, v)
+    with torch.no_grad():
+        k.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def _plan(score: str, per_head: str = ""):
+    reference = ("ref.alibi_attention(query, key, value, slopes)" if per_head else
+                 "F.scaled_dot_product_attention(query, key, value)")
+    text = f'''
+[op]
+name = "scored"
+family = "attention"
+reference = "{reference}"
+
+[args]
+query = {{ kind = "tensor", dims = ["...", "H", "L", "E"] }}
+key = {{ kind = "tensor", dims = ["...", "Hkv", "S", "E"] }}
+value = {{ kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }}
+{per_head}
+
+[attention]
+score = "{score}"
+'''
+    return family.plan(parse_spec(text, Source("specs/scored.toml", "0" * 64, text)))
+
+
+def test_the_score_derivatives_are_derived_at_build_time():
+    softcap = _plan("30.0 * tanh(s / 30.0)")
+    assert "tanh" in softcap.score_grad and softcap.head_grads == ()
+    alibi = _plan("s - slopes * abs(i - j)",
+                  'slopes = { kind = "tensor", dims = ["H"] }')
+    assert alibi.score_grad == "1.0"
+    (name, grad), = alibi.head_grads
+    assert name == "slopes" and "abs" in grad and "row_i" in grad
+    # a per-head tensor the score reads where its derivative is 0 gets no gradient term
+    assert _plan("s + 0.0 * slopes", 'slopes = { kind = "tensor", dims = ["H"] }').head_grads == ()
+
+
+def test_a_score_without_a_derivative_is_a_spec_error(monkeypatch):
+    # every function of the expression language has a rule today; a new one without must stop
+    # the build at the score, never give a wrong gradient
+    def refuse(tree, name):
+        raise derive.NotDifferentiable("newfn() has no derivative rule")
+
+    monkeypatch.setattr(derive, "partial", refuse)
+    with pytest.raises(SpecError, match=r"specs/scored.toml.*attention\.score.*newfn\(\)"):
+        _plan("s * 2.0")
