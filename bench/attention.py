@@ -1,9 +1,10 @@
-"""Attention forward, bf16: TFLOP/s of specgen against torch's scaled_dot_product_attention with
+"""Attention forward, and forward+backward, bf16: TFLOP/s of specgen against torch's scaled_dot_product_attention with
 its own choice, forced to the flash backend and forced to cuDNN, and for the variants written as
 specs against torch.compile'd FlexAttention with the same score_mod / mask_mod.
 
 FLOPs count the two matmuls, 4 * B * H * L * S * E, halved under a causal mask (the keys a row
-sees), as FlashAttention's benchmarks count them. Each timing is do_bench's median (L2 flushed
+sees), as FlashAttention's benchmarks count them; forward+backward counts 3.5 times that (the
+backward's five matmuls, as FlashAttention's benchmarks). Each timing is do_bench's median (L2 flushed
 before each call); the check column is specgen's largest error against SDPA (its default
 backend) on the inputs in float32.
 
@@ -25,6 +26,8 @@ DTYPE = torch.bfloat16
 SHAPES = ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (16, 16, 1024, 64, False),
           (4, 32, 4096, 256, False))
 PEERS = ("specgen", "sdpa", "sdpa flash", "sdpa cudnn")
+# forward+backward: the issue's cells
+TRAINING_SHAPES = SHAPES[:3]
 
 
 def _generated():
@@ -109,7 +112,65 @@ def section(run: harness.Run) -> str:
             "Decoding: one query row against full caches (SDPA computes the same with "
             "enable_gqa=True); GB/s counts the caches, the query and the output once; copy is a "
             "device copy of the same bytes timed the same way.\n\n"
-            + harness.markdown_table(decode_header, _decode(g)) + "\n")
+            + harness.markdown_table(decode_header, _decode(g)) + "\n\n"
+            "Forward+backward: the forward and torch.autograd.grad of the query, key and value; "
+            "peak MiB is the most memory allocated during one such step beyond the inputs; the "
+            "error is the largest over the three gradients, against float32 SDPA, relative to "
+            "each gradient's largest element.\n\n"
+            + harness.markdown_table(TRAINING_HEADER, _training(g)) + "\n")
+
+
+TRAINING_HEADER = ("fwd+bwd case", *(f"{p} TFLOP/s" for p in PEERS), "specgen peak MiB",
+                   "sdpa flash peak MiB", "max error vs float32")
+
+
+def _training(g) -> list[list[str]]:
+    from torch.nn.attention import SDPBackend
+
+    rows = []
+    for batch, heads, length, dim, causal in TRAINING_SHAPES:
+        q, k, v = (torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE,
+                               requires_grad=True) for _ in range(3))
+        grad = torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE)
+        flops = 3.5 * 4 * batch * heads * length * length * dim * (0.5 if causal else 1.0)
+        forwards = {
+            "specgen": lambda q, k, v: g.scaled_dot_product_attention(q, k, v, is_causal=causal),
+            "sdpa": lambda q, k, v: _sdpa(None)(q, k, v, causal),
+            "sdpa flash": lambda q, k, v: _sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+            "sdpa cudnn": lambda q, k, v: _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal),
+        }
+
+        def step(forward):
+            return lambda: torch.autograd.grad(forward(q, k, v), (q, k, v), grad)
+
+        times = {name: _time(step(fn)) for name, fn in forwards.items()}
+        peaks = {name: _peak_mib(step(forwards[name])) for name in ("specgen", "sdpa flash")}
+        ours = step(forwards["specgen"])()
+        wide = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad(F.scaled_dot_product_attention(*wide, is_causal=causal),
+                                   wide, grad.float())
+        error = max(((o.float() - w).abs().max() / w.abs().max()).item()
+                    for o, w in zip(ours, want))
+        cells = [f"B{batch} H{heads} S{length} E{dim}" + (" causal" if causal else "")]
+        cells += [_cell(times[name], flops) for name in PEERS]
+        cells += [peaks["specgen"], peaks["sdpa flash"], f"{error:.1e}"]
+        print(" | ".join(cells), flush=True)
+        rows.append(cells)
+        del q, k, v, grad, wide, want, ours
+    return rows
+
+
+def _peak_mib(fn: Callable) -> str:
+    try:
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return f"{(torch.cuda.max_memory_allocated() - before) / 2**20:.0f}"
+    except Exception as exc:
+        return f"failed: {harness.describe(exc)}"
 
 
 # (batch, query heads, key/value heads, cached keys, head dim): the issue's decoding cells

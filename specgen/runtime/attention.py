@@ -170,8 +170,10 @@ def _mask_grad_needed(op: Op, ctx, skip: int = 0) -> bool:
     spec: Launch = op.description.launch
     if not spec.attn_mask:
         return False
-    position = next(i for i, a in enumerate(op.description.args) if a.name == spec.attn_mask)
-    return bool(ctx.needs_input_grad[skip + position])
+    position = skip + next(i for i, a in enumerate(op.description.args)
+                           if a.name == spec.attn_mask)
+    # (a registered operator's call that left trailing arguments out has no flags for them)
+    return position < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[position])
 
 
 def _refuse_double_backward(op: Op) -> None:

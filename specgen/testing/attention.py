@@ -28,6 +28,18 @@ TOLERANCES = {
     torch.float16: (2e-3, 3e-3),
     torch.bfloat16: (1e-2, 2.5e-2),
 }
+# the gradients, atol relative to each gradient's largest element (at least 1): the backward
+# rounds each probability and each score's gradient to the inputs' dtype before they meet the
+# values, the keys and the queries, and takes each row's dO . O from the output as stored (as
+# every flash kernel does); dQ and dK sum a row's or a key's terms, which may be larger than the
+# sum (float16 at L = S = 32: 0.014 off at an element of -0.40, the gradient's largest 15; float32
+# with one key, where the gradients are 0: up to 2.2e-5, dO . v less dO . O summed in another
+# order, times |i - j| for ALiBi's slopes)
+GRAD_TOLERANCES = {
+    torch.float32: (5e-5, 5e-5),
+    torch.float16: (5e-3, 5e-3),
+    torch.bfloat16: (4e-2, 4e-2),
+}
 # small tiles reach several query and key blocks, partial ones and the bounds of a mask on the
 # interpreter's small inputs
 SMALL_CONFIGS = (
@@ -129,7 +141,7 @@ def attention_cases(draw, info: OpInfo) -> Case:
         args["is_causal"] = False        # torch refuses both (tested apart)
     # the layout is flash's ((..., L, H, Ev) in memory), where torch's math gives another
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=TOLERANCES,
-                layout_reference=None)
+                grad_tolerances=GRAD_TOLERANCES, layout_reference=None)
 
 
 @st.composite
@@ -185,4 +197,17 @@ def attention_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
                 args.append(default(a))
         return tuple(args)
 
-    return {info.name: [call(True, False), call(False, True)]}
+    calls = [call(True, False), call(False, True)]
+    # the backward operator: the output's gradient, the forward's output and row logsumexps,
+    # the arguments (none requiring grad: the backward has no gradient of its own), and whether
+    # the mask wants its gradient
+    backward = []
+    operator = getattr(torch.ops.specgen, info.name)
+    for args in calls:
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+        with torch.no_grad():
+            out, lse = operator(*args)
+        masked = role.get("attn_mask") is not None and any(
+            a.name == role["attn_mask"] and v is not None for a, v in zip(info.args, args))
+        backward.append((make.r(*out.shape), out, lse, *args, masked))
+    return {info.name: calls, f"{info.name}_backward": backward}

@@ -141,6 +141,12 @@ class Case:
     # per-dtype (rtol, atol) replacing TOLERANCES, for ops whose error grows with a size
     # (a reduction's length, a matmul's K); None keeps the element-wise bounds
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    # the gradients' own (rtol, atol), atol relative to each gradient's largest element (at
+    # least 1), for a backward that sums terms larger than its results (attention's dQ and dK sum
+    # a row's or a key's scores' gradients, rounded to the inputs' dtype before the matmuls, as
+    # every flash kernel does: an element that cancels keeps its terms' rounding); None:
+    # ``tolerances``
+    grad_tolerances: dict[torch.dtype, tuple[float, float]] | None = None
     # arguments for the float64 reference when they must differ from ``args``: a None that torch
     # resolves from the input dtype (rms_norm's eps) is spelled out, as upcasting would change it
     reference_args: dict[str, Any] | None = None

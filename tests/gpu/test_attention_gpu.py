@@ -97,3 +97,91 @@ def test_decoding_against_a_long_cache():
                                 None, True)
     torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)
     assert (out[2] == 0).all()
+
+
+# ---- the backward ------------------------------------------------------------------------------
+
+def _grad_errors(fn, reference, inputs, *extra, **kwargs):
+    """Each input's gradient error (norm of the difference over the norm) of ``fn`` and of
+    torch's SDPA at the inputs' dtype (``reference`` at it), both against float64: torch's own
+    error at bfloat16 is the scale ours is held to."""
+    grad = torch.randn_like(reference(*inputs, *extra, **kwargs))
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(reference(*wide, *extra, **kwargs), wide, grad.double())
+    errors = {}
+    for name, f in (("ours", fn), ("torch", reference)):
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        got = torch.autograd.grad(f(*leaves, *extra, **kwargs), leaves, grad)
+        errors[name] = [((g.double() - w).norm() / w.norm()).item() for g, w in zip(got, want)]
+    return errors
+
+
+@pytest.mark.parametrize("case", ["causal L < S", "causal L > S", "gqa", "E256"])
+def test_backward_in_bfloat16_at_real_sizes(case):
+    torch.manual_seed(1)
+    shapes = {
+        "causal L < S": ((2, 8, 700, 128), (2, 8, 1100, 128), {"is_causal": True}),
+        "causal L > S": ((2, 8, 1100, 128), (2, 8, 700, 128), {"is_causal": True}),
+        "gqa": ((2, 8, 1000, 64), (2, 2, 1000, 64), {"enable_gqa": True, "is_causal": True}),
+        "E256": ((1, 4, 900, 256), (1, 4, 900, 256), {}),
+    }
+    query_shape, key_shape, kwargs = shapes[case]
+    q = torch.randn(*query_shape, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(*key_shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    errors = _grad_errors(generated.scaled_dot_product_attention,
+                          F.scaled_dot_product_attention, [q, k, v], **kwargs)
+    for ours, theirs in zip(errors["ours"], errors["torch"]):
+        assert ours <= 2 * theirs + 1e-3, errors
+
+
+def test_backward_of_the_variants_in_bfloat16():
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 777, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    slopes = torch.rand(4, device="cuda")
+    for fn, reference, inputs, extra in [
+        (generated.softcap_attention, ref.softcap_attention, [q, k, v], (20.0, True)),
+        (generated.alibi_attention, ref.alibi_attention, [q, k, v, slopes], (True,)),
+        (generated.sliding_window_attention, ref.sliding_window_attention, [q, k, v], (100,)),
+    ]:
+        grad = torch.randn(2, 4, 777, 128, device="cuda", dtype=torch.bfloat16)
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        got = torch.autograd.grad(fn(*leaves, *extra), leaves, grad)
+        wide = [t.detach().double().requires_grad_() for t in inputs]
+        want = torch.autograd.grad(reference(*wide, *extra), wide, grad.double())
+        for g, w in zip(got, want):
+            assert ((g.double() - w).norm() / w.norm()).item() < 2e-2, fn.__name__
+
+
+@pytest.mark.big_memory
+def test_backward_of_a_long_sequence_holds_no_length_by_keys_matrix():
+    # B1 H8 S32768 E128: an L x S matrix of bfloat16 would be 16 GiB; the backward's own
+    # allocations are the three gradients and two row statistics (some 200 MiB)
+    q, k, v = (torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    out = generated.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grad = torch.randn_like(out)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out.backward(grad)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra < 512 * 2**20, f"the backward allocated {extra / 2**20:.0f} MiB at its peak"
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_backward_under_torch_compile_with_no_graph_break():
+    torch.manual_seed(3)
+    inputs = [torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+    def loss(q, k, v):
+        a = generated.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b = generated.sliding_window_attention(q, k, v, 64)
+        return (a * 2 + b).float().square().sum()
+
+    grads = []
+    for f in (torch.compile(loss, fullgraph=True), loss):
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        grads.append(torch.autograd.grad(f(*leaves), leaves))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
