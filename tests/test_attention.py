@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import generated
+from specgen import derive
 from specgen import references as ref
 from specgen.errors import SpecError
 from specgen.families import attention as family
@@ -373,3 +374,29 @@ def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
     # 4 * (2 stages * 32 * 512 + 64 * 256) = 196608 bytes
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == \
         [(64, 32, 2)]
+
+
+def test_the_score_derivatives_are_derived_at_build_time():
+    softcap = family.plan(_spec('score = "30.0 * tanh(s / 30.0)"'))
+    assert "tanh" in softcap.score_grad and softcap.head_grads == ()
+    slopes = 'slopes = { kind = "tensor", dims = ["H"] }'
+    alibi = family.plan(_spec('score = "s - slopes * abs(i - j)"', slopes,
+                              "ref.alibi_attention(query, key, value, slopes)"))
+    assert alibi.score_grad == "1.0"
+    (name, grad), = alibi.head_grads
+    assert name == "slopes" and "abs" in grad and "row_i" in grad
+    # a per-head tensor the score reads where its derivative is 0 gets no gradient term
+    constant = family.plan(_spec('score = "s + 0.0 * slopes"', slopes,
+                                 "ref.alibi_attention(query, key, value, slopes)"))
+    assert constant.head_grads == ()
+
+
+def test_a_score_without_a_derivative_is_a_spec_error(monkeypatch):
+    # every function of the expression language has a rule today; a new one without must stop
+    # the build at the score, never give a wrong gradient
+    def refuse(tree, name):
+        raise derive.NotDifferentiable("newfn() has no derivative rule")
+
+    monkeypatch.setattr(derive, "partial", refuse)
+    with pytest.raises(SpecError, match=r"specs/variant.toml.*attention\.score.*newfn\(\)"):
+        _spec('score = "s * 2.0"')

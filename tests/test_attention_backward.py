@@ -1,19 +1,14 @@
 """The attention family's backward beyond the property suite's gradient check: the two known
 failure modes of the Triton tutorial's backward (causal ignored where L != S; wrong at head dim
-128), grouped heads summed in the kernel, the per-head and mask gradients, the derivative the
-planner derives from a score, determinism, and the autograd rules (double backward refused, an
-input changed in place refused)."""
+128), grouped heads summed in the kernel, the per-head and mask gradients, determinism, and the
+autograd rules (double backward refused, an input changed in place refused). The derivatives
+the planner derives from a score: tests/test_attention.py."""
 
 import pytest
 import torch
 
 import generated
-from specgen import derive
 from specgen import references as ref
-from specgen.errors import SpecError
-from specgen.families import attention as family
-from specgen.model import Source
-from specgen.parse import parse_spec
 from specgen.runtime import override, record_launches
 from specgen.testing import device
 
@@ -127,47 +122,3 @@ def test_an_input_changed_in_place_after_the_forward_is_refused():
         k.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
-
-
-def _plan(score: str, per_head: str = ""):
-    reference = ("ref.alibi_attention(query, key, value, slopes)" if per_head else
-                 "F.scaled_dot_product_attention(query, key, value)")
-    text = f'''
-[op]
-name = "scored"
-family = "attention"
-reference = "{reference}"
-
-[args]
-query = {{ kind = "tensor", dims = ["...", "H", "L", "E"] }}
-key = {{ kind = "tensor", dims = ["...", "Hkv", "S", "E"] }}
-value = {{ kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }}
-{per_head}
-
-[attention]
-score = "{score}"
-'''
-    return family.plan(parse_spec(text, Source("specs/scored.toml", "0" * 64, text)))
-
-
-def test_the_score_derivatives_are_derived_at_build_time():
-    softcap = _plan("30.0 * tanh(s / 30.0)")
-    assert "tanh" in softcap.score_grad and softcap.head_grads == ()
-    alibi = _plan("s - slopes * abs(i - j)",
-                  'slopes = { kind = "tensor", dims = ["H"] }')
-    assert alibi.score_grad == "1.0"
-    (name, grad), = alibi.head_grads
-    assert name == "slopes" and "abs" in grad and "row_i" in grad
-    # a per-head tensor the score reads where its derivative is 0 gets no gradient term
-    assert _plan("s + 0.0 * slopes", 'slopes = { kind = "tensor", dims = ["H"] }').head_grads == ()
-
-
-def test_a_score_without_a_derivative_is_a_spec_error(monkeypatch):
-    # every function of the expression language has a rule today; a new one without must stop
-    # the build at the score, never give a wrong gradient
-    def refuse(tree, name):
-        raise derive.NotDifferentiable("newfn() has no derivative rule")
-
-    monkeypatch.setattr(derive, "partial", refuse)
-    with pytest.raises(SpecError, match=r"specs/scored.toml.*attention\.score.*newfn\(\)"):
-        _plan("s * 2.0")

@@ -89,7 +89,7 @@ GENERATED_NAMES = frozenset({
     "grad_mask_stride_h", "grad_mask_stride_l", "grad_mask_stride_s", "MASK_GRAD", "grad_p",
     "grad_score", "grad_qk", "score_ds", "seen", "query_tile", "key_lo", "key_hi",
     "num_blocks_n", "start_n", "heads_kv", "group_head", "sees_some", "sees_all", "slots",
-    "slot_base", "query_offsets", "grad_offsets",
+    "slot_base", "query_offsets", "grad_offsets", "score_a", "score_b",
 })
 # the backward's per-expression names: score_d<k> (the score's derivative by the k-th per-head
 # tensor), head_grad_<k> and part_<k> (its sums), grad_<tensor>_ptr

@@ -9,6 +9,7 @@ float32; the GPU tier draws bfloat16 too.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -139,9 +140,15 @@ def attention_cases(draw, info: OpInfo) -> Case:
             notes.append(f"{name}={args[name]!r}")
     if role.get("attn_mask") and args.get(role["attn_mask"]) is not None and "is_causal" in args:
         args["is_causal"] = False        # torch refuses both (tested apart)
+    grad_sums = {}
+    mask = args.get(role.get("attn_mask", ""))
+    if mask is not None and mask.is_floating_point() and mask.numel():
+        # a mask element's gradient sums the gradients of the scores it broadcast to
+        scores = math.prod(torch.broadcast_shapes(query_batch, kv_batch)) * heads * length * keys
+        grad_sums[role["attn_mask"]] = max(1, scores // mask.numel())
     # the layout is flash's ((..., L, H, Ev) in memory), where torch's math gives another
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=TOLERANCES,
-                grad_tolerances=GRAD_TOLERANCES, layout_reference=None)
+                grad_tolerances=GRAD_TOLERANCES, grad_sums=grad_sums, layout_reference=None)
 
 
 @st.composite

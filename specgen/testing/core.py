@@ -142,11 +142,17 @@ class Case:
     # (a reduction's length, a matmul's K); None keeps the element-wise bounds
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
     # the gradients' own (rtol, atol), atol relative to each gradient's largest element (at
-    # least 1), for a backward that sums terms larger than its results (attention's dQ and dK sum
+    # least 1), every gradient held to the least precise input's, for a backward that sums terms
+    # larger than its results (attention's dQ and dK sum
     # a row's or a key's scores' gradients, rounded to the inputs' dtype before the matmuls, as
     # every flash kernel does: an element that cancels keeps its terms' rounding); None:
     # ``tolerances``
     grad_tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    # with ``grad_tolerances``: per input, how many of the backward's rounded terms each element
+    # of its gradient sums where the input broadcast (a float attention mask of shape (1, 1) sums
+    # every score's gradient); its atol grows with the square root of that count (rounding
+    # errors of independent terms add as a random walk)
+    grad_sums: dict[str, int] = field(default_factory=dict)
     # arguments for the float64 reference when they must differ from ``args``: a None that torch
     # resolves from the input dtype (rms_norm's eps) is spelled out, as upcasting would change it
     reference_args: dict[str, Any] | None = None
