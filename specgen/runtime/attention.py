@@ -635,4 +635,4 @@ def _padded_span(tensor: torch.Tensor) -> int:
     return span(tuple(shape), tuple(abs(s) for s in tensor.stride()))
 
 
-__all__ = ["RUNTIME", "Launch", "Problem", "forward", "prune_configs"]
+__all__ = ["RUNTIME", "Call", "Launch", "Problem", "backward", "forward", "prune_configs"]
