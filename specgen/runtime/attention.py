@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import triton
@@ -126,11 +126,9 @@ class Attention(FamilyRuntime):
             _save(ctx, op, inputs, output)
 
         def autograd_backward(ctx, grad_out, grad_lse):
-            _refuse_double_backward(op)
-            args, out, lse = _saved(ctx)
-            grads = backward_operator(grad_out, out, lse, *args,
-                                      mask_grad=_mask_grad_needed(op, ctx))
-            return _by_argument(op, ctx, grads)
+            def run(grad_out, out, lse, args, mask_grad):
+                return backward_operator(grad_out, out, lse, *args, mask_grad=mask_grad)
+            return _gradients(ctx, grad_out, run)
 
         torch.library.register_autograd(f"specgen::{d.name}", autograd_backward,
                                         setup_context=setup_context)
@@ -166,36 +164,28 @@ def _saved(ctx) -> tuple[list, torch.Tensor, torch.Tensor]:
     return [s if t is None else t for t, s in zip(tensors, ctx.scalars)], out, lse
 
 
-def _mask_grad_needed(op: Op, ctx, skip: int = 0) -> bool:
-    spec: Launch = op.description.launch
-    if not spec.attn_mask:
-        return False
-    position = skip + next(i for i, a in enumerate(op.description.args)
-                           if a.name == spec.attn_mask)
-    # (a registered operator's call that left trailing arguments out has no flags for them)
-    return position < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[position])
-
-
-def _refuse_double_backward(op: Op) -> None:
+def _gradients(ctx, grad_out: torch.Tensor, run: Callable, skip: int = 0) -> tuple:
+    """Each argument's gradient (None where it needs none) for the saved call of ``ctx``, whose
+    arguments' grad flags follow ``skip`` others: ``run(grad_out, out, lse, args, mask_grad)``
+    gives the backward operator's list (query, key, value, mask, then per-head tensors)."""
+    op = ctx.op
     # grad mode is on in a backward exactly when it builds a graph (create_graph=True)
     if torch.is_grad_enabled():
         raise RuntimeError(f"{op.name}: double backward (create_graph=True) is not supported: "
                            f"the backward's kernels are not differentiable")
-
-
-def _by_argument(op: Op, ctx, grads: list[torch.Tensor], skip: int = 0) -> tuple:
-    """The backward operator's gradients (query, key, value, mask, then per-head tensors) at
-    their arguments' positions, None where an argument needs none."""
     spec: Launch = op.description.launch
+    args, out, lse = _saved(ctx)
+    # (a registered operator's call that left trailing arguments out has no flags for them)
+    needs = dict(zip((a.name for a in op.description.args), ctx.needs_input_grad[skip:]))
+    grads = run(grad_out, out, lse, args, needs.get(spec.attn_mask, False))
     found = dict(zip((spec.query, spec.key, spec.value, spec.attn_mask or "", *spec.head_grads),
                      grads))
-    needs = ctx.needs_input_grad[skip:]
     result = []
-    for arg, need in zip(op.description.args, needs):
-        grad = found.get(arg.name) if need else None
+    for (name, need), value in zip(needs.items(), args):
+        grad = found.get(name) if need else None
         if need and grad is None:
             # a per-head tensor the score does not differentiate by
-            grad = torch.zeros_like(_saved(ctx)[0][len(result)])
+            grad = torch.zeros_like(value)
         result.append(grad)
     return tuple(result)
 
@@ -212,11 +202,9 @@ class _EagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        op = ctx.op
-        _refuse_double_backward(op)
-        args, out, lse = _saved(ctx)
-        grads = backward(op, tuple(args), out, lse, grad_out, _mask_grad_needed(op, ctx, skip=1))
-        return (None, *_by_argument(op, ctx, grads, skip=1))
+        def run(grad_out, out, lse, args, mask_grad):
+            return backward(ctx.op, tuple(args), out, lse, grad_out, mask_grad)
+        return (None, *_gradients(ctx, grad_out, run, skip=1))
 
 
 @dataclass(frozen=True)
