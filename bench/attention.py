@@ -113,8 +113,8 @@ def section(run: harness.Run) -> str:
             "enable_gqa=True); GB/s counts the caches, the query and the output once; copy is a "
             "device copy of the same bytes timed the same way.\n\n"
             + harness.markdown_table(decode_header, _decode(g)) + "\n\n"
-            "Forward+backward: the forward and torch.autograd.grad of the query, key and value; "
-            "peak MiB is the most memory allocated during one such step beyond the inputs; the "
+            "Forward+backward: the forward and torch.autograd.grad of the query, key and value, "
+            "TFLOP/s counting 3.5 times the forward's FLOPs (as FlashAttention's benchmarks); peak MiB is the most memory allocated during one such step beyond the inputs; the "
             "error is the largest over the three gradients, against float32 SDPA, relative to "
             "each gradient's largest element.\n\n"
             + harness.markdown_table(TRAINING_HEADER, _training(g)) + "\n")
