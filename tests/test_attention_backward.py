@@ -65,6 +65,19 @@ def test_broadcast_batch_and_head_gradients_are_summed():
     _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v])
 
 
+def test_an_output_gradient_in_a_layout_of_its_own():
+    # three batch dims merge in the inputs' layouts; the output's gradient, permuted over them,
+    # does not merge with them (the backward lays it out as the output)
+    q, k, v = _inputs((2, 3, 2, 1, 9, 16), (2, 3, 2, 1, 10, 16), (2, 3, 2, 1, 10, 16), seed=10)
+    out = generated.scaled_dot_product_attention(q, k, v)
+    grad = torch.randn(2, 2, 3, 1, 9, 16).to(device()).permute(0, 2, 1, 3, 4, 5)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(F.scaled_dot_product_attention(*wide), wide, grad.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=RTOL, atol=ATOL)
+
+
 def test_a_float_mask_gets_its_gradient():
     q, k, v, mask = _inputs((2, 2, 18, 16), (2, 2, 22, 16), (2, 2, 22, 16), (2, 1, 18, 22),
                             seed=4)

@@ -368,7 +368,8 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
     slots = triton.cdiv(problem.keys, 16)
     head_grads = {name: empty((math.prod(batch), heads, slots), torch.float32, device)
                   for name in spec.head_grads}
-    delta = empty(lse.shape, torch.float32, device)
+    # addressed with the logsumexp's strides
+    delta = empty(lse.shape, torch.float32, device, lse.stride())
 
     if lse.numel() and problem.keys:
         _launch_backward(op, call, out, lse, grad_out, delta, grads, grad_mask, head_grads)
@@ -400,7 +401,14 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
     tensors = {**operands, "out": out, "lse": lse, "grad_out": grad_out, "delta": delta,
                **{f"grad_{name}": g for name, g in zip(("query", "key", "value"), grads.values())},
                **({"grad_mask": grad_mask} if grad_mask is not None else {})}
-    strides = _batch_strides(op.name, problem, tensors)
+    try:
+        strides = _batch_strides(op.name, problem, tensors)
+    except ValueError:
+        # the output's gradient comes in a layout of the caller's making, which need not merge
+        # with the others: laid out as the output (which does), it does
+        grad_out = tensors["grad_out"] = empty(out.shape, grad_out.dtype, call.device,
+                                               out.stride()).copy_(grad_out)
+        strides = _batch_strides(op.name, problem, tensors)
     b0, b1 = strides.pop("batch")
     index_64 = choose_int64(op.name, d.indexing, {
         name: _padded_span(tensor) for name, tensor in tensors.items()
