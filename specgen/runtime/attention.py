@@ -344,7 +344,7 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
     spec: Launch = d.launch
     call = _checked(op, args)
     problem, device, operands, mask = call.problem, call.device, call.operands, call.mask
-    query, key, value = operands[spec.query], operands[spec.key], operands[spec.value]
+    query = operands[spec.query]
     if tuple(grad_out.shape) != tuple(out.shape):
         raise ValueError(f"{op.name}: the output's gradient has shape {tuple(grad_out.shape)}, "
                          f"the output {tuple(out.shape)}")

@@ -102,7 +102,6 @@ def attention_cases(draw, info: OpInfo) -> Case:
     args: dict[str, Any] = {}
     notes = [f"batch={batch} Hq={heads} Hkv={heads_kv} L={length} S={keys} E={dim} "
              f"Ev={value_dim} {dtype} config={overrides['config']}"]
-    causal = False
     for i, arg in enumerate(info.args):
         name = arg.name
         if name == role["query"]:
