@@ -139,12 +139,14 @@ def attention_cases(draw, info: OpInfo) -> Case:
             notes.append(f"{name}={args[name]!r}")
     if role.get("attn_mask") and args.get(role["attn_mask"]) is not None and "is_causal" in args:
         args["is_causal"] = False        # torch refuses both (tested apart)
-    grad_sums = {}
-    mask = args.get(role.get("attn_mask", ""))
-    if mask is not None and mask.is_floating_point() and mask.numel():
-        # a mask element's gradient sums the gradients of the scores it broadcast to
-        scores = math.prod(torch.broadcast_shapes(query_batch, kv_batch)) * heads * length * keys
-        grad_sums[role["attn_mask"]] = max(1, scores // mask.numel())
+    # a float mask's element and a per-head value sum the gradients of the scores they meet
+    scores = math.prod(torch.broadcast_shapes(query_batch, kv_batch)) * heads * length * keys
+    summed = [a.name for a in info.args if a.kind == "tensor" and a.dims == ("H",)]
+    if role.get("attn_mask"):
+        summed.append(role["attn_mask"])
+    grad_sums = {name: max(1, scores // args[name].numel()) for name in summed
+                 if args.get(name) is not None and args[name].is_floating_point()
+                 and args[name].numel()}
     # the layout is flash's ((..., L, H, Ev) in memory), where torch's math gives another
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=TOLERANCES,
                 grad_tolerances=GRAD_TOLERANCES, grad_sums=grad_sums, layout_reference=None)

@@ -149,9 +149,9 @@ class Case:
     # ``tolerances``
     grad_tolerances: dict[torch.dtype, tuple[float, float]] | None = None
     # with ``grad_tolerances``: per input, how many of the backward's rounded terms each element
-    # of its gradient sums where the input broadcast (a float attention mask of shape (1, 1) sums
-    # every score's gradient); its atol grows with the square root of that count (rounding
-    # errors of independent terms add as a random walk)
+    # of its gradient sums (a float attention mask of shape (1, 1), or ALiBi's slope of a head,
+    # sums the gradients of every score it meets); its atol grows with the square root of that
+    # count (rounding errors of independent terms add as a random walk)
     grad_sums: dict[str, int] = field(default_factory=dict)
     # arguments for the float64 reference when they must differ from ``args``: a None that torch
     # resolves from the input dtype (rms_norm's eps) is spelled out, as upcasting would change it
