@@ -259,8 +259,7 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     d = op.description
     spec: Launch = d.launch
     call = _checked(op, args)
-    named, operands, mask, heads, per_batch = (call.named, call.operands, call.mask, call.heads,
-                                               call.per_batch)
+    named, operands, mask = call.named, call.operands, call.mask
     problem, device, scale = call.problem, call.device, call.scale
     query, key, value = operands[spec.query], operands[spec.key], operands[spec.value]
 
@@ -277,21 +276,16 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     index_64 = choose_int64(op.name, d.indexing, {
         name: _padded_span(tensor) for name, tensor in (*operands.items(), ("out", out))},
         max_tile=0)
-    block_e = max(16, next_power_of_2(problem.dim))
-    block_ev = max(16, next_power_of_2(problem.value_dim))
-    flags = {name.upper(): bool(named[name]) for name in spec.flags}
-    mask_kind = {} if not spec.attn_mask else {
-        "MASK_KIND": 0 if mask is None else 1 if mask.dtype == torch.bool else 2}
+    meta = _constexprs(call, spec)
+    mask_kind = meta.get("MASK_KIND", 0)
     # packed: a program per key/value head takes its group's query heads as rows
     packed = (spec.packable and problem.group > 1 and mask is None
               and problem.group * problem.length <= PACK_MAX_ROWS)
     blocks = b0 * b1 * (problem.heads // problem.group if packed else problem.heads)
     length = problem.length * problem.group if packed else problem.length
 
-    # per-head and per-batch vectors of one element broadcast (stride 0)
-    vectors = (*heads.values(), *per_batch.values())
-    vector_strides = [t.stride(0) if t.shape[0] > 1 else 0 for t in vectors]
-    # a pointer stands in for an absent mask and an unsaved logsumexp (never read or written)
+    vectors, vector_strides = _vectors(call)
+    # a pointer stands in for an absent mask (never read)
     pointers = [query, key, value, *([mask if mask is not None else query]
                                      if spec.attn_mask else []),
                 *vectors, out, lse]
@@ -309,28 +303,23 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         constexprs = {"SPLIT": splits > 1}
     if spec.packable:
         constexprs["PACKED"] = packed
-    note_launch(op.name, "forward", index_64, mask=mask_kind.get("MASK_KIND", 0), splits=splits,
+    note_launch(op.name, "forward", index_64, mask=mask_kind, splits=splits,
                 packed=packed)
 
-    def grid(meta: dict) -> tuple[int]:
-        return (blocks * triton.cdiv(length, meta["BLOCK_M"]) * splits,)
+    def grid(config: dict) -> tuple[int]:
+        return (blocks * triton.cdiv(length, config["BLOCK_M"]) * splits,)
 
     launch(op.kernels["forward"], grid, *pointers, *split_args,
            b1, problem.heads, problem.length, problem.keys, problem.group,
            *strides[spec.query], *strides[spec.key], *strides[spec.value], *mask_strides,
            *vector_strides, *strides["out"], *lse_strides,
-           scale, *(named[name] for name in spec.scalars),
-           # head dims are constexprs: a symbolic one (torch.compile) is specialized, as every
-           # flash kernel compiles per head dim
-           **flags, **mask_kind, **constexprs, E=int(problem.dim), EV=int(problem.value_dim),
-           INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-           BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64,
-           tune_key=(problem.length, problem.keys, query.dtype, tuple(mask_kind.items()), splits))
+           scale, *(named[name] for name in spec.scalars), **meta, **constexprs, INDEX_64=index_64,
+           tune_key=(problem.length, problem.keys, query.dtype, mask_kind, splits))
     if splits > 1:
         launch(op.kernels["merge"], (rows,), partial, partial_lse, out,
                lse, rows, splits, b1, problem.heads, problem.length,
                *strides["out"], *lse_strides, EV=int(problem.value_dim),
-               BLOCK_EV=block_ev, NUM_SPLITS=next_power_of_2(splits), INDEX_64=index_64,
+               BLOCK_EV=meta["BLOCK_EV"], NUM_SPLITS=next_power_of_2(splits), INDEX_64=index_64,
                num_warps=4)
     return out, lse
 
@@ -413,13 +402,9 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
     index_64 = choose_int64(op.name, d.indexing, {
         name: _padded_span(tensor) for name, tensor in tensors.items()
         if name not in ROW_STATISTICS}, max_tile=0)
-    block_e = max(16, next_power_of_2(problem.dim))
-    block_ev = max(16, next_power_of_2(problem.value_dim))
-    flags = {name.upper(): bool(named[name]) for name in spec.flags}
-    mask_kind = {} if not spec.attn_mask else {
-        "MASK_KIND": 0 if mask is None else 1 if mask.dtype == torch.bool else 2}
-    vectors = (*call.heads.values(), *call.per_batch.values())
-    vector_strides = [t.stride(0) if t.shape[0] > 1 else 0 for t in vectors]
+    meta = {**_constexprs(call, spec), "INDEX_64": index_64}
+    mask_kind = meta.get("MASK_KIND", 0)
+    vectors, vector_strides = _vectors(call)
     # a pointer stands in for an absent mask and an unwanted mask gradient (never read or written)
     mask_pointer = [mask if mask is not None else query] if spec.attn_mask else []
     mask_strides = strides.get(spec.attn_mask, (0,) * 5) if spec.attn_mask else ()
@@ -427,13 +412,10 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
     operand_strides = (*strides[spec.query], *strides[spec.key], *strides[spec.value],
                        *mask_strides, *vector_strides)
     scalars = (call.scale, *(named[name] for name in spec.scalars))
-    meta = dict(**flags, **mask_kind, E=int(problem.dim), EV=int(problem.value_dim),
-                INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-                BLOCK_E=block_e, BLOCK_EV=block_ev, INDEX_64=index_64)
-    tune_key = (problem.length, problem.keys, query.dtype, tuple(mask_kind.items()))
+    tune_key = (problem.length, problem.keys, query.dtype, mask_kind)
     batches = b0 * b1
     grad_query, grad_key, grad_value = grads.values()
-    note_launch(op.name, "backward_query", index_64, mask=mask_kind.get("MASK_KIND", 0))
+    note_launch(op.name, "backward_query", index_64, mask=mask_kind)
     inputs = (query, operands[spec.key], operands[spec.value], *mask_pointer, *vectors)
     launch(op.kernels["backward_query"],
            lambda m: (batches * problem.heads * triton.cdiv(problem.length, m["BLOCK_M"]),),
@@ -445,7 +427,7 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
              if spec.attn_mask else ()),
            *scalars, **meta, **({"MASK_GRAD": grad_mask is not None} if spec.attn_mask else {}),
            tune_key=(*tune_key, grad_mask is not None))
-    note_launch(op.name, "backward_key", index_64, mask=mask_kind.get("MASK_KIND", 0))
+    note_launch(op.name, "backward_key", index_64, mask=mask_kind)
     heads_kv = problem.heads // problem.group
     launch(op.kernels["backward_key"],
            lambda m: (batches * heads_kv * triton.cdiv(problem.keys, m["BLOCK_N"]),),
@@ -453,6 +435,28 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
            grad_key, grad_value, *head_grads.values(),
            *sizes, *operand_strides, *strides["lse"], *strides["grad_out"], *strides["grad_key"],
            *strides["grad_value"], *scalars, **meta, tune_key=tune_key)
+
+
+def _constexprs(call: Call, spec: Launch) -> dict:
+    """What the forward's and the backward's kernels take as constexprs from a call: the bool
+    arguments, the mask tensor's kind (0 none, 1 bool, 2 float), the head dims and their tiles,
+    the dots' precision. Head dims are constexprs: a symbolic one (torch.compile) is specialized,
+    as every flash kernel compiles per head dim."""
+    problem, mask = call.problem, call.mask
+    query = call.operands[spec.query]
+    meta = {name.upper(): bool(call.named[name]) for name in spec.flags}
+    if spec.attn_mask:
+        meta["MASK_KIND"] = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
+    return {**meta, "E": int(problem.dim), "EV": int(problem.value_dim),
+            "INPUT_PRECISION": "ieee" if query.dtype == torch.float32 else "tf32",
+            "BLOCK_E": max(16, next_power_of_2(problem.dim)),
+            "BLOCK_EV": max(16, next_power_of_2(problem.value_dim))}
+
+
+def _vectors(call: Call) -> tuple[tuple[torch.Tensor, ...], list[int]]:
+    """The per-head and per-batch tensors and their strides (0 where one element broadcasts)."""
+    vectors = (*call.heads.values(), *call.per_batch.values())
+    return vectors, [t.stride(0) if t.shape[0] > 1 else 0 for t in vectors]
 
 
 def _splits(programs: int, keys: int, device: torch.device) -> int:
