@@ -4,12 +4,14 @@ failure modes of the Triton tutorial's backward (causal ignored where L != S; wr
 autograd rules (double backward refused, an input changed in place refused). The derivatives
 the planner derives from a score: tests/test_attention.py."""
 
+import sys
+
 import pytest
 import torch
 
 import generated
 from specgen import references as ref
-from specgen.runtime import override, record_launches
+from specgen.runtime import override, record_launches, replay
 from specgen.testing import device
 
 F = torch.nn.functional
@@ -27,7 +29,7 @@ def _inputs(*shapes, seed=0, dtype=torch.float32):
 
 def _check(ours, reference, inputs, *extra, config=SMALL, **kwargs):
     """Our gradients of every input against float64 autograd of ``reference``."""
-    with override(config=config):
+    with override(**({"config": config} if config else {})):
         out = ours(*inputs, *extra, **kwargs)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7),
                        dtype=torch.float64).to(out.device)
@@ -67,15 +69,22 @@ def test_broadcast_batch_and_head_gradients_are_summed():
 
 def test_an_output_gradient_in_a_layout_of_its_own():
     # three batch dims merge in the inputs' layouts; the output's gradient, permuted over them,
-    # does not merge with them (the backward lays it out as the output)
-    q, k, v = _inputs((2, 3, 2, 1, 9, 16), (2, 3, 2, 1, 10, 16), (2, 3, 2, 1, 10, 16), seed=10)
-    out = generated.scaled_dot_product_attention(q, k, v)
-    grad = torch.randn(2, 2, 3, 1, 9, 16).to(device()).permute(0, 2, 1, 3, 4, 5)
-    got = torch.autograd.grad(out, (q, k, v), grad)
-    wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    want = torch.autograd.grad(F.scaled_dot_product_attention(*wide), wide, grad.double())
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g.double(), w, rtol=RTOL, atol=ATOL)
+    # does not merge with them (the backward lays it out as the output). That copy is no
+    # launch: such a signature is never replayed, and each call is right
+    replays = _op("scaled_dot_product_attention").state.backward_replays
+    with replay.record_at_once():
+        for step in range(3):
+            q, k, v = _inputs((2, 3, 2, 1, 9, 16), (2, 3, 2, 1, 10, 16), (2, 3, 2, 1, 10, 16),
+                              seed=10 + step)
+            out = generated.scaled_dot_product_attention(q, k, v)
+            grad = torch.randn(2, 2, 3, 1, 9, 16).to(device()).permute(0, 2, 1, 3, 4, 5)
+            got = torch.autograd.grad(out, (q, k, v), grad)
+            wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*wide), wide,
+                                       grad.double())
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g.double(), w, rtol=RTOL, atol=ATOL)
+    assert "copied to the output's layout" in " ".join(replays.failures.values())
 
 
 def test_a_float_mask_gets_its_gradient():
@@ -119,6 +128,45 @@ def test_the_backward_runs_two_kernels_and_is_deterministic():
     assert kernels == ["forward", "backward_query", "backward_key"], kernels
     for first, second in zip(*runs):
         assert torch.equal(first, second)
+
+
+def _op(name):
+    return sys.modules[f"generated.{name}"].OP
+
+
+def test_a_repeated_training_step_replays_both_directions():
+    # an eager training step repeats its signature: once it is recorded, the forward and the
+    # backward replay their launches (no checks, no planning), on each step's fresh values
+    op = _op("scaled_dot_product_attention")
+
+    def steps(count, seed):
+        for step in range(count):
+            q, k, v = _inputs((2, 2, 19, 16), (2, 2, 23, 16), (2, 2, 23, 8), seed=seed + step)
+            # (no forced config: a test's override keys no call)
+            _check(generated.scaled_dot_product_attention, F.scaled_dot_product_attention,
+                   [q, k, v], config=None, is_causal=True)
+
+    with replay.record_at_once():
+        # recorded by then (on a GPU the first step autotunes, and a call that tunes is not)
+        steps(2, seed=20)
+        forward, backward = op.replays.replayed, op.state.backward_replays.replayed
+        steps(2, seed=22)
+    # each step replays its kept call, its forward and its backward
+    assert op.state.backward_replays.replayed == backward + 2
+    assert op.replays.replayed == forward + 4
+
+
+def test_a_step_without_keys_replays_zero_gradients():
+    # no keys: no launch, every gradient 0, from allocations a replay makes zeroed again
+    op = _op("scaled_dot_product_attention")
+    backward = op.state.backward_replays.replayed
+    with replay.record_at_once():
+        for step in range(3):
+            q, k, v = _inputs((1, 2, 5, 16), (1, 2, 0, 16), (1, 2, 0, 16), seed=30 + step)
+            out = generated.scaled_dot_product_attention(q, k, v)
+            grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            assert all(g.shape == t.shape and not g.any() for g, t in zip(grads, (q, k, v)))
+    assert op.state.backward_replays.replayed == backward + 2
 
 
 def test_double_backward_is_refused():

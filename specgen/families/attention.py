@@ -98,10 +98,15 @@ GENERATED_PREFIXES: tuple[str, ...] = ("score_d", "head_grad_", "part_", "grad_"
 DEFAULT_BLOCK_M = (64, 128)
 DEFAULT_BLOCK_N = (64, 128)
 DEFAULT_STAGES = (3,)
-# the backward's tiles (BLOCK_M, BLOCK_N, warps, stages): the key pass holds a key block and
-# walks query blocks, the query pass the other way round
-BACKWARD_CONFIGS = ((64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 128, 4, 3),
-                    (128, 32, 4, 3))
+# the backward's tiles (BLOCK_M, BLOCK_N, warps, stages). The query pass holds BLOCK_M query rows
+# and walks keys BLOCK_N at a time; the key pass holds BLOCK_N keys and walks query rows BLOCK_M
+# at a time. Chosen by tools/perf/sweep_attention_backward.py on an H100 (bf16, E 64 and 128):
+# the first of each wins there (the query pass's 4 stages by 8% over 3 at E 128); the key pass's
+# 128 keys need 8 warps at E 128 (its dK and dV accumulators spill with 4: three times slower)
+# and 4 at E 64; the smaller tiles serve larger head dims and float32, whose pipelined tiles
+# overflow shared memory at the larger ones.
+QUERY_PASS_CONFIGS = ((128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3))
+KEY_PASS_CONFIGS = ((64, 128, 8, 2), (32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 2))
 # the first config under the interpreter: its tiny inputs need no large tiles (tl.dot needs 16)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
@@ -589,7 +594,8 @@ class AttentionPlan(CommonPlan):
     score_grad: str = "1.0"             # its derivative by s, emitted
     # per-head tensors with a gradient, each with the score's derivative by it, emitted
     head_grads: tuple[tuple[str, str], ...] = ()
-    backward_configs: tuple[dict, ...] = ()
+    query_pass_configs: tuple[dict, ...] = ()
+    key_pass_configs: tuple[dict, ...] = ()
     flags: tuple[str, ...] = ()         # bool arguments, as constexprs
     kernel_scalars: tuple[str, ...] = ()    # float and int arguments the kernels take
     variants: tuple[MaskVariant, ...] = ()
@@ -648,8 +654,9 @@ def plan(spec: OpSpec) -> AttentionPlan:
     configs = tuple({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
                     for m, n, w, s in itertools.product(body.block_m, body.block_n,
                                                         body.num_warps, body.num_stages))
-    backward_configs = tuple({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
-                             for m, n, w, st in BACKWARD_CONFIGS)
+    query_pass_configs, key_pass_configs = (
+        tuple({"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+              for m, n, w, st in space) for space in (QUERY_PASS_CONFIGS, KEY_PASS_CONFIGS))
     used = set()
     for expr in (body.score, body.mask):
         if expr is not None:
@@ -665,7 +672,8 @@ def plan(spec: OpSpec) -> AttentionPlan:
                          attn_mask=body.attn_mask, per_head=body.per_head,
                          per_batch=body.per_batch, split_kv=body.split_kv == "auto",
                          packable=packable, score=score, score_grad=score_grad,
-                         head_grads=head_grads, backward_configs=backward_configs,
+                         head_grads=head_grads, query_pass_configs=query_pass_configs,
+                         key_pass_configs=key_pass_configs,
                          flags=tuple(_flag(f) for f in flags), flag_args=flags,
                          kernel_scalars=scalars,
                          kernel_floats=tuple(a.name for a in spec.args if a.name in scalars

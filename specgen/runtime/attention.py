@@ -33,7 +33,7 @@ from specgen.runtime.launch import choose_int64, launch, multiprocessors, shared
 from specgen.runtime.layout import broadcast_shapes, merge_dims, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op, typed_param
 from specgen.runtime.registry import triton_op
-from specgen.runtime.replay import empty
+from specgen.runtime.replay import Replays, empty, refuse, zeros
 
 # the largest head dim a kernel tiles (E and Ev), as torch's flash backend
 MAX_HEAD_DIM = 256
@@ -101,8 +101,8 @@ class Attention(FamilyRuntime):
 
     public_output = 0
 
-    def setup(self, op: Op) -> type[torch.autograd.Function]:
-        return op_function(op.name, _EagerAutograd)
+    def setup(self, op: Op) -> _State:
+        return _State(op_function(op.name, _EagerAutograd), Replays(op.name + " backward"))
 
     def register(self, op: Op) -> None:
         d = op.description
@@ -141,7 +141,13 @@ class Attention(FamilyRuntime):
             # eager autograd: the kernels inside an autograd.Function, without the dispatcher
             check_tensor_types(op.name, dict(zip(d.tensor_names, tensors)),
                                optional=d.optional_tensors)
-            return op.state.apply(op, *op.check_scalars(args, taken=True))
+            args = op.check_scalars(args, taken=True)
+            apply = op.state.function.apply
+            if key is not None:
+                # a later call of this signature (the same layouts, the same inputs needing a
+                # gradient) skips the checks above, and both directions replay their launches
+                op.replays.keep(key, _differentiable_replay(apply, op, args, d.tensor_positions))
+            return apply(op, *args)
         return op.call(key, args)[0]
 
     def run(self, op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,6 +155,51 @@ class Attention(FamilyRuntime):
 
 
 RUNTIME = Attention()
+
+
+@dataclass(frozen=True)
+class _State:
+    function: type[torch.autograd.Function]     # _EagerAutograd, named for the op
+    backward_replays: Replays
+
+
+def _differentiable_replay(apply: Callable, op: Op, args: tuple,
+                           positions: Sequence[int]) -> Callable:
+    """``apply(op, *args)`` for a later call of the same signature, as a function of its tensors
+    (returning a 1-tuple: the public function picks the output from the operator's results)."""
+    def replay(*tensors):
+        call = list(args)
+        for i, tensor in zip(positions, tensors):
+            call[i] = tensor
+        return (apply(op, *call),)
+    return replay
+
+
+def _eager_forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward`` for an untraced call that needs a gradient, replayed when its signature
+    repeats (the key of a plain eager call: the same recording serves both)."""
+    d = op.description
+    tensors = tuple(args[i] for i in d.tensor_positions)
+    key, replay = op.replays.lookup(tensors, _scalars(op, args))
+    if replay is not None:
+        return replay(tensors)
+    return op.replays.record(key, lambda: forward(op, args), tensors)
+
+
+def _eager_backward(op: Op, args: tuple, out, lse, grad_out, mask_grad: bool) -> list:
+    """``backward`` for an untraced call, replayed when its signature repeats."""
+    replays = op.state.backward_replays
+    tensors = (grad_out, out, lse, *(args[i] for i in op.description.tensor_positions))
+    key, replay = replays.lookup(tensors, (mask_grad, *_scalars(op, args)))
+    if replay is not None:
+        return replay(tensors)
+    return replays.record(key, lambda: backward(op, args, out, lse, grad_out, mask_grad),
+                          tensors)
+
+
+def _scalars(op: Op, args: tuple) -> tuple:
+    positions = set(op.description.tensor_positions)
+    return tuple(a for i, a in enumerate(args) if i not in positions)
 
 
 def _save(ctx, op: Op, args: tuple, output: tuple) -> None:
@@ -196,14 +247,14 @@ class _EagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, *args):
-        out, lse = forward(op, args)
+        out, lse = _eager_forward(op, args)
         _save(ctx, op, args, (out, lse))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         def run(grad_out, out, lse, args, mask_grad):
-            return backward(ctx.op, tuple(args), out, lse, grad_out, mask_grad)
+            return _eager_backward(ctx.op, tuple(args), out, lse, grad_out, mask_grad)
         return (None, *_gradients(ctx, grad_out, run, skip=1))
 
 
@@ -348,26 +399,27 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
         spec.value: (*batch, heads_kv, problem.keys, problem.value_dim),
     }
     grads = {}
+    # no rows or no keys: no launch, every gradient 0
+    launches = bool(lse.numel() and problem.keys)
+    make = empty if launches else zeros
     for name, shape in full.items():
         exact = tuple(operands[name].shape) == shape
-        grads[name] = empty(shape, query.dtype if exact else torch.float32, device)
-    grad_mask = (torch.zeros((*batch, heads, problem.length, problem.keys), dtype=torch.float32,
-                             device=device) if mask_grad else None)
+        grads[name] = make(shape, query.dtype if exact else torch.float32, device)
+    grad_mask = (zeros((*batch, heads, problem.length, problem.keys), torch.float32, device)
+                 if mask_grad else None)
     # a slot per 16 keys: the key pass's programs each write BLOCK_N / 16 of them
     slots = triton.cdiv(problem.keys, 16)
-    head_grads = {name: empty((math.prod(batch), heads, slots), torch.float32, device)
+    head_grads = {name: make((math.prod(batch), heads, slots), torch.float32, device)
                   for name in spec.head_grads}
     # addressed with the logsumexp's strides
     delta = empty(lse.shape, torch.float32, device, lse.stride())
 
-    if lse.numel() and problem.keys:
+    if launches:
         _launch_backward(op, call, out, lse, grad_out, delta, grads, grad_mask, head_grads)
-    else:   # no rows or no keys: every gradient is 0
-        for tensor in (*grads.values(), *head_grads.values()):
-            tensor.zero_()
 
     result = [_summed(grads[name], operands[name]) for name in full]
-    result.append(_summed(grad_mask, mask) if grad_mask is not None else query.new_empty(0))
+    result.append(_summed(grad_mask, mask) if grad_mask is not None
+                  else empty((0,), query.dtype, device))
     for name, buffer in head_grads.items():
         tensor = call.heads[name]
         result.append(_summed(buffer.sum((0, 2)), tensor))
@@ -394,7 +446,9 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
         strides = _batch_strides(op.name, problem, tensors)
     except ValueError:
         # the output's gradient comes in a layout of the caller's making, which need not merge
-        # with the others: laid out as the output (which does), it does
+        # with the others: laid out as the output (which does), it does. A copy a replay
+        # would not make: this signature takes the full path
+        refuse("the output's gradient is copied to the output's layout")
         grad_out = tensors["grad_out"] = empty(out.shape, grad_out.dtype, call.device,
                                                out.stride()).copy_(grad_out)
         strides = _batch_strides(op.name, problem, tensors)
@@ -602,26 +656,37 @@ def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """``early_config_prune`` of the forward kernels: configs whose pipelined key and value tiles
-    (and the query tile) pass the device's shared memory are dropped, unless none is left (then
-    the smallest). Autotuning skips such a config by itself; a config the tests force does not."""
+    """``early_config_prune`` of the forward kernels and the backward's query pass: configs whose
+    pipelined key and value tiles (and the query tile) pass the device's shared memory are
+    dropped, unless none is left (then the smallest). Autotuning skips such a config by itself;
+    a config the tests force does not."""
+    return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M")
+
+
+def prune_key_pass_configs(configs, named_args, **kwargs):
+    """``early_config_prune`` of the backward's key pass, which holds a block of keys and values
+    and streams the query rows and their output gradients: the forward's rule, roles swapped."""
+    return _fitting(configs, named_args, kwargs, streamed="BLOCK_M", held="BLOCK_N")
+
+
+def _fitting(configs, named_args, kwargs, streamed: str, held: str):
     element = next(v for v in named_args.values() if hasattr(v, "element_size")).element_size()
     block_e, block_ev = kwargs["BLOCK_E"], kwargs["BLOCK_EV"]
     device = next(v for v in named_args.values() if hasattr(v, "device")).device
     limit = shared_memory(device)
 
     def size(config) -> int:
-        # the estimate matches Triton's own count where it ran out (E 256, Ev 16, fp16, 64 x 128
-        # blocks, 3 stages: 241664 bytes)
+        # the estimate matches Triton's own count where it ran out (forward, E 256, Ev 16, fp16,
+        # 64 x 128 blocks, 3 stages: 241664 bytes)
         meta = config.kwargs
-        tiles = config.num_stages * meta["BLOCK_N"] * (block_e + block_ev)
-        return element * (tiles + meta["BLOCK_M"] * block_e)
+        tiles = config.num_stages * meta[streamed] * (block_e + block_ev)
+        return element * (tiles + meta[held] * block_e)
 
     fitting = [c for c in configs if size(c) <= limit]
     if fitting:
         return fitting
     # none fits (float32 with head dims of 256): smaller tiles and fewer stages than the space's
-    fallbacks = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=s)
+    fallbacks = [triton.Config({held: m, streamed: n}, num_warps=4, num_stages=s)
                  for m, n, s in FALLBACK_CONFIGS]
     return [next((c for c in fallbacks if size(c) <= limit), fallbacks[-1])]
 
@@ -635,4 +700,5 @@ def _padded_span(tensor: torch.Tensor) -> int:
     return span(tuple(shape), tuple(abs(s) for s in tensor.stride()))
 
 
-__all__ = ["RUNTIME", "Call", "Launch", "Problem", "backward", "forward", "prune_configs"]
+__all__ = ["RUNTIME", "Call", "Launch", "Problem", "backward", "forward", "prune_configs",
+           "prune_key_pass_configs"]

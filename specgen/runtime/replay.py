@@ -68,6 +68,7 @@ class _Recording:
         self.allocations: list[_Allocation] = []
         self.launches: list[tuple] = []
         self.tuned = False  # a launch autotuned: record the next call instead
+        self.refused = ""   # why this call cannot be replayed (``refuse``), or ""
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,14 @@ def note_tuning() -> None:
     recording = _recording()
     if recording is not None:
         recording.tuned = True
+
+
+def refuse(reason: str) -> None:
+    """Called where an implementation does work a recording cannot hold (a torch op writing an
+    allocation a launch then reads): the signature is never replayed."""
+    recording = _recording()
+    if recording is not None:
+        recording.refused = recording.refused or reason
 
 
 # ---- replaying -------------------------------------------------------------------------------------
@@ -515,6 +524,8 @@ def _native_replay(replay: Replay, built: Any, generic: Callable) -> Callable:
 
 def _replay_from(inputs: Sequence[torch.Tensor | None], recording: _Recording,
                  result: Any) -> Replay | str:
+    if recording.refused:
+        return recording.refused
     slots = _Slots(inputs, recording)
     launches = []
     for recorded in recording.launches:
