@@ -101,12 +101,14 @@ DEFAULT_STAGES = (3,)
 # the backward's tiles (BLOCK_M, BLOCK_N, warps, stages). The query pass holds BLOCK_M query rows
 # and walks keys BLOCK_N at a time; the key pass holds BLOCK_N keys and walks query rows BLOCK_M
 # at a time. Chosen by tools/perf/sweep_attention_backward.py on an H100 (bf16, E 64 and 128):
-# the first of each wins there (the query pass's 4 stages by 8% over 3 at E 128); the key pass's
-# 128 keys need 8 warps at E 128 (its dK and dV accumulators spill with 4: three times slower)
-# and 4 at E 64; the smaller tiles serve larger head dims and float32, whose pipelined tiles
-# overflow shared memory at the larger ones.
+# the query pass's first wins at both (4 stages by 8% over 3 at E 128); the key pass's first
+# two at E 128 (3 stages without a causal mask, 4 with one), its third at E 64 (128 keys need
+# 8 warps at E 128: with 4 its dK and dV accumulators spill, five times slower); the smaller
+# tiles serve larger head dims and float32, whose pipelined tiles overflow shared memory at
+# the larger ones.
 QUERY_PASS_CONFIGS = ((128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3))
-KEY_PASS_CONFIGS = ((64, 128, 8, 2), (32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 2))
+KEY_PASS_CONFIGS = ((64, 128, 8, 3), (64, 128, 8, 4), (32, 128, 4, 3), (32, 64, 4, 4),
+                    (64, 64, 4, 3))
 # the first config under the interpreter: its tiny inputs need no large tiles (tl.dot needs 16)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
