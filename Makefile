@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 GPU_PY ?= python3
 
-.PHONY: setup build check test test-gpu bench
+.PHONY: setup build check test test-newest test-gpu bench
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,21 @@ check: setup
 
 test: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+# the newest Triton on the package index, beside the pinned one: installed into a folder of the venv
+# that goes first on the path, and run on a quick subset (every op's property check, a few
+# examples each, and the row-wise kernels' strategies)
+NEWEST_TRITON ?= triton==3.9.*
+NEWEST := $(VENV)/newest-triton
+
+$(NEWEST)/.installed: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --target $(NEWEST) "$(NEWEST_TRITON)"
+	touch $@
+
+test-newest: $(NEWEST)/.installed
+	PYTHONPATH=$(NEWEST) $(PY) -c "import triton; print('triton', triton.__version__, triton.__file__)"
+	PYTHONPATH=$(NEWEST) TRITON_INTERPRET=1 SPECGEN_PROFILE=dev $(PY) -m pytest -q -p no:cacheprovider \
+		tests/test_ops.py tests/test_rowwise_runtime.py
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest -q
