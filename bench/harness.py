@@ -274,13 +274,18 @@ def markdown_table(header: tuple[str, ...], rows: list[list[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def merge_report(old: str, header: str, sections: dict[str, str]) -> str:
-    """``old`` with its header replaced and the given ``## family`` sections replaced or appended.
+def merge_report(old: str, header: str, sections: dict[str, str], keep_header: bool = False) -> str:
+    """``old`` with its header replaced (kept, with ``keep_header``, where ``old`` has one: a run
+    of some families, whose sections say where they came from) and the given ``## family``
+    sections replaced or appended.
 
     Sections of families not run this time are kept as they were, in their original order.
     """
+    parts = re.split(r"(?m)^(?=## )", old)
     merged = {}
-    for part in re.split(r"(?m)^(?=## )", old)[1:]:  # [0] is the old header
+    for part in parts[1:]:  # [0] is the old header
         merged[part.split("\n", 1)[0].removeprefix("## ").strip()] = part
     merged.update(sections)
+    if keep_header and parts[0].strip():
+        header = parts[0]
     return "\n".join([header.strip() + "\n", *(part.strip() + "\n" for part in merged.values())])

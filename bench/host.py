@@ -166,7 +166,7 @@ def table(rows: list[HostRow]) -> str:
 
 
 def section(run: harness.Run) -> str:
-    """The `## host` section of bench/RESULTS.md (bench/__main__.py's SECTIONS)."""
+    """The `## host` section of bench/RESULTS.md (bench/command.py's SECTIONS)."""
     rows = [run_case(case) for case in cases()]
     return (f"## host\n\nMeasured {run.date} on {run.device} by `{run.command}`. Host time in us "
             f"per call on bf16 inputs: {CALLS} calls timed by `time.perf_counter` around a loop "

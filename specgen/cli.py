@@ -1,4 +1,4 @@
-"""The ``specgen`` command: build, list, show, new."""
+"""The ``specgen`` command: build, list, show, new, bench."""
 
 from __future__ import annotations
 
@@ -120,3 +120,48 @@ def new(name: str, family: str, spec_dir: Path) -> None:
     spec_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     click.echo(f"wrote {path}; edit it, then run `specgen build`")
+
+
+@main.command("bench")
+@click.argument("ops", nargs=-1)
+@click.option("--only", multiple=True, metavar="FAMILY",
+              help="Run only this family's rows or section (repeatable).")
+@click.option("--quick", is_flag=True, help="16x smaller sizes, for smoke tests.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Markdown report the sections are merged into (the others kept). Default: "
+                   "bench/RESULTS.md for a run of whole families, none with OPS.")
+def bench_command(ops: tuple[str, ...], only: tuple[str, ...], quick: bool,
+                  out: Path | None) -> None:
+    """Time OPS (default: every op with a benchmark case) on this GPU against eager PyTorch and
+    torch.compile (and a family's peers), with the device copy's bandwidth measured the same
+    way: bench/ of a specgen checkout, as `python3 -m bench` runs it."""
+    import shlex
+    import sys
+
+    command = _bench_module()
+    try:
+        selection = command.select(only, ops, quick)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("specgen bench needs a CUDA GPU (it times kernels on one)")
+    if out is None and not ops:
+        out = Path("bench/RESULTS.md")
+    click.echo(command.run(selection, out, shlex.join(["specgen", "bench", *sys.argv[2:]])),
+               nl=False)
+
+
+def _bench_module():
+    """bench/command.py of the checkout this specgen runs from (bench/ is not installed)."""
+    import importlib
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "command.py").exists():
+        raise click.ClickException(f"specgen bench runs bench/ of a specgen checkout; {root} "
+                                   f"has none")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("bench.command")

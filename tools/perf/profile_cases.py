@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import harness
-from bench.__main__ import FAMILIES
+from bench.command import FAMILIES
 
 # by module path: the package's attribute `launch` is the function of that name
 launch_module = importlib.import_module("specgen.runtime.launch")

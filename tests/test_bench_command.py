@@ -1,0 +1,86 @@
+"""``specgen bench`` and ``python3 -m bench`` on a CPU machine: what a run selects, what it refuses
+before any GPU work, and how its sections merge into the report, the timing faked (the GPU tier
+and the device calls run the real one)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bench import command, harness
+from specgen.cli import main
+
+FAMILIES = {"add": "pointwise", "softmax": "rowwise", "sum": "reduce", "cross_entropy":
+            "cross_entropy", "mm": "matmul", "scaled_dot_product_attention": "attention",
+            "amax": "reduce"}
+
+
+def test_ops_narrow_the_rows_and_pick_their_families_sections():
+    picked = command.select(ops=("softmax", "cross_entropy"), op_families=FAMILIES)
+    assert {name: {command.case_op(c) for c in cases} for name, cases in picked.cases.items()} == \
+        {"rowwise": {"softmax"}, "reduce": {"cross_entropy"}}
+    # a section runs whole, for an op of its family or where --only names it
+    assert command.select(ops=("scaled_dot_product_attention",),
+                          op_families=FAMILIES).names == ("attention",)
+    assert "host" in command.select(("host", "rowwise"), ("softmax",), op_families=FAMILIES).names
+    whole = command.select(op_families=FAMILIES)
+    assert set(whole.names) == {*command.FAMILIES, *command.SECTIONS}
+    assert all(cases for cases in whole.cases.values())
+
+
+@pytest.mark.parametrize("only, ops, message", [
+    ((), ("nosuch",), "unknown op nosuch; the ops are: add, amax"),
+    (("nope",), (), "unknown family nope; the families are: matmul"),
+    ((), ("amax",), "no benchmark case times amax"),
+    (("matmul",), ("softmax",), "no benchmark case times softmax in matmul"),
+])
+def test_what_no_run_takes_is_refused_by_name(only, ops, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        command.select(only, ops, op_families=FAMILIES)
+
+
+def test_the_command_refuses_before_any_gpu_work(tmp_path, monkeypatch):
+    out = tmp_path / "RESULTS.md"
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", "nosuch", "--out", str(out)])
+    assert result.exit_code == 1 and "unknown op nosuch" in result.output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = runner.invoke(main, ["bench", "softmax", "--out", str(out)])
+    assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
+    assert not out.exists()
+
+
+def _fake_timing(monkeypatch, device="Fake GPU"):
+    """A GPU named ``device`` whose rows time specgen 1 ms, eager 2, compile 3, and whose copy
+    runs at 1000 GB/s."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device)
+    monkeypatch.setattr(harness, "measure_copy_bandwidth", lambda: 1000.0)
+    monkeypatch.setattr(harness, "run_cases", lambda cases: [
+        harness.Row(case, ms={"specgen": 1.0, "eager": 2.0, "compile": 3.0}) for case in cases])
+
+
+def test_a_run_merges_its_sections_and_keeps_the_others(tmp_path, monkeypatch):
+    _fake_timing(monkeypatch)
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# specgen benchmarks\n\n- Device: Older GPU\n\n## rowwise\n\nold rows\n\n"
+                   "## reduce\n\nkept rows\n")
+    text = command.run(command.select(("rowwise",), quick=True), out, "specgen bench")
+    report = out.read_text()
+    assert text.startswith("## rowwise") and "Fake GPU (copy 1000 GB/s)" in text
+    # a run of some families keeps the report's header and the other sections
+    assert "Device: Older GPU" in report and "kept rows" in report and "old rows" not in report
+    assert report.index("## rowwise") < report.index("## reduce")
+    # each row's columns come from its times: compile / specgen = 3.000
+    assert "| 3.000 " in text.replace("3.000|", "3.000 |")
+
+
+def test_a_run_of_ops_writes_no_report_unless_asked(tmp_path, monkeypatch):
+    _fake_timing(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["bench", "softmax", "--quick"])
+    assert result.exit_code == 0, result.output
+    assert "`softmax" in result.output and not (tmp_path / "bench").exists()
+    result = CliRunner().invoke(main, ["bench", "softmax", "--quick", "--out", "r.md"])
+    assert result.exit_code == 0 and "`softmax" in Path("r.md").read_text()
