@@ -1,4 +1,4 @@
-"""The ``specgen`` command: build, list, show, new, bench."""
+"""The ``specgen`` command: build, list, show, new, bench, tune."""
 
 from __future__ import annotations
 
@@ -165,3 +165,44 @@ def _bench_module():
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     return importlib.import_module("bench.command")
+
+
+@main.command("tune")
+@click.argument("ops", nargs=-1)
+@click.option("--only", multiple=True, metavar="FAMILY", help="Only this family's cases (repeatable).")
+@click.option("--shapes", multiple=True, metavar="LABEL",
+              help="Only the benchmark cases of this shape label, as bench/RESULTS.md writes it "
+                   "(4096x8192; repeatable). Default: every benchmark shape.")
+@click.option("--quick", is_flag=True, help="The benchmark's 16x smaller sizes.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="The table to write (and resume). Default: this GPU's in specgen/tuned/.")
+def tune_command(ops: tuple[str, ...], only: tuple[str, ...], shapes: tuple[str, ...],
+                 quick: bool, out: Path | None) -> None:
+    """Search each autotuned kernel's config space for OPS (default: every op with a benchmark
+    case) at the benchmark shapes on this GPU, check each candidate against eager torch before
+    timing it, and freeze the winners in the GPU's table, which later launches read instead of
+    autotuning (docs/performance.md, "Frozen configs"). Stopped, it resumes where it stopped."""
+    command = _bench_module()
+    try:
+        selection = command.select(only, ops, quick)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    cases = [case for rows in selection.cases.values() for case in rows
+             if not shapes or case.shape in shapes]
+    if not cases:
+        raise click.ClickException("no benchmark case has " + ", ".join(shapes))
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("specgen tune needs a CUDA GPU (it times kernels on one)")
+    import importlib
+
+    from specgen.runtime import tuned
+
+    tune = importlib.import_module("bench.tune")
+    name, capability = tune.device()
+    table = out or tuned.TABLE_DIR / tuned.table_name(name, capability)
+    found = tune.tune(cases, table, name, capability, echo=click.echo)
+    searched = [f for f in found if f.config is not None]
+    click.echo(f"{len(searched)} kernel(s) tuned, {len(found) - len(searched)} with no candidate "
+               f"passing; table {table}")

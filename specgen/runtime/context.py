@@ -39,6 +39,9 @@ class Overrides:
     # run config number k of an autotuned kernel (of those its early_config_prune keeps), no
     # tuning; or a mapping of meta-parameters, in the space or not (small tiles on small inputs)
     config: int | Mapping[str, int] | None = None
+    # config number k of the kernels named (``tuned.kernel_id``: "module:function"), as pairs;
+    # the others launch as usual (``specgen tune`` searches one kernel's space at a time)
+    kernel_configs: tuple[tuple[str, int], ...] = ()
 
 
 _DEFAULT = Overrides()

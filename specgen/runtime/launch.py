@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 import triton
@@ -12,6 +13,7 @@ from torch.library import wrap_triton
 from torch.utils._python_dispatch import _disable_current_modes
 
 from specgen.runtime import replay
+from specgen.runtime import tuned as frozen_tables
 from specgen.runtime.context import (ensure_allocator, interpreting, launch_logs, overrides,
                                      untraced)
 from specgen.runtime.layout import span, storage_span
@@ -122,6 +124,21 @@ def configs(space: Sequence[Mapping[str, int]],
     return configs
 
 
+_watches: list[list] = []
+
+
+@contextlib.contextmanager
+def watch_autotuned() -> Iterator[list]:
+    """Collects (kernel, args, kwargs) of every autotuned launch inside the block (specgen tune:
+    the kernels a call starts and the arguments their configs are pruned for)."""
+    seen: list = []
+    _watches.append(seen)
+    try:
+        yield seen
+    finally:
+        _watches.remove(seen)
+
+
 # (kernel, launch key) -> the config autotuning chose, so later launches skip the autotuner.
 # Bounded: when full it is emptied, and the next launches find their configs in the autotuners'
 # own caches (a little slower, never re-tuned).
@@ -184,6 +201,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): nothing to look up
         key = tuned = None
     forced = overrides().config
+    if forced is None and overrides().kernel_configs:
+        forced = dict(overrides().kernel_configs).get(frozen_tables.kernel_id(kernel))
+    for watch in _watches:
+        watch.append((kernel, args, kwargs))
     if forced is not None:
         config = forced_config(kernel, args, kwargs, forced)
     elif direct and tuned is not None:
@@ -193,6 +214,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
         # no environment variable)
         config = forced_config(kernel, args, kwargs, 0)
+    elif direct and (frozen := _frozen(kernel, args, kwargs, tensors)) is not None:
+        # tuned ahead of time for this GPU (specgen tune; runtime/tuned.py): no autotuning
+        config = frozen
+        if key is not None:
+            _keep_tuned(key, config)
     elif direct and shares_storage(args):
         # an output that is also an input (add(x, y, out=x)): each of the autotuner's trials
         # would update it once more, so they run on stand-ins, then the chosen config runs here.
@@ -227,6 +253,12 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     kwargs = {**kwargs, **meta, **options}
     compiled = fn[grid](*args, **kwargs)
     replay.note_launch(fn, grid, args, kwargs, compiled)
+
+
+def _frozen(kernel, args, kwargs, tensors) -> triton.Config | None:
+    if not tensors or tensors[0].device.type != "cuda":
+        return None
+    return frozen_tables.lookup(kernel, args, kwargs, tensors[0].device)
 
 
 def _function(kernel):

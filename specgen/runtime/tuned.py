@@ -1,0 +1,168 @@
+"""Configurations tuned ahead of time, frozen per GPU in the repo (``specgen tune`` writes them).
+
+A table is a JSON file in ``specgen/tuned/``, named for the device and its compute capability
+(``nvidia-h100-80gb-hbm3-sm90.json``). Each entry is one autotuned kernel (``module:function``)
+at one autotuning key (the values of the arguments its ``@triton.autotune(key=...)`` names, then
+the dtypes of its tensor arguments, as Triton's autotuner keys) and the config that won there.
+
+A launch looks its kernel up in the table of the current device before autotuning:
+
+- **Which table.** The device's own; else, of the tables of its architecture (the same major
+  compute capability), the one with the highest capability not above the device's (the last
+  by name among equals: an H100's table serves an H200 that has none); none otherwise (tiles
+  tuned for another architecture may not even fit its shared memory).
+- **Which entry.** The kernel's entries whose key agrees with the launch's in everything but its
+  integers (dtypes, flags, mask kinds); among them the nearest in size: the least sum over the
+  integer parts of |log2(1 + launch) - log2(1 + tuned)| (a 4096-row softmax takes the
+  8192-row entry over the 512-row one); the first in the file on a tie.
+- **Not found**, or autotuning asked for (``SPECGEN_AUTOTUNE=1``, or ``use_tables(False)``): the
+  launch autotunes as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+import triton
+
+TABLE_DIR = Path(__file__).resolve().parents[1] / "tuned"
+_use_tables = True
+
+
+def use_tables(on: bool) -> None:
+    """Looks configs up in the frozen tables (the default) or autotunes every launch's key."""
+    global _use_tables
+    _use_tables = on
+    _table_for.cache_clear()
+
+
+def enabled() -> bool:
+    return _use_tables and os.environ.get("SPECGEN_AUTOTUNE", "") != "1"
+
+
+def table_name(device_name: str, capability: tuple[int, int]) -> str:
+    """``NVIDIA H100 80GB HBM3``, (9, 0) -> ``nvidia-h100-80gb-hbm3-sm90.json``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    return f"{slug}-sm{capability[0]}{capability[1]}.json"
+
+
+def kernel_id(kernel: Any) -> str:
+    """An autotuned kernel's name in the tables: its function's module and name."""
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return f"{kernel.__module__}:{kernel.__name__}"
+
+
+def key_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list:
+    """The launch's autotuning key, as the kernel's autotuner forms it: the values of the
+    arguments ``key=`` names, then the dtypes of its tensor arguments (as strings)."""
+    named = {**dict(zip(kernel.arg_names, args)), **kwargs}
+    key = [_plain(named[name]) for name in kernel.keys if name in named]
+    key += [str(a.dtype) for a in (*args, *kwargs.values()) if hasattr(a, "dtype")]
+    return key
+
+
+def _plain(value: Any) -> Any:
+    # JSON keeps ints, floats, bools and strings; anything else (a dtype) as its string
+    return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
+
+
+def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
+           device: torch.device) -> triton.Config | None:
+    """The frozen config of this launch (the module docstring's rules), or None."""
+    if not enabled():
+        return None
+    table = _table_for(device.index if device.index is not None else torch.cuda.current_device())
+    if not table:
+        return None
+    entries = table.get(kernel_id(kernel))
+    if not entries:
+        return None
+    return nearest(entries, key_of(kernel, args, kwargs))
+
+
+def nearest(entries: Sequence[Mapping], key: Sequence) -> triton.Config | None:
+    """The config of the entry nearest ``key`` among those that agree with it but for integers."""
+    best, best_distance = None, math.inf
+    for entry in entries:
+        tuned = entry["key"]
+        if len(tuned) != len(key) or any(
+                _sized(a) != _sized(b) or (not _sized(a) and a != b) for a, b in zip(key, tuned)):
+            continue
+        distance = sum(abs(math.log2(1 + a) - math.log2(1 + b))
+                       for a, b in zip(key, tuned) if _sized(a))
+        if distance < best_distance:
+            best, best_distance = entry, distance
+    return None if best is None else config_of(best["config"])
+
+
+def _sized(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def config_of(entry: Mapping) -> triton.Config:
+    meta = {k: v for k, v in entry.items() if k not in ("num_warps", "num_stages")}
+    return triton.Config(meta, num_warps=entry.get("num_warps", 4),
+                         num_stages=entry.get("num_stages", 1))
+
+
+def entry_config(config: triton.Config) -> dict:
+    """A config as a table writes it."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+@functools.lru_cache(maxsize=None)
+def _table_for(index: int) -> dict[str, list]:
+    name = torch.cuda.get_device_name(index)
+    capability = torch.cuda.get_device_capability(index)
+    path = find_table(name, capability)
+    return {} if path is None else read_table(path)["kernels"]
+
+
+def find_table(device_name: str, capability: tuple[int, int],
+               folder: Path | None = None) -> Path | None:
+    """The device's table, else the newest of its architecture family below its capability."""
+    folder = folder or TABLE_DIR
+    own = folder / table_name(device_name, capability)
+    if own.exists():
+        return own
+    older = []
+    for path in folder.glob("*.json"):
+        found = re.search(r"-sm(\d+)\.json$", path.name)
+        if found:
+            major, minor = divmod(int(found.group(1)), 10)
+            if major == capability[0] and minor <= capability[1]:
+                older.append(((major, minor), path.name, path))
+    return max(older)[2] if older else None
+
+
+def read_table(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_table(path: Path, device_name: str, capability: tuple[int, int],
+                kernels: Mapping[str, Sequence[Mapping]]) -> None:
+    """Writes a table deterministically (kernels sorted, each kernel's entries by key, an entry a
+    line with its keys sorted: the same winners give the same bytes), whole to a temporary file
+    that then replaces the old one (a run stopped meanwhile leaves the last whole table)."""
+    lines = ["{", f'"device": {json.dumps(device_name)},',
+             f'"capability": {json.dumps(list(capability))},', '"kernels": {']
+    names = sorted(kernels)
+    for n, name in enumerate(names):
+        entries = sorted(kernels[name], key=lambda e: json.dumps(e["key"]))
+        lines.append(f" {json.dumps(name)}: [")
+        lines += [f"  {json.dumps(e, sort_keys=True)}" + ("," if i < len(entries) - 1 else "")
+                  for i, e in enumerate(entries)]
+        lines.append(" ]" + ("," if n < len(names) - 1 else ""))
+    lines += ["}", "}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    temporary.replace(path)
