@@ -26,9 +26,9 @@ check: setup
 test: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
-# the newest Triton on the package index, beside the pinned one: installed into a folder of the venv
-# that goes first on the path, and run on a quick subset (every op's property check, a few
-# examples each, and the row-wise kernels' strategies)
+# the newest Triton on the package index (3.9 now: raise NEWEST_TRITON when a newer one comes),
+# beside the pinned one: installed into a folder of the venv that goes first on the path, and run
+# on a quick subset (every op's property check, a few examples each, and the row-wise strategies)
 NEWEST_TRITON ?= triton==3.9.*
 NEWEST := $(VENV)/newest-triton
 

@@ -7,7 +7,9 @@ backward's two passes); they are searched one at a time, in launch order, each w
 before it at their winners and the ones after it launching as usual. A kernel whose entry (its
 autotuning key) the table has already is skipped: a run stopped part way (Ctrl-C; the table is
 rewritten whole after each kernel) resumes where it stopped, and a kernel launched at the same
-key by two cases is searched once.
+key by two cases is searched once. A kernel a call starts twice at different keys is searched at
+its first launch; its other launches run the same candidate while it is searched and autotune
+(or read the table) otherwise.
 """
 
 from __future__ import annotations

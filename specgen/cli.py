@@ -128,8 +128,9 @@ def new(name: str, family: str, spec_dir: Path) -> None:
               help="Run only this family's rows or section (repeatable).")
 @click.option("--quick", is_flag=True, help="16x smaller sizes, for smoke tests.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Markdown report the sections are merged into (the others kept). Default: "
-                   "bench/RESULTS.md for a run of whole families, none with OPS.")
+              help="Markdown report the sections are merged into (the others kept). Default: the "
+                   "checkout's bench/RESULTS.md; with OPS (whose rows are part of a section) "
+                   "none: the tables are printed.")
 def bench_command(ops: tuple[str, ...], only: tuple[str, ...], quick: bool,
                   out: Path | None) -> None:
     """Time OPS (default: every op with a benchmark case) on this GPU against eager PyTorch and
@@ -139,6 +140,10 @@ def bench_command(ops: tuple[str, ...], only: tuple[str, ...], quick: bool,
     import sys
 
     command = _bench_module()
+    if ops and out is not None:
+        # a report's section holds a family's every row: some of them would replace it whole
+        raise click.ClickException("--out merges whole families' sections into a report; a run "
+                                   "of some ops prints its rows: leave out OPS or --out")
     try:
         selection = command.select(only, ops, quick)
     except ValueError as err:
@@ -148,7 +153,7 @@ def bench_command(ops: tuple[str, ...], only: tuple[str, ...], quick: bool,
     if not torch.cuda.is_available():
         raise click.ClickException("specgen bench needs a CUDA GPU (it times kernels on one)")
     if out is None and not ops:
-        out = Path("bench/RESULTS.md")
+        out = Path(command.__file__).parent / "RESULTS.md"
     click.echo(command.run(selection, out, shlex.join(["specgen", "bench", *sys.argv[2:]])),
                nl=False)
 

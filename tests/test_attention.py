@@ -374,16 +374,22 @@ def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
     # 4 * (2 stages * 32 * 512 + 64 * 256) = 196608 bytes
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == \
         [(64, 32, 2)]
-    # the backward's key pass holds BLOCK_N keys and streams BLOCK_M query rows: the same rule,
-    # roles swapped (2 * (4 stages * 64 * 256 + 128 * 128) = 163840 bytes at E 128 fits, with
-    # 64 * 256 query rows a stage 4 stages of 128 do not)
+    # the backward's key pass holds BLOCK_N keys and values and streams BLOCK_M query rows and
+    # their output gradients: the same rule, roles swapped (2 * (4 stages * 64 * 256 + 128 *
+    # 256) = 196608 bytes at E 128 fits; 4 stages of 128 rows do not)
     kept = runtime.prune_key_pass_configs(configs((128, 128, 4), (64, 128, 4)), {"q": half},
                                           BLOCK_E=128, BLOCK_EV=128)
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept] == [(64, 128)]
+    # float32 at E 256: 4 * (2 * 32 * 512 + 64 * 512) = 262144 bytes overflows, one stage fits
     kept = runtime.prune_key_pass_configs(configs((64, 64, 3)), {"q": single},
                                           BLOCK_E=256, BLOCK_EV=256)
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == \
-        [(32, 64, 2)]
+        [(32, 64, 1)]
+    # the query pass holds its rows' queries and output gradients: 128 rows at E 256 in bf16,
+    # 2 * (3 * 64 * 512 + 128 * 512) = 327680 bytes, do not fit where the forward's 64 would
+    kept = runtime.prune_query_pass_configs(configs((128, 64, 3), (64, 64, 2)), {"q": half},
+                                            BLOCK_E=256, BLOCK_EV=256)
+    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kept] == [(64, 2)]
 
 
 def test_the_score_derivatives_are_derived_at_build_time():

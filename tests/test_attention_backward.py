@@ -72,6 +72,7 @@ def test_an_output_gradient_in_a_layout_of_its_own():
     # does not merge with them (the backward lays it out as the output). That copy is no
     # launch: such a signature is never replayed, and each call is right
     replays = _op("scaled_dot_product_attention").state.backward_replays
+    replayed = replays.replayed
     with replay.record_at_once():
         for step in range(3):
             q, k, v = _inputs((2, 3, 2, 1, 9, 16), (2, 3, 2, 1, 10, 16), (2, 3, 2, 1, 10, 16),
@@ -84,6 +85,7 @@ def test_an_output_gradient_in_a_layout_of_its_own():
                                        grad.double())
             for g, w in zip(got, want):
                 torch.testing.assert_close(g.double(), w, rtol=RTOL, atol=ATOL)
+    assert replays.replayed == replayed
     assert "copied to the output's layout" in " ".join(replays.failures.values())
 
 

@@ -43,10 +43,10 @@ def test_what_no_run_takes_is_refused_by_name(only, ops, message):
 def test_the_command_refuses_before_any_gpu_work(tmp_path, monkeypatch):
     out = tmp_path / "RESULTS.md"
     runner = CliRunner()
-    result = runner.invoke(main, ["bench", "nosuch", "--out", str(out)])
+    result = runner.invoke(main, ["bench", "nosuch"])
     assert result.exit_code == 1 and "unknown op nosuch" in result.output
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    result = runner.invoke(main, ["bench", "softmax", "--out", str(out)])
+    result = runner.invoke(main, ["bench", "--only", "rowwise", "--out", str(out)])
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
     assert not out.exists()
 
@@ -76,11 +76,15 @@ def test_a_run_merges_its_sections_and_keeps_the_others(tmp_path, monkeypatch):
     assert "| 3.000 " in text.replace("3.000|", "3.000 |")
 
 
-def test_a_run_of_ops_writes_no_report_unless_asked(tmp_path, monkeypatch):
+def test_a_run_of_ops_prints_its_rows_and_writes_no_report(tmp_path, monkeypatch):
     _fake_timing(monkeypatch)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["bench", "softmax", "--quick"])
     assert result.exit_code == 0, result.output
     assert "`softmax" in result.output and not (tmp_path / "bench").exists()
+    # their rows are part of a section: --out would replace the section with them
     result = CliRunner().invoke(main, ["bench", "softmax", "--quick", "--out", "r.md"])
+    assert result.exit_code == 1 and "leave out OPS or --out" in result.output
+    assert not Path("r.md").exists()
+    result = CliRunner().invoke(main, ["bench", "--only", "rowwise", "--quick", "--out", "r.md"])
     assert result.exit_code == 0 and "`softmax" in Path("r.md").read_text()

@@ -18,14 +18,39 @@ launch = importlib.import_module("specgen.runtime.launch")
 
 
 def test_a_launch_takes_the_nearest_entry_of_its_kind():
+    # (rows: a size; E: a constexpr head dim; the tensors' dtype)
+    sizes = [True, False, False]
     entries = [{"key": [512, 64, "torch.bfloat16"], "config": {"BLOCK": 1}},
                {"key": [8192, 64, "torch.bfloat16"], "config": {"BLOCK": 2}},
-               {"key": [4096, 64, "torch.float32"], "config": {"BLOCK": 3}}]
-    # 4096 rows: 1 octave from 8192, 3 from 512; the float32 entry is of another kind
-    assert tuned.nearest(entries, [4096, 64, "torch.bfloat16"]).kwargs == {"BLOCK": 2}
-    assert tuned.nearest(entries, [600, 64, "torch.bfloat16"]).kwargs == {"BLOCK": 1}
-    assert tuned.nearest(entries, [4096, 64, "torch.float16"]) is None
-    assert tuned.nearest(entries, [4096, "torch.bfloat16"]) is None
+               {"key": [4096, 64, "torch.float32"], "config": {"BLOCK": 3}},
+               {"key": [4096, 128, "torch.bfloat16"], "config": {"BLOCK": 4}}]
+    # 4096 rows: 1 octave from 8192, 3 from 512; the float32 and E 128 entries are other kinds
+    assert tuned.nearest(entries, [4096, 64, "torch.bfloat16"], sizes).kwargs == {"BLOCK": 2}
+    assert tuned.nearest(entries, [600, 64, "torch.bfloat16"], sizes).kwargs == {"BLOCK": 1}
+    assert tuned.nearest(entries, [4096, 256, "torch.bfloat16"], sizes) is None
+    assert tuned.nearest(entries, [4096, 64, "torch.float16"], sizes) is None
+    assert tuned.nearest(entries, [4096, "torch.bfloat16"], sizes[1:]) is None
+
+
+def test_the_sizes_of_a_key_are_its_arguments_that_are_not_constexprs():
+    kernel, args, kwargs = _first_launch()
+    key, sizes = tuned.key_of(kernel, args, kwargs), tuned.sizes_of(kernel, args, kwargs)
+    # mm's key: M, N, K, then LAYOUT, INDEX_64, INPUT_PRECISION (constexprs), then dtypes
+    assert key[:3] == [32, 32, 32] and sizes == [True] * 3 + [False] * (len(key) - 3)
+
+
+def test_a_frozen_config_the_launch_would_prune_is_not_taken(monkeypatch):
+    # an older GPU's table, or an entry of another size, may hold tiles that do not fit here
+    kernel, args, kwargs = _first_launch()
+    space = launch.pruned_configs(kernel, args, kwargs)
+    # (what _frozen reads of the launch's tensors: they are on a GPU)
+    cuda = [type("Tensor", (), {"device": torch.device("cuda", 0)})()]
+    monkeypatch.setattr(tuned, "lookup", lambda *a: space[1])
+    assert tuned.entry_config(launch._frozen(kernel, args, kwargs, cuda)) == \
+        tuned.entry_config(space[1])
+    outside = tuned.config_of({"BLOCK_M": 1024, "BLOCK_N": 1024, "BLOCK_K": 512})
+    monkeypatch.setattr(tuned, "lookup", lambda *a: outside)
+    assert launch._frozen(kernel, args, kwargs, cuda) is None
 
 
 def test_a_device_without_a_table_of_its_own_takes_an_older_one_of_its_architecture(tmp_path):
@@ -57,6 +82,7 @@ def test_autotuning_asked_for_bypasses_the_table(monkeypatch):
                                               "config": {"BLOCK": 64, "num_warps": 2}}]}
     monkeypatch.setattr(tuned, "_table_for", lambda index: table)
     x = torch.empty(3)
+    monkeypatch.setattr(tuned, "sizes_of", lambda *a: [True, False])
     config = tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0))
     assert config.kwargs == {"BLOCK": 64} and config.num_warps == 2
     monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")
@@ -136,4 +162,4 @@ def test_the_command_refuses_before_any_gpu_work(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = CliRunner().invoke(main, ["tune", "mm"])
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
-    assert not any(Path(tuned.TABLE_DIR).glob("*.json.tmp"))
+    assert not Path(tuned.TABLE_DIR).exists() or not any(Path(tuned.TABLE_DIR).iterdir())

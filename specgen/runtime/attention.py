@@ -166,9 +166,13 @@ class _State:
 def _differentiable_replay(apply: Callable, op: Op, args: tuple,
                            positions: Sequence[int]) -> Callable:
     """``apply(op, *args)`` for a later call of the same signature, as a function of its tensors
-    (returning a 1-tuple: the public function picks the output from the operator's results)."""
+    (returning a 1-tuple: the public function picks the output from the operator's results).
+    It keeps the scalars alone: this call's tensors (and their graphs) are not held."""
+    held = set(positions)
+    template = tuple(None if i in held else a for i, a in enumerate(args))
+
     def replay(*tensors):
-        call = list(args)
+        call = list(template)
         for i, tensor in zip(positions, tensors):
             call[i] = tensor
         return (apply(op, *call),)
@@ -177,7 +181,8 @@ def _differentiable_replay(apply: Callable, op: Op, args: tuple,
 
 def _eager_forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """``forward`` for an untraced call that needs a gradient, replayed when its signature
-    repeats (the key of a plain eager call: the same recording serves both)."""
+    repeats (keyed as a plain eager call with the checked scalars: a recording of one serves
+    the other where the caller's scalars were given as checked, a float scale as a float)."""
     d = op.description
     tensors = tuple(args[i] for i in d.tensor_positions)
     key, replay = op.replays.lookup(tensors, _scalars(op, args))
@@ -656,20 +661,28 @@ def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """``early_config_prune`` of the forward kernels and the backward's query pass: configs whose
-    pipelined key and value tiles (and the query tile) pass the device's shared memory are
-    dropped, unless none is left (then the smallest). Autotuning skips such a config by itself;
-    a config the tests force does not."""
-    return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M")
+    """``early_config_prune`` of the forward kernels: configs whose pipelined key and value tiles
+    (and the query tile) pass the device's shared memory are dropped, unless none is left (then
+    the smallest). Autotuning skips such a config by itself; a config the tests force does not."""
+    return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M",
+                    held_values=False)
+
+
+def prune_query_pass_configs(configs, named_args, **kwargs):
+    """``early_config_prune`` of the backward's query pass: the forward's rule, with the held
+    rows' output gradients beside their queries."""
+    return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M",
+                    held_values=True)
 
 
 def prune_key_pass_configs(configs, named_args, **kwargs):
     """``early_config_prune`` of the backward's key pass, which holds a block of keys and values
-    and streams the query rows and their output gradients: the forward's rule, roles swapped."""
-    return _fitting(configs, named_args, kwargs, streamed="BLOCK_M", held="BLOCK_N")
+    and streams the query rows and their output gradients: the rule with the roles swapped."""
+    return _fitting(configs, named_args, kwargs, streamed="BLOCK_M", held="BLOCK_N",
+                    held_values=True)
 
 
-def _fitting(configs, named_args, kwargs, streamed: str, held: str):
+def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values: bool):
     element = next(v for v in named_args.values() if hasattr(v, "element_size")).element_size()
     block_e, block_ev = kwargs["BLOCK_E"], kwargs["BLOCK_EV"]
     device = next(v for v in named_args.values() if hasattr(v, "device")).device
@@ -680,7 +693,7 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str):
         # 64 x 128 blocks, 3 stages: 241664 bytes)
         meta = config.kwargs
         tiles = config.num_stages * meta[streamed] * (block_e + block_ev)
-        return element * (tiles + meta[held] * block_e)
+        return element * (tiles + meta[held] * (block_e + (block_ev if held_values else 0)))
 
     fitting = [c for c in configs if size(c) <= limit]
     if fitting:
@@ -701,4 +714,4 @@ def _padded_span(tensor: torch.Tensor) -> int:
 
 
 __all__ = ["RUNTIME", "Call", "Launch", "Problem", "backward", "forward", "prune_configs",
-           "prune_key_pass_configs"]
+           "prune_key_pass_configs", "prune_query_pass_configs"]

@@ -200,6 +200,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         tuned = _tuned.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): nothing to look up
         key = tuned = None
+    frozen = None
     forced = overrides().config
     if forced is None and overrides().kernel_configs:
         forced = dict(overrides().kernel_configs).get(frozen_tables.kernel_id(kernel))
@@ -229,7 +230,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             config = _tuned[key]
         else:  # no stand-ins (a CUDA graph being captured): the first config that fits, untimed
             config = forced_config(kernel, args, kwargs, 0)
-    elif not direct and (tuned is not None or kernel.reset_to_zero or key is not None
+    elif not direct and (tuned is not None
+                         or (frozen := _frozen_traced(kernel, args, kwargs, tensors, key))
+                         is not None
+                         or kernel.reset_to_zero or key is not None
                          and tune_on_stand_ins(kernel, grid, args, kwargs, key)):
         # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
         # that a compiled graph computes what eager calls do, bit for bit; a launch eager has not
@@ -238,7 +242,7 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # of device time) where ours took 8192 on 32 (34.8 us; tools/perf/compiled_ops.py). Inductor
         # benchmarks without a kernel's reset_to_zero hook, so atomic targets would keep every
         # trial's sums: such a kernel runs the first config that fits when eager has not tuned it
-        config = tuned or _tuned.get(key) or forced_config(kernel, args, kwargs, 0)
+        config = tuned or _tuned.get(key) or frozen or forced_config(kernel, args, kwargs, 0)
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs, **options)
         if direct:
@@ -256,9 +260,26 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
 
 
 def _frozen(kernel, args, kwargs, tensors) -> triton.Config | None:
+    """The table's config for this launch, where the kernel's prune keeps it for these arguments
+    (a table of an older GPU, or an entry tuned at another size, may hold tiles that do not fit)."""
     if not tensors or tensors[0].device.type != "cuda":
         return None
-    return frozen_tables.lookup(kernel, args, kwargs, tensors[0].device)
+    config = frozen_tables.lookup(kernel, args, kwargs, tensors[0].device)
+    if config is None:
+        return None
+    entry = frozen_tables.entry_config(config)
+    kept = pruned_configs(kernel, args, kwargs)
+    return next((c for c in kept if frozen_tables.entry_config(c) == entry), None)
+
+
+def _frozen_traced(kernel, args, kwargs, tensors, key) -> triton.Config | None:
+    """A traced launch's table config (concrete sizes only), kept for the eager launches too."""
+    if key is None or not all(type(n) is int for t in tensors for n in t.shape):
+        return None
+    config = _frozen(kernel, args, kwargs, tensors)
+    if config is not None:
+        _keep_tuned(key, config)
+    return config
 
 
 def _function(kernel):

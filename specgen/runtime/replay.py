@@ -32,9 +32,11 @@ and computed by ``Replays.lookup`` for the families' inner replays; both give th
 A call that autotunes is not recorded (the next one is). A recording that meets anything else (a
 tensor argument that is neither an input nor a recorded allocation) is dropped, and the signature
 always takes the full path. Value-dependent work cannot be replayed and stays outside the recorded
-implementation (the cross-entropy target check reads a flag the replayed kernels wrote). Replays
-are only for plain eager calls: traced, differentiated or mode-wrapped calls go through
-``torch.ops.specgen.*``.
+implementation (the cross-entropy target check reads a flag the replayed kernels wrote); an
+implementation that does such work on an allocation a launch then reads calls ``refuse``. Replays
+serve untraced eager calls (those that need a gradient through the kept call of their
+signature, ``Replays.keep``, whose autograd.Function replays its own launches); traced and
+mode-wrapped calls go through ``torch.ops.specgen.*``.
 """
 
 from __future__ import annotations
@@ -675,7 +677,8 @@ class Replays:
 
     def keep(self, key: tuple, run: Callable) -> None:
         """Serves later calls of ``key`` with ``run`` (taking the call's tensors): a call that
-        needs a gradient, whose checks this signature passed (``autograd.differentiable_replay``)."""
+        needs a gradient, whose checks this signature passed (``autograd.differentiable_replay``,
+        attention's ``_differentiable_replay``)."""
         self._make_room()
         self._entries[key] = _Kept(run)
         self.ready[key] = run

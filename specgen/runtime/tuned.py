@@ -12,16 +12,21 @@ A launch looks its kernel up in the table of the current device before autotunin
   by name among equals: an H100's table serves an H200 that has none); none otherwise (tiles
   tuned for another architecture may not even fit its shared memory).
 - **Which entry.** The kernel's entries whose key agrees with the launch's in everything but its
-  integers (dtypes, flags, mask kinds); among them the nearest in size: the least sum over the
-  integer parts of |log2(1 + launch) - log2(1 + tuned)| (a 4096-row softmax takes the
-  8192-row entry over the 512-row one); the first in the file on a tie.
+  sizes (the key's arguments that are not constexprs: a head dim, a mask kind, a layout or a
+  dtype must match); among them the nearest in size: the least sum over the sizes of
+  |log2(1 + launch) - log2(1 + tuned)| (a 4096-row softmax takes the 8192-row entry over the
+  512-row one); the first in the file on a tie. The entry's config serves only where the
+  kernel's own prune keeps it for this launch (``launch._frozen``: tiles that fit this device's
+  shared memory), so an older table or a distant entry can never start a launch that fails.
 - **Not found**, or autotuning asked for (``SPECGEN_AUTOTUNE=1``, or ``use_tables(False)``): the
-  launch autotunes as before.
+  launch autotunes as before. Both are read at a key's first launch: a process keeps the configs
+  its launches took (``launch._tuned``, and its replays).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import os
@@ -69,6 +74,23 @@ def key_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) ->
     return key
 
 
+def sizes_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list[bool]:
+    """Which parts of ``key_of`` are sizes: the key's arguments that are not constexprs."""
+    named = {**dict(zip(kernel.arg_names, args)), **kwargs}
+    constexprs = _constexprs(kernel)
+    sizes = [name not in constexprs for name in kernel.keys if name in named]
+    return sizes + [False] * (len(key_of(kernel, args, kwargs)) - len(sizes))
+
+
+def _constexprs(kernel: Any) -> set[str]:
+    """The kernel's parameters annotated ``tl.constexpr`` (read from the Python function under
+    its Autotuner, JITFunction or interpreter wrapper)."""
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return {name for name, p in inspect.signature(kernel).parameters.items()
+            if p.annotation is triton.language.constexpr or "constexpr" in str(p.annotation)}
+
+
 def _plain(value: Any) -> Any:
     # JSON keeps ints, floats, bools and strings; anything else (a dtype) as its string
     return value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
@@ -85,25 +107,27 @@ def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
     entries = table.get(kernel_id(kernel))
     if not entries:
         return None
-    return nearest(entries, key_of(kernel, args, kwargs))
+    return nearest(entries, key_of(kernel, args, kwargs), sizes_of(kernel, args, kwargs))
 
 
-def nearest(entries: Sequence[Mapping], key: Sequence) -> triton.Config | None:
-    """The config of the entry nearest ``key`` among those that agree with it but for integers."""
+def nearest(entries: Sequence[Mapping], key: Sequence, sizes: Sequence[bool]
+            ) -> triton.Config | None:
+    """The config of the entry nearest ``key`` among those equal to it but in its ``sizes``."""
     best, best_distance = None, math.inf
     for entry in entries:
         tuned = entry["key"]
         if len(tuned) != len(key) or any(
-                _sized(a) != _sized(b) or (not _sized(a) and a != b) for a, b in zip(key, tuned)):
+                not (sized and _size(a) and _size(b)) and a != b
+                for a, b, sized in zip(key, tuned, sizes)):
             continue
         distance = sum(abs(math.log2(1 + a) - math.log2(1 + b))
-                       for a, b in zip(key, tuned) if _sized(a))
+                       for a, b, sized in zip(key, tuned, sizes) if sized)
         if distance < best_distance:
             best, best_distance = entry, distance
     return None if best is None else config_of(best["config"])
 
 
-def _sized(value: Any) -> bool:
+def _size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
