@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the GPU test tier, then the benchmarks. Logs go to $OUT (the device tool's folder)
 # or ./gpu-logs. Usage: tools/gpu_run.sh [pytest args...]; BENCH="--only pointwise" to pick families,
-# SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..5 runs one part of the tier (below).
+# SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..5 runs one part of the tier (below);
+# TUNE="OPS" (or all) runs specgen tune between them and copies the GPU's table to the logs.
 # The tier's time is mostly Triton and Inductor compiling on the host, one test after another.
 # pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
 # cores; WORKERS=0 runs them in one). The whole tier outlasts one 10-minute device call, so it
@@ -49,6 +50,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     env "${test_env[@]}" python3 -m pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" \
         "${selected[@]}" "$@" 2>&1 | tee "$LOGS/tests.log"
     status=${PIPESTATUS[0]}
+fi
+if [ -n "${TUNE:-}" ]; then
+    # TUNE="mm bmm ..." (or TUNE=all): specgen tune on this GPU, its table copied to the logs
+    # (resumable: a table already in specgen/tuned/ for this GPU is carried on)
+    # shellcheck disable=SC2086
+    python3 -m specgen tune $([ "$TUNE" = all ] || echo $TUNE) 2>&1 | tee "$LOGS/tune.log"
+    cp specgen/tuned/*.json "$LOGS/" 2>/dev/null || true
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
     # shellcheck disable=SC2086
