@@ -257,3 +257,45 @@ def _versions() -> str:
 
     return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
             f"{triton.__version__}")
+
+
+def tune_cases(quick: bool) -> list[harness.Case]:
+    """What `specgen tune` searches for the attention family (its benchmark is a section): the
+    forward at the section's cells, and forward+backward at its training cells (the backward's
+    two passes), each against SDPA in the same dtype; the gradients compared as one vector.
+    ``quick``: sequences 16 times shorter."""
+    cases = []
+    for batch, heads, length, dim, causal in SHAPES:
+        length = length // 16 if quick else length
+        shape = f"B{batch} H{heads} S{length} E{dim}" + (" causal" if causal else "")
+        flops = 4 * batch * heads * length * length * dim * (0.5 if causal else 1.0)
+        sizes = (batch, heads, length, dim)
+        cases.append(harness.Case(
+            family="attention", op="scaled_dot_product_attention", shape=shape, dtype=DTYPE,
+            make_inputs=lambda sizes=sizes: tuple(
+                torch.randn(sizes, device="cuda", dtype=DTYPE) for _ in range(3)),
+            specgen=lambda q, k, v, causal=causal: _generated().scaled_dot_product_attention(
+                q, k, v, is_causal=causal),
+            eager=lambda q, k, v, causal=causal: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal),
+            bytes_moved=4 * DTYPE.itemsize * batch * heads * length * dim, flops=int(flops)))
+        if (batch, heads, length * (16 if quick else 1), dim, causal) not in TRAINING_SHAPES:
+            continue
+
+        def step(attention, causal=causal):
+            def run(q, k, v, grad):
+                out = attention(q, k, v, is_causal=causal)
+                return torch.cat([g.flatten() for g in torch.autograd.grad(out, (q, k, v), grad)])
+            return run
+
+        cases.append(harness.Case(
+            family="attention", op="scaled_dot_product_attention fwd+bwd", shape=shape,
+            dtype=DTYPE,
+            make_inputs=lambda sizes=sizes: (
+                *(torch.randn(sizes, device="cuda", dtype=DTYPE, requires_grad=True)
+                  for _ in range(3)), torch.randn(sizes, device="cuda", dtype=DTYPE)),
+            specgen=step(lambda *a, **k: _generated().scaled_dot_product_attention(*a, **k)),
+            eager=step(F.scaled_dot_product_attention),
+            bytes_moved=8 * DTYPE.itemsize * batch * heads * length * dim,
+            flops=int(3.5 * flops)))
+    return cases

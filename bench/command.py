@@ -27,6 +27,11 @@ SECTIONS = {"host": host.section,
                if family.bench_section}}
 
 
+# what `specgen tune` searches for a family whose benchmark is a section: name -> cases(quick)
+TUNE_CASES = {name: resolve(family.tune_cases) for name, family in KERNEL_FAMILIES.items()
+              if family.tune_cases}
+
+
 @dataclass(frozen=True)
 class Selection:
     """The case rows of each harness family and the sections, in the order they run."""
@@ -75,6 +80,17 @@ def select(only: tuple[str, ...] = (), ops: tuple[str, ...] = (), quick: bool = 
         raise ValueError(f"no benchmark case times {', '.join(ops)}"
                          + (f" in {', '.join(only)}" if only else ""))
     return Selection(cases, sections)
+
+
+def tune_cases(selection: Selection, ops: tuple[str, ...] = (), quick: bool = False
+               ) -> list[harness.Case]:
+    """The cases `specgen tune` searches for a selection: its rows, and for its sections the
+    families' tuning cases (narrowed to ``ops`` where given)."""
+    cases = [case for rows in selection.cases.values() for case in rows]
+    for name in selection.sections:
+        if name in TUNE_CASES:
+            cases += [case for case in TUNE_CASES[name](quick) if not ops or case_op(case) in ops]
+    return cases
 
 
 def run(selection: Selection, out: Path | None, command: str) -> str:

@@ -192,7 +192,7 @@ def tune_command(ops: tuple[str, ...], only: tuple[str, ...], shapes: tuple[str,
         selection = command.select(only, ops, quick)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
-    cases = [case for rows in selection.cases.values() for case in rows
+    cases = [case for case in command.tune_cases(selection, ops, quick)
              if not shapes or case.shape in shapes]
     if not cases:
         raise click.ClickException("no benchmark case has " + ", ".join(shapes))

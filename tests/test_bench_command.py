@@ -88,3 +88,16 @@ def test_a_run_of_ops_prints_its_rows_and_writes_no_report(tmp_path, monkeypatch
     assert not Path("r.md").exists()
     result = CliRunner().invoke(main, ["bench", "--only", "rowwise", "--quick", "--out", "r.md"])
     assert result.exit_code == 0 and "`softmax" in Path("r.md").read_text()
+
+
+def test_tune_reaches_a_section_familys_kernels_through_its_tuning_cases():
+    # attention's benchmark is a section; `specgen tune` searches its tuning cases instead
+    selection = command.select(ops=("scaled_dot_product_attention",), op_families=FAMILIES)
+    cases = command.tune_cases(selection, ("scaled_dot_product_attention",), quick=True)
+    assert {command.case_op(c) for c in cases} == {"scaled_dot_product_attention"}
+    assert {c.op for c in cases} == {"scaled_dot_product_attention",
+                                     "scaled_dot_product_attention fwd+bwd"}
+    # and none where the ops asked for are another family's
+    rows = command.tune_cases(command.select(ops=("softmax",), op_families=FAMILIES), ("softmax",))
+    assert [(c.op, c.shape) for c in rows] == [
+        (c.op, c.shape) for c in command.FAMILIES["rowwise"](False) if command.case_op(c) == "softmax"]

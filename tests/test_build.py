@@ -750,7 +750,7 @@ def test_every_path_a_family_declares_resolves(name):
     from specgen.families.contract import resolve
 
     family = FAMILIES[name]
-    for field in ("derive", "cases", "samples", "bench", "bench_section"):
+    for field in ("derive", "cases", "samples", "bench", "bench_section", "tune_cases"):
         path = getattr(family, field)
         if path:
             assert callable(resolve(path)), (name, field, path)

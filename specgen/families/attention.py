@@ -764,4 +764,5 @@ FAMILY = Family(
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     takes=frozenset({"optional scalar"}),
     cases="specgen.testing.attention:attention_cases",
-    samples="specgen.testing.attention:attention_samples", bench_section="bench.attention:section")
+    samples="specgen.testing.attention:attention_samples", bench_section="bench.attention:section",
+    tune_cases="bench.attention:tune_cases")

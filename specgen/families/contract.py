@@ -54,6 +54,9 @@ class Family:
     # family whose peers are not harness.Case's eager and compiled columns (attention: SDPA's
     # backends, FlexAttention)
     bench_section: str = ""
+    # "module:function" of the cases `specgen tune` searches where the benchmark is such a
+    # section (quick -> list of bench.harness.Case)
+    tune_cases: str = ""
 
     @property
     def template(self) -> str:
