@@ -144,18 +144,27 @@ def bench_command(ops: tuple[str, ...], only: tuple[str, ...], quick: bool,
         # a report's section holds a family's every row: some of them would replace it whole
         raise click.ClickException("--out merges whole families' sections into a report; a run "
                                    "of some ops prints its rows: leave out OPS or --out")
-    try:
-        selection = command.select(only, ops, quick)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
-    import torch
-
-    if not torch.cuda.is_available():
-        raise click.ClickException("specgen bench needs a CUDA GPU (it times kernels on one)")
+    selection = _selection(command, only, ops, quick)
+    _need_gpu("bench")
     if out is None and not ops:
         out = Path(command.__file__).parent / "RESULTS.md"
     click.echo(command.run(selection, out, shlex.join(["specgen", "bench", *sys.argv[2:]])),
                nl=False)
+
+
+def _selection(command, only: tuple[str, ...], ops: tuple[str, ...], quick: bool):
+    """What a bench or tune run takes (bench/command.py's ``select``), a bad name an error."""
+    try:
+        return command.select(only, ops, quick)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+
+
+def _need_gpu(name: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.ClickException(f"specgen {name} needs a CUDA GPU (it times kernels on one)")
 
 
 def _bench_module():
@@ -188,18 +197,12 @@ def tune_command(ops: tuple[str, ...], only: tuple[str, ...], shapes: tuple[str,
     timing it, and freeze the winners in the GPU's table, which later launches read instead of
     autotuning (docs/performance.md, "Frozen configs"). Stopped, it resumes where it stopped."""
     command = _bench_module()
-    try:
-        selection = command.select(only, ops, quick)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
+    selection = _selection(command, only, ops, quick)
     cases = [case for case in command.tune_cases(selection, ops, quick)
              if not shapes or case.shape in shapes]
     if not cases:
         raise click.ClickException("no benchmark case has " + ", ".join(shapes))
-    import torch
-
-    if not torch.cuda.is_available():
-        raise click.ClickException("specgen tune needs a CUDA GPU (it times kernels on one)")
+    _need_gpu("tune")
     import importlib
 
     from specgen.runtime import tuned

@@ -88,11 +88,8 @@ def test_autotuning_asked_for_bypasses_the_table(monkeypatch):
     monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")
     assert tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0)) is None
     monkeypatch.delenv("SPECGEN_AUTOTUNE")
-    tuned._use_tables = False
-    try:
-        assert tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0)) is None
-    finally:
-        tuned._use_tables = True
+    monkeypatch.setattr(tuned, "_use_tables", False)   # what use_tables(False) sets
+    assert tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0)) is None
 
 
 def _mm_case(size=32):
@@ -157,9 +154,15 @@ def test_the_command_refuses_before_any_gpu_work(monkeypatch):
 
     from specgen.cli import main
 
+    def tables():
+        return sorted(Path(tuned.TABLE_DIR).glob("*")) if Path(tuned.TABLE_DIR).exists() else []
+
+    before = tables()
+
     result = CliRunner().invoke(main, ["tune", "mm", "--shapes", "7x7"])
     assert result.exit_code == 1 and "no benchmark case has 7x7" in result.output
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = CliRunner().invoke(main, ["tune", "mm"])
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
-    assert not Path(tuned.TABLE_DIR).exists() or not any(Path(tuned.TABLE_DIR).iterdir())
+    # nothing written (no table, no half-written one)
+    assert tables() == before

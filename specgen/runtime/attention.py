@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import triton
 
-from specgen.runtime.autograd import op_function
+from specgen.runtime.autograd import bound_call, op_function
 from specgen.runtime.checks import (DTYPE_NAMES, check_same_device, check_tensor_types,
                                     check_tensors)
 from specgen.runtime.context import note_launch, overrides, untraced
@@ -102,7 +102,9 @@ class Attention(FamilyRuntime):
     public_output = 0
 
     def setup(self, op: Op) -> _State:
-        return _State(op_function(op.name, _EagerAutograd), Replays(op.name + " backward"))
+        tensors = set(op.description.tensor_positions)
+        return _State(op_function(op.name, _EagerAutograd), Replays(op.name + " backward"),
+                      tuple(i for i in range(len(op.description.args)) if i not in tensors))
 
     def register(self, op: Op) -> None:
         d = op.description
@@ -146,7 +148,8 @@ class Attention(FamilyRuntime):
             if key is not None:
                 # a later call of this signature (the same layouts, the same inputs needing a
                 # gradient) skips the checks above, and both directions replay their launches
-                op.replays.keep(key, _differentiable_replay(apply, op, args, d.tensor_positions))
+                op.replays.keep(key, bound_call(apply, (op,), args, d.tensor_positions, op.name,
+                                                one_tuple=True))
             return apply(op, *args)
         return op.call(key, args)[0]
 
@@ -161,22 +164,7 @@ RUNTIME = Attention()
 class _State:
     function: type[torch.autograd.Function]     # _EagerAutograd, named for the op
     backward_replays: Replays
-
-
-def _differentiable_replay(apply: Callable, op: Op, args: tuple,
-                           positions: Sequence[int]) -> Callable:
-    """``apply(op, *args)`` for a later call of the same signature, as a function of its tensors
-    (returning a 1-tuple: the public function picks the output from the operator's results).
-    It keeps the scalars alone: this call's tensors (and their graphs) are not held."""
-    held = set(positions)
-    template = tuple(None if i in held else a for i, a in enumerate(args))
-
-    def replay(*tensors):
-        call = list(template)
-        for i, tensor in zip(positions, tensors):
-            call[i] = tensor
-        return (apply(op, *call),)
-    return replay
+    scalar_positions: tuple[int, ...]           # the arguments that are not tensors
 
 
 def _eager_forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,8 +191,7 @@ def _eager_backward(op: Op, args: tuple, out, lse, grad_out, mask_grad: bool) ->
 
 
 def _scalars(op: Op, args: tuple) -> tuple:
-    positions = set(op.description.tensor_positions)
-    return tuple(a for i, a in enumerate(args) if i not in positions)
+    return tuple(args[i] for i in op.state.scalar_positions)
 
 
 def _save(ctx, op: Op, args: tuple, output: tuple) -> None:

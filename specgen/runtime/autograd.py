@@ -166,9 +166,18 @@ def differentiable_replay(function: Callable, reference: Callable, args: Sequenc
     the same signature (runtime/replay.py: the same layouts, the same inputs needing a gradient,
     the same scalars), as a function of its tensors alone: the checks the first call passed hold
     for it, and its scalars, spelled out, are these."""
-    scope = {"_apply": _by_reference_of(function.__name__).apply, "_function": function,
-             "_reference": reference, "_backward": backward}
-    names = []
+    return bound_call(_by_reference_of(function.__name__).apply, (function, reference, backward),
+                      args, tensor_positions, function.__name__)
+
+
+def bound_call(apply: Callable, leading: Sequence[object], args: Sequence[object],
+               tensor_positions: Sequence[int], name: str, one_tuple: bool = False) -> Callable:
+    """``apply(*leading, *args)`` as a function of the tensors at ``tensor_positions`` of
+    ``args``, the other arguments bound as they are (their values, not this call's tensors):
+    a Python function written for it, so that a replayed call costs one call. ``one_tuple``: its
+    result in a 1-tuple (an operator whose public function picks its first result)."""
+    scope = {"_apply": apply, **{f"_l{i}": value for i, value in enumerate(leading)}}
+    names = [f"_l{i}" for i in range(len(leading))]
     for i, arg in enumerate(args):
         if i in tensor_positions:
             names.append(f"t{i}")
@@ -176,9 +185,10 @@ def differentiable_replay(function: Callable, reference: Callable, args: Sequenc
             scope[f"_s{i}"] = arg
             names.append(f"_s{i}")
     params = ", ".join(f"t{i}" for i in tensor_positions)
+    result = f"_apply({', '.join(names)})"
     source = (f"def replay({params}):\n"
-              f"    return _apply(_function, _reference, _backward, {', '.join(names)})\n")
-    exec(compile(source, f"<specgen {function.__name__} differentiable replay>", "exec"), scope)
+              f"    return {f'({result},)' if one_tuple else result}\n")
+    exec(compile(source, f"<specgen {name} differentiable replay>", "exec"), scope)
     return scope["replay"]
 
 

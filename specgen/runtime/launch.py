@@ -201,9 +201,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): nothing to look up
         key = tuned = None
     frozen = None
-    forced = overrides().config
-    if forced is None and overrides().kernel_configs:
-        forced = dict(overrides().kernel_configs).get(frozen_tables.kernel_id(kernel))
+    knobs = overrides()
+    forced = knobs.config
+    if forced is None and knobs.kernel_configs:
+        forced = dict(knobs.kernel_configs).get(frozen_tables.kernel_id(kernel))
     for watch in _watches:
         watch.append((kernel, args, kwargs))
     if forced is not None:

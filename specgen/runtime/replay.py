@@ -677,8 +677,7 @@ class Replays:
 
     def keep(self, key: tuple, run: Callable) -> None:
         """Serves later calls of ``key`` with ``run`` (taking the call's tensors): a call that
-        needs a gradient, whose checks this signature passed (``autograd.differentiable_replay``,
-        attention's ``_differentiable_replay``)."""
+        needs a gradient, whose checks this signature passed (``autograd.bound_call``)."""
         self._make_room()
         self._entries[key] = _Kept(run)
         self.ready[key] = run
