@@ -7,9 +7,12 @@ and merges the sections into the report.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from bench import harness, host
 from specgen.families import FAMILIES as KERNEL_FAMILIES
@@ -80,6 +83,108 @@ def select(only: tuple[str, ...] = (), ops: tuple[str, ...] = (), quick: bool = 
         raise ValueError(f"no benchmark case times {', '.join(ops)}"
                          + (f" in {', '.join(only)}" if only else ""))
     return Selection(cases, sections)
+
+
+# families whose every tensor argument is a floating tensor: `--shapes NAME=SHAPE,...` draws them
+DRAWN_FAMILIES = ("pointwise", "rowwise", "reduce", "matmul")
+
+
+def argument_cases(ops: tuple[str, ...], shapes: tuple[str, ...], dtype: torch.dtype,
+                   registry=None, device: str = "cuda") -> list[harness.Case]:
+    """`specgen tune OP --shapes "x=4096x1024,normalized_shape=1024"`: each op of ``ops`` at each
+    of ``shapes``, a call's arguments by name (a tensor's shape as ``AxB``, a shape's likewise,
+    an int, a float, ``true``/``false``, a choice or a dtype by name; the others at their
+    defaults), its tensors drawn as the property suite draws them, checked against the op's
+    reference. ValueError names the op and the argument at fault."""
+    if registry is None:
+        import generated
+
+        registry = generated.REGISTRY
+    if not ops:
+        raise ValueError("--shapes NAME=SHAPE,... needs the ops it is for (specgen tune OP ...)")
+    cases = []
+    for op in ops:
+        info = registry.get(op)
+        if info is None:
+            raise ValueError(f"unknown op {op}; the ops are: {', '.join(sorted(registry))}")
+        if info.family not in DRAWN_FAMILIES:
+            raise ValueError(f"{op}: --shapes NAME=SHAPE draws the floating tensors of "
+                             f"{', '.join(DRAWN_FAMILIES)} ops; pick a benchmark shape label "
+                             f"for a {info.family} op")
+        for text in shapes:
+            cases.append(_argument_case(info, text, dtype, device))
+    return cases
+
+
+def _argument_case(info, text: str, dtype: torch.dtype, device: str) -> harness.Case:
+    given = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"{info.name}: '{item}' in --shapes is not NAME=VALUE")
+        given[name.strip()] = value.strip()
+    args = {arg.name: arg for arg in info.args}
+    unknown = [name for name in given if name not in args]
+    if unknown:
+        raise ValueError(f"{info.name}: no argument {', '.join(unknown)}; it takes "
+                         f"{', '.join(args)}")
+    tensors, scalars = {}, {}
+    for arg in info.args:
+        if arg.name not in given:
+            if arg.default is None and not arg.optional:
+                raise ValueError(f"{info.name}: --shapes gives no '{arg.name}' ({arg.kind}), "
+                                 f"which has no default")
+            continue
+        value = given[arg.name]
+        try:
+            if arg.kind == "tensor":
+                tensors[arg.name] = (arg, _sizes(value))
+            else:
+                scalars[arg.name] = _scalar(arg.kind, value)
+        except ValueError:
+            raise ValueError(f"{info.name}: '{arg.name}={value}' is not a {arg.kind}"
+                             + (" (sizes as 4096x1024)" if arg.kind in ("tensor", "shape")
+                                else "")) from None
+
+    def make_inputs():
+        return tuple(torch.empty(shape, device=device, dtype=dtype).uniform_(arg.low, arg.high)
+                     for arg, shape in tensors.values())
+
+    names = list(tensors)
+    elements = sum(math.prod(shape) for _, shape in tensors.values())
+    return harness.Case(
+        family=info.family, op=info.name,
+        shape=", ".join(f"{n}={'x'.join(map(str, shape))}" for n, (_, shape) in tensors.items()),
+        dtype=dtype, make_inputs=make_inputs,
+        specgen=lambda *t: info.function(**dict(zip(names, t)), **scalars),
+        eager=lambda *t: info.reference(**dict(zip(names, t)), **scalars),
+        bytes_moved=dtype.itemsize * elements)
+
+
+def _sizes(value: str) -> tuple[int, ...]:
+    sizes = tuple(int(n) for n in value.split("x")) if value else ()
+    if any(n < 0 for n in sizes):
+        raise ValueError(value)
+    return sizes
+
+
+def _scalar(kind: str, value: str):
+    if kind == "shape":
+        return _sizes(value)
+    if kind in ("int", "dims"):
+        return int(value)
+    if kind == "float":
+        return float(value)
+    if kind == "bool":
+        if value.lower() not in ("true", "false"):
+            raise ValueError(value)
+        return value.lower() == "true"
+    if kind == "dtype":
+        dtype = getattr(torch, value, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(value)
+        return dtype
+    return value    # a choice: the op checks it before any launch
 
 
 def tune_cases(selection: Selection, ops: tuple[str, ...] = (), quick: bool = False

@@ -1,9 +1,16 @@
-"""Host cost: microseconds of host time per call on tiny inputs, specgen against torch eager.
+"""Host cost: microseconds of host time per call on tiny inputs, specgen against torch eager, and
+the latency of a first call.
 
 At 8x1024 every kernel takes a few microseconds, so a stream of calls is bound by the host (the
 Python, checks and launches of each call), the regime of small batches and of a training step's
 many small ops. specgen's answer is the replay of a repeated call's recorded launches (README,
 "Repeated eager calls are replayed"); this section measures what a replayed call still costs.
+
+The first call at a new shape plans its launches, looks its configs up (specgen/runtime/tuned.py:
+the frozen table, else the heuristic; nothing autotunes unless asked) and cannot replay. Its
+latency, compilation excluded, is the "first call" column: the call's time up to a synchronize,
+at the first of ``FIRST_ROWS`` (row counts the op has not seen, of the same divisibility as
+``ROWS``, so the same compiled kernels serve) where Triton produced no kernel binary.
 
     python3 -m bench --only host                 # the `## host` section of bench/RESULTS.md
     python3 -m bench.host                        # the same table, printed only
@@ -24,6 +31,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from bench import harness
 
@@ -41,13 +49,16 @@ TARGETS = {"fwd": 1.3, "fwd+bwd": 1.5}
 FORWARD = ["add", "gelu", "softmax", "layer_norm", "rms_norm", "sum", "mm", "cross_entropy"]
 TRAINING = ["layer_norm", "rms_norm", "softmax", "geglu", "cross_entropy"]
 KEYS = FORWARD + [f"{op}+bwd" for op in TRAINING]  # case names for --cprofile
+# fresh row counts for the first call (ROWS is 8: neither 1 nor a multiple of 16, as these)
+FIRST_ROWS = (24, 40, 56, 72, 88, 104)
+FIRST_CALL_TARGET_US = 1000.0
 
 
 @dataclass
 class HostCase:
     key: str  # the op, "+bwd" for fwd+bwd: "layer_norm+bwd"
     op: str  # row label, e.g. "layer_norm(x, (1024,), w, b)"
-    make_inputs: Callable[[bool], tuple]  # fresh CUDA tensors; True: floating ones require grad
+    make_inputs: Callable[[bool, int], tuple]  # fresh CUDA tensors (requires_grad, rows)
     specgen: Callable
     eager: Callable
 
@@ -62,17 +73,20 @@ class HostRow:
     inputs: str = ""
     us: dict[str, list[float]] = field(default_factory=dict)  # host us per call, one per round
     wall: dict[str, list[float]] = field(default_factory=dict)  # the same up to the final sync
+    first_us: float | None = None  # specgen's first call at a new shape (None: not measured)
+    first_rows: int = 0  # the row count it was measured at
     error: str = ""  # "ERROR: ..." when the case failed
 
 
 def cases() -> list[HostCase]:
     import generated as g  # here, so that --help works where `generated` cannot be imported
 
-    def inputs(*shapes):  # a function of requires_grad, for make_inputs
-        return lambda grad: tuple(torch.randn(s, device=DEVICE, dtype=DTYPE, requires_grad=grad)
-                                  for s in shapes)
+    def inputs(*shapes):  # make_inputs: a function of requires_grad and the row count
+        return lambda grad, rows=ROWS: tuple(
+            torch.randn((rows, N) if s == x else s, device=DEVICE, dtype=DTYPE,
+                        requires_grad=grad) for s in shapes)
 
-    x, v = (ROWS, N), (N,)
+    x, v = "rows x N", (N,)     # x: the inputs of `rows` rows
     # op -> (label, make_inputs, specgen, eager); eager is the op's `reference` (generated/<op>.py)
     ops = {
         "add": ("add(x, y)", inputs(x, x), g.add, torch.add),
@@ -88,7 +102,8 @@ def cases() -> list[HostCase]:
         "mm": ("mm(a, b)", inputs(x, (N, N)), g.mm, torch.mm),
         # no target check by default (a bad target's row is NaN; runtime.validating() checks)
         "cross_entropy": ("cross_entropy(logits, target)",
-                          lambda grad: (*inputs(x)(grad), torch.randint(0, N, (ROWS,), device=DEVICE)),
+                          lambda grad, rows=ROWS: (*inputs(x)(grad, rows),
+                                                   torch.randint(0, N, (rows,), device=DEVICE)),
                           g.cross_entropy, F.cross_entropy),
         "geglu": ("geglu(a, b)", inputs(x, x), g.geglu,
                   lambda a, b: F.gelu(a, approximate="tanh") * b),
@@ -96,12 +111,14 @@ def cases() -> list[HostCase]:
     return [HostCase(key, *ops[key.removesuffix("+bwd")]) for key in KEYS]
 
 
-def bind(fn: Callable, inputs: tuple, training: bool) -> Callable[[], object]:
-    """A call of ``fn`` with no arguments; ``training``: the forward and every input's gradient."""
+def bind(fn: Callable, inputs: tuple, training: bool,
+         like: torch.Tensor | None = None) -> Callable[[], object]:
+    """A call of ``fn`` with no arguments; ``training``: the forward and every input's gradient
+    (shaped as ``like``, else as a call's output)."""
     if not training:
         return lambda: fn(*inputs)
     wrt = tuple(t for t in inputs if t.requires_grad)
-    grad = torch.randn_like(fn(*inputs))  # 0-dim for a loss
+    grad = torch.randn_like(fn(*inputs) if like is None else like)  # 0-dim for a loss
     # autograd.grad rather than backward(): no .grad accumulation kernels inside the loop
     return lambda: torch.autograd.grad(fn(*inputs), wrt, grad)
 
@@ -136,6 +153,7 @@ def run_case(case: HostCase) -> HostRow:
                 host, wall = time_calls(fn)
                 row.us.setdefault(impl, []).append(host)
                 row.wall.setdefault(impl, []).append(wall)
+        row.first_rows, row.first_us = first_call(case)
     except Exception as exc:  # recorded in the row; the other cases still run
         row.error = "ERROR: " + harness.describe(exc)
         traceback.print_exc()
@@ -143,11 +161,39 @@ def run_case(case: HostCase) -> HostRow:
     print(f"[host] {case.key}: " + "; ".join(
         f"{impl} {statistics.median(us):.1f} us (rounds {', '.join(f'{t:.1f}' for t in us)}; "
         f"wall {statistics.median(row.wall[impl]):.1f})" for impl, us in row.us.items()),
-        row.error, flush=True)
+        f"; first call {row.first_us:.0f} us at {row.first_rows} rows"
+        if row.first_us is not None else "", row.error, flush=True)
     return row
 
 
-COLUMNS = ("op", "kind", "inputs", "specgen us", "eager us", "specgen / eager", "target")
+def first_call(case: HostCase) -> tuple[int, float | None]:
+    """specgen's first call at a shape it has not seen, up to a synchronize, in microseconds:
+    at the first of FIRST_ROWS where Triton produced no kernel binary (a config another size
+    takes may need one); (0, None) where every one did."""
+    produced = []
+    hook = triton.knobs.runtime.jit_cache_hook
+    triton.knobs.runtime.jit_cache_hook = lambda *args, **kwargs: produced.append(1)  # None: compile on
+    try:
+        for rows in FIRST_ROWS:
+            inputs = case.make_inputs(case.kind == "fwd+bwd", rows)
+            # the gradient's shape from eager (a specgen call would be the first)
+            call = bind(case.specgen, inputs, case.kind == "fwd+bwd",
+                        like=case.eager(*inputs) if case.kind == "fwd+bwd" else None)
+            produced.clear()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            took = (time.perf_counter() - start) * 1e6
+            if not produced:
+                return rows, took
+        return 0, None
+    finally:
+        triton.knobs.runtime.jit_cache_hook = hook
+
+
+COLUMNS = ("op", "kind", "inputs", "specgen us", "eager us", "specgen / eager", "target",
+           "first call us")
 
 
 def table(rows: list[HostRow]) -> str:
@@ -159,9 +205,12 @@ def table(rows: list[HostRow]) -> str:
             limit = TARGETS[row.case.kind]
             ratio = f"{us['specgen'] / us['eager']:.3f}"  # 1.296 must not read as 1.30
             target = f"{'pass' if us['specgen'] <= limit * us['eager'] else 'miss'} (<= {limit}x)"
+        first = "-" if row.first_us is None else (
+            f"{row.first_us:.0f} at {row.first_rows} rows "
+            f"({'pass' if row.first_us < FIRST_CALL_TARGET_US else 'miss'})")
         lines.append([f"`{row.case.op}`", row.case.kind, row.inputs or "-", *(
             f"{us[i]:.1f} ({min(row.us[i]):.1f}-{max(row.us[i]):.1f})" if i in us else "-"
-            for i in IMPLS), ratio, target])
+            for i in IMPLS), ratio, target, first])
     return harness.markdown_table(COLUMNS, lines)
 
 
@@ -176,7 +225,10 @@ def section(run: harness.Run) -> str:
             "floating input. cross_entropy runs without its target check (the default: a bad "
             "target's row is NaN; `runtime.validating()` checks, with a sync). Targets: specgen "
             f"/ eager <= {TARGETS['fwd']} for fwd, <= {TARGETS['fwd+bwd']} for fwd+bwd; the "
-            "run's log has every round and the wall time to the final synchronize."
+            "run's log has every round and the wall time to the final synchronize. First call: "
+            "specgen's first call at a row count it has not seen (new launch plans, config "
+            "lookups, no replay) up to a synchronize, where Triton produced no kernel binary "
+            f"(compilation excluded; target < {FIRST_CALL_TARGET_US:.0f} us)."
             f"\n\n{table(rows)}\n")
 
 

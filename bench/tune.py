@@ -47,7 +47,7 @@ def tune(cases: list[harness.Case], table: Path, device_name: str,
     timer = timer or harness.bench_ms
     kernels = tuned.read_table(table)["kernels"] if table.exists() else {}
     found = []
-    tuned.use_tables(False)     # what runs between searches autotunes as before: no stale table
+    tuned.autotune(True)    # the kernels not being searched autotune: no stale table entry
     try:
         for number, case in enumerate(cases, 1):
             label = f"[{number}/{len(cases)}] {case.op} {case.shape}"
@@ -74,7 +74,7 @@ def tune(cases: list[harness.Case], table: Path, device_name: str,
                 kernels.setdefault(name, []).append({"key": key, "config": result.config})
                 tuned.write_table(table, device_name, capability, kernels)
     finally:
-        tuned.use_tables(True)
+        tuned.autotune(False)
     return found
 
 

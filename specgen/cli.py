@@ -184,24 +184,42 @@ def _bench_module():
 @main.command("tune")
 @click.argument("ops", nargs=-1)
 @click.option("--only", multiple=True, metavar="FAMILY", help="Only this family's cases (repeatable).")
-@click.option("--shapes", multiple=True, metavar="LABEL",
-              help="Only the benchmark cases of this shape label, as bench/RESULTS.md writes it "
-                   "(4096x8192; repeatable). Default: every benchmark shape.")
+@click.option("--shapes", multiple=True, metavar="SHAPES",
+              help="Where to tune (repeatable): a benchmark case's shape label as "
+                   "bench/RESULTS.md writes it (4096x8192), or, for the OPS named, a call's "
+                   "arguments by name (\"x=4096x1024,normalized_shape=1024\"; tensors drawn "
+                   "at --dtype, other arguments at their defaults). Default: every benchmark "
+                   "shape.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
+              default="bfloat16", show_default=True,
+              help="The dtype of the tensors --shapes NAME=SHAPE draws.")
 @click.option("--quick", is_flag=True, help="The benchmark's 16x smaller sizes.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="The table to write (and resume). Default: this GPU's in specgen/tuned/.")
 def tune_command(ops: tuple[str, ...], only: tuple[str, ...], shapes: tuple[str, ...],
-                 quick: bool, out: Path | None) -> None:
+                 dtype: str, quick: bool, out: Path | None) -> None:
     """Search each autotuned kernel's config space for OPS (default: every op with a benchmark
-    case) at the benchmark shapes on this GPU, check each candidate against eager torch before
-    timing it, and freeze the winners in the GPU's table, which later launches read instead of
-    autotuning (docs/performance.md, "Frozen configs"). Stopped, it resumes where it stopped."""
+    case) at the benchmark shapes, or the shapes given, on this GPU, check each candidate against
+    eager torch before timing it, and freeze the winners in the GPU's table, which later launches
+    read instead of autotuning (docs/performance.md, "Frozen configs"). Stopped, it resumes
+    where it stopped."""
+    import torch
+
     command = _bench_module()
-    selection = _selection(command, only, ops, quick)
-    cases = [case for case in command.tune_cases(selection, ops, quick)
-             if not shapes or case.shape in shapes]
+    labels = tuple(text for text in shapes if "=" not in text)
+    calls = tuple(text for text in shapes if "=" in text)
+    cases = []
+    if labels or not calls:
+        selection = _selection(command, only, ops, quick)
+        cases = [case for case in command.tune_cases(selection, ops, quick)
+                 if not labels or case.shape in labels]
+    if calls:
+        try:
+            cases += command.argument_cases(ops, calls, getattr(torch, dtype))
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
     if not cases:
-        raise click.ClickException("no benchmark case has " + ", ".join(shapes))
+        raise click.ClickException("no benchmark case has " + ", ".join(labels))
     _need_gpu("tune")
     import importlib
 

@@ -411,6 +411,9 @@ def test_settle_keeps_the_faster_candidate(monkeypatch):
     def run(strategy):
         ran.append((strategy, 3.0 if strategy.kind == "direct" else 2.0))
     x = empty(1, dtype=torch.float16)
+    # by default nothing is timed: the plan's strategy (the heuristic's split)
+    assert matmul.settle(plan, [x], True, run) == plan.strategy and ran == []
+    monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")     # timed where autotuning is asked for
     assert matmul.settle(plan, [x], True, run) == matmul.Strategy("two_stage", 8)
     assert len(ran) == 2
     # decided once per plan and dtype
@@ -421,6 +424,7 @@ def test_settle_keeps_the_faster_candidate(monkeypatch):
 
 def test_settle_gives_misaligned_operands_the_direct_kernel(monkeypatch):
     monkeypatch.setattr(matmul.triton.testing, "do_bench", lambda fn, **_: fn() or 1.0)
+    monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")
     ran = []
     x = empty(1, dtype=torch.float16)
     tma = _plan(strategy=matmul.TMA, candidates=(), m=18)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import generated
-from bench import harness, tune
+from bench import command, harness, tune
 from specgen.runtime import override, record_launches, tuned
 
 launch = importlib.import_module("specgen.runtime.launch")
@@ -19,24 +19,29 @@ launch = importlib.import_module("specgen.runtime.launch")
 
 def test_a_launch_takes_the_nearest_entry_of_its_kind():
     # (rows: a size; E: a constexpr head dim; the tensors' dtype)
-    sizes = [True, False, False]
+    parts = [tuned.SIZE, tuned.EXACT, tuned.DTYPE]
     entries = [{"key": [512, 64, "torch.bfloat16"], "config": {"BLOCK": 1}},
                {"key": [8192, 64, "torch.bfloat16"], "config": {"BLOCK": 2}},
                {"key": [4096, 64, "torch.float32"], "config": {"BLOCK": 3}},
                {"key": [4096, 128, "torch.bfloat16"], "config": {"BLOCK": 4}}]
-    # 4096 rows: 1 octave from 8192, 3 from 512; the float32 and E 128 entries are other kinds
-    assert tuned.nearest(entries, [4096, 64, "torch.bfloat16"], sizes).kwargs == {"BLOCK": 2}
-    assert tuned.nearest(entries, [600, 64, "torch.bfloat16"], sizes).kwargs == {"BLOCK": 1}
-    assert tuned.nearest(entries, [4096, 256, "torch.bfloat16"], sizes) is None
-    assert tuned.nearest(entries, [4096, 64, "torch.float16"], sizes) is None
-    assert tuned.nearest(entries, [4096, "torch.bfloat16"], sizes[1:]) is None
+    # 4096 rows: 1 octave from 8192, 3 from 512; the float32 entry is another dtype's, the E 128
+    # one another kind
+    assert tuned.nearest(entries, [4096, 64, "torch.bfloat16"], parts).kwargs == {"BLOCK": 2}
+    assert tuned.nearest(entries, [600, 64, "torch.bfloat16"], parts).kwargs == {"BLOCK": 1}
+    assert tuned.nearest(entries, [4096, 256, "torch.bfloat16"], parts) is None
+    assert tuned.nearest(entries, [4096, "torch.bfloat16"], parts[1:]) is None
+    # a dtype of its own wins over any size; without one, the nearest of other dtypes
+    assert tuned.nearest(entries, [64, 64, "torch.float32"], parts).kwargs == {"BLOCK": 3}
+    assert tuned.nearest(entries, [700, 64, "torch.float16"], parts).kwargs == {"BLOCK": 1}
+    assert tuned.nearest(entries, [4096, 128, "torch.float16"], parts).kwargs == {"BLOCK": 4}
 
 
-def test_the_sizes_of_a_key_are_its_arguments_that_are_not_constexprs():
+def test_the_parts_of_a_key_are_sizes_constexprs_and_dtypes():
     kernel, args, kwargs = _first_launch()
-    key, sizes = tuned.key_of(kernel, args, kwargs), tuned.sizes_of(kernel, args, kwargs)
+    key, parts = tuned.key_of(kernel, args, kwargs), tuned.parts_of(kernel, args, kwargs)
     # mm's key: M, N, K, then LAYOUT, INDEX_64, INPUT_PRECISION (constexprs), then dtypes
-    assert key[:3] == [32, 32, 32] and sizes == [True] * 3 + [False] * (len(key) - 3)
+    assert key[:3] == [32, 32, 32] and parts[:6] == [tuned.SIZE] * 3 + [tuned.EXACT] * 3
+    assert parts[6:] == [tuned.DTYPE] * (len(key) - 6) and key[-1] == "torch.float32"
 
 
 def test_a_frozen_config_the_launch_would_prune_is_not_taken(monkeypatch):
@@ -51,6 +56,19 @@ def test_a_frozen_config_the_launch_would_prune_is_not_taken(monkeypatch):
     outside = tuned.config_of({"BLOCK_M": 1024, "BLOCK_N": 1024, "BLOCK_K": 512})
     monkeypatch.setattr(tuned, "lookup", lambda *a: outside)
     assert launch._frozen(kernel, args, kwargs, cuda) is None
+
+
+def test_a_launch_without_an_entry_takes_the_heuristic_untimed(monkeypatch):
+    # the family's space leads with its general-purpose config: the first the prune keeps
+    kernel, args, kwargs = _first_launch()
+    space = launch.pruned_configs(kernel, args, kwargs)
+    cuda = [type("Tensor", (), {"device": torch.device("cuda", 0)})()]
+    monkeypatch.setattr(tuned, "lookup", lambda *a: None)
+    assert tuned.entry_config(launch.untuned_config(kernel, args, kwargs, cuda)) == \
+        tuned.entry_config(space[0])
+    monkeypatch.setattr(tuned, "lookup", lambda *a: space[-1])
+    assert tuned.entry_config(launch.untuned_config(kernel, args, kwargs, cuda)) == \
+        tuned.entry_config(space[-1])
 
 
 def test_a_device_without_a_table_of_its_own_takes_an_older_one_of_its_architecture(tmp_path):
@@ -82,13 +100,13 @@ def test_autotuning_asked_for_bypasses_the_table(monkeypatch):
                                               "config": {"BLOCK": 64, "num_warps": 2}}]}
     monkeypatch.setattr(tuned, "_table_for", lambda index: table)
     x = torch.empty(3)
-    monkeypatch.setattr(tuned, "sizes_of", lambda *a: [True, False])
+    monkeypatch.setattr(tuned, "parts_of", lambda *a: [tuned.SIZE, tuned.DTYPE])
     config = tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0))
     assert config.kwargs == {"BLOCK": 64} and config.num_warps == 2
     monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")
     assert tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0)) is None
     monkeypatch.delenv("SPECGEN_AUTOTUNE")
-    monkeypatch.setattr(tuned, "_use_tables", False)   # what use_tables(False) sets
+    monkeypatch.setattr(tuned, "_autotune", True)   # what autotune(True) sets
     assert tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0)) is None
 
 
@@ -166,3 +184,27 @@ def test_the_command_refuses_before_any_gpu_work(monkeypatch):
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
     # nothing written (no table, no half-written one)
     assert tables() == before
+
+
+def test_the_search_takes_a_call_given_by_its_arguments(tmp_path):
+    # specgen tune mm --shapes "a=32x48,b=48x16": the tensors drawn, the reference the check
+    case, = command.argument_cases(("mm",), ("a=32x48, b=48x16",), torch.float32, device="cpu")
+    assert case.shape == "a=32x48, b=48x16"
+    found, = tune.tune([case], tmp_path / "fake-sm90.json", "Fake GPU", (9, 0),
+                       timer=lambda fn: [fn(), 1.0][1], echo=lambda _: None)
+    assert found.config is not None and found.rejected == 0 and found.key[:3] == [32, 16, 48]
+
+
+@pytest.mark.parametrize("ops, shapes, message", [
+    (("mm",), ("a=32x48",), "mm: --shapes gives no 'b' (tensor), which has no default"),
+    (("mm",), ("a=32x48,b=48x16,c=1",), "mm: no argument c; it takes a, b"),
+    (("mm",), ("a=32by48,b=48x16",), "mm: 'a=32by48' is not a tensor (sizes as 4096x1024)"),
+    (("softmax",), ("x=8x8,dim=last",), "softmax: 'dim=last' is not a int"),
+    (("mm",), ("a 32x48",), "mm: 'a 32x48' in --shapes is not NAME=VALUE"),
+    (("nosuch",), ("a=1",), "unknown op nosuch"),
+    (("cross_entropy",), ("logits=8x8",), "pick a benchmark shape label for a cross_entropy op"),
+    ((), ("a=1",), "needs the ops it is for"),
+])
+def test_a_call_given_wrong_is_refused_by_name(ops, shapes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        command.argument_cases(ops, shapes, torch.float32, device="cpu")

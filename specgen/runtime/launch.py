@@ -216,9 +216,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         # (after the cache lookup, which the interpreter never fills: a tuned GPU launch reads
         # no environment variable)
         config = forced_config(kernel, args, kwargs, 0)
-    elif direct and (frozen := _frozen(kernel, args, kwargs, tensors)) is not None:
-        # tuned ahead of time for this GPU (specgen tune; runtime/tuned.py): no autotuning
-        config = frozen
+    elif direct and not frozen_tables.autotuning():
+        # tuned ahead of time for this GPU (specgen tune; runtime/tuned.py), else the family's
+        # heuristic, the first config the prune keeps: no autotuning, no first-call stall
+        config = untuned_config(kernel, args, kwargs, tensors)
         if key is not None:
             _keep_tuned(key, config)
     elif direct and shares_storage(args):
@@ -235,15 +236,19 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
                          or (frozen := _frozen_traced(kernel, args, kwargs, tensors, key))
                          is not None
                          or kernel.reset_to_zero or key is not None
-                         and tune_on_stand_ins(kernel, grid, args, kwargs, key)):
-        # traced (torch.compile), a kernel runs the config eager tuning chose for this launch, so
-        # that a compiled graph computes what eager calls do, bit for bit; a launch eager has not
+                         and (not frozen_tables.autotuning()
+                              or tune_on_stand_ins(kernel, grid, args, kwargs, key))):
+        # traced (torch.compile), a kernel runs the config an eager launch takes (the table's,
+        # the heuristic's, or the one eager autotuning chose), so that a compiled graph computes
+        # what eager calls do, bit for bit; where autotuning is asked for, a launch eager has not
         # tuned is tuned here, on stand-ins. Left to Inductor, which tunes by its own
         # benchmarking, H200, rms_norm 1024x32768 bf16 took 4096-wide chunks on 16 warps (41.6 us
         # of device time) where ours took 8192 on 32 (34.8 us; tools/perf/compiled_ops.py). Inductor
         # benchmarks without a kernel's reset_to_zero hook, so atomic targets would keep every
         # trial's sums: such a kernel runs the first config that fits when eager has not tuned it
         config = tuned or _tuned.get(key) or frozen or forced_config(kernel, args, kwargs, 0)
+        if key is not None and key not in _tuned:
+            _keep_tuned(key, config)
     else:
         (kernel if direct else wrap_triton(kernel))[grid](*args, **kwargs, **options)
         if direct:
@@ -258,6 +263,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
     kwargs = {**kwargs, **meta, **options}
     compiled = fn[grid](*args, **kwargs)
     replay.note_launch(fn, grid, args, kwargs, compiled)
+
+
+def untuned_config(kernel, args, kwargs, tensors) -> triton.Config:
+    """A launch's config where nothing autotunes: its table's, else the first its prune keeps."""
+    return _frozen(kernel, args, kwargs, tensors) or forced_config(kernel, args, kwargs, 0)
 
 
 def _frozen(kernel, args, kwargs, tensors) -> triton.Config | None:

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.testing
 
+from specgen.runtime import tuned
 from specgen.runtime.checks import check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
 from specgen.runtime.launch import (launch, max_programs, multiprocessors, shared_memory,
@@ -645,8 +646,9 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
            run: Callable[[Strategy], None]) -> Strategy:
     """The strategy to launch. When split-K is a candidate (few output tiles, long K), the first
     eager call times it against the tile kernel, each autotuned, end to end (launch overhead
-    included: a decode-sized matmul takes about as long as starting it), and keeps the faster.
-    Traced calls cannot time: they take the choice made so far, else the heuristic's. A call whose
+    included: a decode-sized matmul takes about as long as starting it), and keeps the faster,
+    where autotuning is asked for (runtime/tuned.py); otherwise, and in traced calls, which cannot
+    time, a call takes the choice made so far, else the heuristic's (the split). A call whose
     operands TMA cannot take (``tma_fits`` false: LaunchPlan.tma_fits) runs the direct kernel."""
     def usable(s: Strategy) -> Strategy:
         return DIRECT if s == TMA and not tma_fits else s
@@ -655,7 +657,7 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
     key = (plan, next(t.dtype for t in tensors if t is not None), tma_fits)
     chosen = _settled.get(key)
     if chosen is None:
-        if not untraced(tensors):
+        if not untraced(tensors) or not tuned.autotuning():
             return usable(plan.strategy)
         note_tuning()
         times = {s: triton.testing.do_bench(lambda s=s: run(s), return_mode="median")

@@ -5,22 +5,30 @@ A table is a JSON file in ``specgen/tuned/``, named for the device and its compu
 at one autotuning key (the values of the arguments its ``@triton.autotune(key=...)`` names, then
 the dtypes of its tensor arguments, as Triton's autotuner keys) and the config that won there.
 
-A launch looks its kernel up in the table of the current device before autotuning:
+A launch looks its kernel up in the table of the current device; nothing autotunes unless asked:
 
 - **Which table.** The device's own; else, of the tables of its architecture (the same major
   compute capability), the one with the highest capability not above the device's (the last
   by name among equals: an H100's table serves an H200 that has none); none otherwise (tiles
   tuned for another architecture may not even fit its shared memory).
-- **Which entry.** The kernel's entries whose key agrees with the launch's in everything but its
-  sizes (the key's arguments that are not constexprs: a head dim, a mask kind, a layout or a
-  dtype must match); among them the nearest in size: the least sum over the sizes of
-  |log2(1 + launch) - log2(1 + tuned)| (a 4096-row softmax takes the 8192-row entry over the
-  512-row one); the first in the file on a tie. The entry's config serves only where the
-  kernel's own prune keeps it for this launch (``launch._frozen``: tiles that fit this device's
-  shared memory), so an older table or a distant entry can never start a launch that fails.
-- **Not found**, or autotuning asked for (``SPECGEN_AUTOTUNE=1``, or ``use_tables(False)``): the
-  launch autotunes as before. Both are read at a key's first launch: a process keeps the configs
-  its launches took (``launch._tuned``, and its replays).
+- **Which entry.** The kernel's entries whose key agrees with the launch's in every constexpr
+  part (a head dim, a mask kind, a layout, an index width); among them the nearest: the least
+  sum over the sizes (the key's arguments that are not constexprs) of
+  |log2(1 + launch) - log2(1 + tuned)|, plus ``DTYPE_MISMATCH`` for each tensor dtype that
+  differs (a float32 launch takes a bfloat16 entry only where no float32 one exists: a
+  4096-row softmax takes the 8192-row entry over the 512-row one, a float32 one over both); the
+  first in the file on a tie. The entry's config serves only where the kernel's own prune keeps
+  it for this launch (``launch._frozen``: tiles that fit this device's shared memory and this
+  dtype), so an older table, a distant entry or another dtype's can never start a launch that
+  fails.
+- **Not found:** the family's heuristic, the first config the kernel's prune keeps for the
+  launch (each family's space leads with its general-purpose config), untimed.
+- **Autotuning asked for** (``SPECGEN_AUTOTUNE=1``, or ``autotune(True)``): no table is read,
+  and each launch key's first launch autotunes over the pruned space, as Triton's autotuner
+  does (seconds on a first call, in every new process).
+
+Both are read at a key's first launch: a process keeps the configs its launches took
+(``launch._tuned``, and its replays).
 """
 
 from __future__ import annotations
@@ -38,18 +46,22 @@ import torch
 import triton
 
 TABLE_DIR = Path(__file__).resolve().parents[1] / "tuned"
-_use_tables = True
+# a tensor dtype that differs from an entry's counts as this many octaves of size: any entry of
+# the launch's own dtypes is nearer than every entry of another's
+DTYPE_MISMATCH = 1000.0
+_autotune = False
 
 
-def use_tables(on: bool) -> None:
-    """Looks configs up in the frozen tables (the default) or autotunes every launch's key."""
-    global _use_tables
-    _use_tables = on
+def autotune(on: bool) -> None:
+    """Autotunes each launch key's first launch (``on``) instead of reading the frozen tables and
+    falling back to the heuristics (the default); ``SPECGEN_AUTOTUNE=1`` does the same."""
+    global _autotune
+    _autotune = on
     _table_for.cache_clear()
 
 
-def enabled() -> bool:
-    return _use_tables and os.environ.get("SPECGEN_AUTOTUNE", "") != "1"
+def autotuning() -> bool:
+    return _autotune or os.environ.get("SPECGEN_AUTOTUNE", "") == "1"
 
 
 def table_name(device_name: str, capability: tuple[int, int]) -> str:
@@ -74,12 +86,16 @@ def key_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) ->
     return key
 
 
-def sizes_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list[bool]:
-    """Which parts of ``key_of`` are sizes: the key's arguments that are not constexprs."""
+SIZE, DTYPE, EXACT = "size", "dtype", "exact"
+
+
+def parts_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list[str]:
+    """What each part of ``key_of`` is: a ``SIZE`` (a key argument that is not a constexpr), an
+    ``EXACT`` constexpr, or a tensor's ``DTYPE``."""
     named = {**dict(zip(kernel.arg_names, args)), **kwargs}
     constexprs = _constexprs(kernel)
-    sizes = [name not in constexprs for name in kernel.keys if name in named]
-    return sizes + [False] * (len(key_of(kernel, args, kwargs)) - len(sizes))
+    parts = [EXACT if name in constexprs else SIZE for name in kernel.keys if name in named]
+    return parts + [DTYPE] * (len(key_of(kernel, args, kwargs)) - len(parts))
 
 
 def _constexprs(kernel: Any) -> set[str]:
@@ -99,7 +115,7 @@ def _plain(value: Any) -> Any:
 def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
            device: torch.device) -> triton.Config | None:
     """The frozen config of this launch (the module docstring's rules), or None."""
-    if not enabled():
+    if autotuning():
         return None
     table = _table_for(device.index if device.index is not None else torch.cuda.current_device())
     if not table:
@@ -107,21 +123,22 @@ def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
     entries = table.get(kernel_id(kernel))
     if not entries:
         return None
-    return nearest(entries, key_of(kernel, args, kwargs), sizes_of(kernel, args, kwargs))
+    return nearest(entries, key_of(kernel, args, kwargs), parts_of(kernel, args, kwargs))
 
 
-def nearest(entries: Sequence[Mapping], key: Sequence, sizes: Sequence[bool]
+def nearest(entries: Sequence[Mapping], key: Sequence, parts: Sequence[str]
             ) -> triton.Config | None:
-    """The config of the entry nearest ``key`` among those equal to it but in its ``sizes``."""
+    """The config of the entry nearest ``key`` among those equal to it in its ``EXACT`` parts."""
     best, best_distance = None, math.inf
     for entry in entries:
         tuned = entry["key"]
         if len(tuned) != len(key) or any(
-                not (sized and _size(a) and _size(b)) and a != b
-                for a, b, sized in zip(key, tuned, sizes)):
+                a != b and not (part == DTYPE or part == SIZE and _size(a) and _size(b))
+                for a, b, part in zip(key, tuned, parts)):
             continue
-        distance = sum(abs(math.log2(1 + a) - math.log2(1 + b))
-                       for a, b, sized in zip(key, tuned, sizes) if sized)
+        distance = sum(abs(math.log2(1 + a) - math.log2(1 + b)) if a != b and part == SIZE
+                       else DTYPE_MISMATCH if a != b else 0.0
+                       for a, b, part in zip(key, tuned, parts))
         if distance < best_distance:
             best, best_distance = entry, distance
     return None if best is None else config_of(best["config"])

@@ -1,5 +1,5 @@
-"""A launch on a GPU reads the frozen table of its device (specgen/runtime/tuned.py) instead of
-autotuning, and autotunes where asked to."""
+"""A launch on a GPU reads the frozen table of its device (specgen/runtime/tuned.py), takes the
+heuristic config where no entry serves, and autotunes only where asked to."""
 
 import importlib
 import sys
@@ -21,6 +21,11 @@ def _fresh(kernel):
     tuned._table_for.cache_clear()
 
 
+def _taken() -> list[dict]:
+    """The configs the process's launches took, as the tables write them."""
+    return [tuned.entry_config(config) for config in launch._tuned.values()]
+
+
 def test_a_tabled_launch_runs_its_frozen_config_without_autotuning(tmp_path, monkeypatch):
     kernel = sys.modules["generated.mm"].KERNELS["tile"]
     a, b = (torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -39,7 +44,13 @@ def test_a_tabled_launch_runs_its_frozen_config_without_autotuning(tmp_path, mon
             out = generated.mm(a, b)
         torch.testing.assert_close(out, a @ b, rtol=2e-2, atol=2e-2)
         assert not kernel.cache     # the autotuner never ran
-        assert chosen in launch._tuned.values()
+        assert _taken() == [tuned.entry_config(chosen)]
+        # no table: the first config the prune keeps, still without the autotuner
+        monkeypatch.setattr(tuned, "TABLE_DIR", tmp_path / "none")
+        _fresh(kernel)
+        with record_launches():
+            generated.mm(a, b)
+        assert not kernel.cache and _taken() == [tuned.entry_config(space[0])]
         # asked for, autotuning runs as before
         _fresh(kernel)
         monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")
