@@ -20,6 +20,7 @@ at the first of ``FIRST_ROWS`` (row counts the op has not seen, of the same divi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -166,10 +167,21 @@ def run_case(case: HostCase) -> HostRow:
     return row
 
 
-def first_call(case: HostCase) -> tuple[int, float | None]:
+def _print_profile(profiler: cProfile.Profile, top: int = 30) -> None:
+    """The functions of most own time, in microseconds (pstats prints milliseconds: a first call
+    spreads its time over hundreds of calls of a few microseconds)."""
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    print(f"{'own us':>8} {'cum us':>8} {'calls':>6}  function")
+    for (path, line, name), (_, calls, own, cumulative, _) in rows:
+        print(f"{own * 1e6:8.0f} {cumulative * 1e6:8.0f} {calls:6d}  {path}:{line}({name})")
+
+
+def first_call(case: HostCase, profile: bool = False) -> tuple[int, float | None]:
     """specgen's first call at a shape it has not seen, up to a synchronize, in microseconds:
     at the first of FIRST_ROWS where Triton produced no kernel binary (a config another size
-    takes may need one); (0, None) where every one did."""
+    takes may need one); (0, None) where every one did. ``profile``: prints that call's
+    cProfile."""
     produced = []
     hook = triton.knobs.runtime.jit_cache_hook
     triton.knobs.runtime.jit_cache_hook = lambda *args, **kwargs: produced.append(1)  # None: compile on
@@ -180,12 +192,26 @@ def first_call(case: HostCase) -> tuple[int, float | None]:
             call = bind(case.specgen, inputs, case.kind == "fwd+bwd",
                         like=case.eager(*inputs) if case.kind == "fwd+bwd" else None)
             produced.clear()
+            profiler = cProfile.Profile() if profile else contextlib.nullcontext()
             torch.cuda.synchronize()
             start = time.perf_counter()
-            call()
-            torch.cuda.synchronize()
+            with profiler:
+                call()
+                host = time.perf_counter()
+                torch.cuda.synchronize()
             took = (time.perf_counter() - start) * 1e6
             if not produced:
+                if profile:
+                    eager = bind(case.eager, inputs, case.kind == "fwd+bwd",
+                                 like=case.eager(*inputs) if case.kind == "fwd+bwd" else None)
+                    torch.cuda.synchronize()
+                    begin = time.perf_counter()
+                    eager()
+                    torch.cuda.synchronize()
+                    print(f"first call at {rows} rows: {took:.0f} us, {(host - start) * 1e6:.0f} "
+                          f"before the synchronize (profiled); eager's "
+                          f"{(time.perf_counter() - begin) * 1e6:.0f} us")
+                    _print_profile(profiler)
                 return rows, took
         return 0, None
     finally:
@@ -239,9 +265,18 @@ def main() -> None:
                              f"(one of: {', '.join(KEYS)}); cProfile inflates Python frames")
     parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
                         help="cProfile order (default: %(default)s)")
+    parser.add_argument("--first", action="store_true",
+                        help="with --cprofile: profile the case's first call at a new shape "
+                             "(after one call at ROWS), by cumulative time")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench needs a CUDA GPU")
+    if args.cprofile and args.first:
+        case = next(c for c in cases() if c.key == args.cprofile)
+        time_calls(bind(case.specgen, case.make_inputs(case.kind == "fwd+bwd"),
+                        case.kind == "fwd+bwd"), WARMUP)
+        first_call(case, profile=True)
+        return
     if not args.cprofile:
         print(table([run_case(case) for case in cases()]))
         return

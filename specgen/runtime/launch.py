@@ -267,19 +267,21 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
 
 def untuned_config(kernel, args, kwargs, tensors) -> triton.Config:
     """A launch's config where nothing autotunes: its table's, else the first its prune keeps."""
-    return _frozen(kernel, args, kwargs, tensors) or forced_config(kernel, args, kwargs, 0)
+    kept = pruned_configs(kernel, args, kwargs)
+    return _frozen(kernel, args, kwargs, tensors, kept) or kept[0]
 
 
-def _frozen(kernel, args, kwargs, tensors) -> triton.Config | None:
+def _frozen(kernel, args, kwargs, tensors, kept=None) -> triton.Config | None:
     """The table's config for this launch, where the kernel's prune keeps it for these arguments
-    (a table of an older GPU, or an entry tuned at another size, may hold tiles that do not fit)."""
+    (a table of an older GPU, or an entry tuned at another size, may hold tiles that do not fit);
+    ``kept``: that prune's result, where the caller has it."""
     if not tensors or tensors[0].device.type != "cuda":
         return None
     config = frozen_tables.lookup(kernel, args, kwargs, tensors[0].device)
     if config is None:
         return None
     entry = frozen_tables.entry_config(config)
-    kept = pruned_configs(kernel, args, kwargs)
+    kept = pruned_configs(kernel, args, kwargs) if kept is None else kept
     return next((c for c in kept if frozen_tables.entry_config(c) == entry), None)
 
 

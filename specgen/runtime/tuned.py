@@ -80,10 +80,18 @@ def kernel_id(kernel: Any) -> str:
 def key_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list:
     """The launch's autotuning key, as the kernel's autotuner forms it: the values of the
     arguments ``key=`` names, then the dtypes of its tensor arguments (as strings)."""
+    return key_and_parts(kernel, args, kwargs)[0]
+
+
+def key_and_parts(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping
+                  ) -> tuple[list, list[str]]:
+    """``key_of`` and what each of its parts is (``parts_of``), in one pass."""
     named = {**dict(zip(kernel.arg_names, args)), **kwargs}
-    key = [_plain(named[name]) for name in kernel.keys if name in named]
-    key += [str(a.dtype) for a in (*args, *kwargs.values()) if hasattr(a, "dtype")]
-    return key
+    constexprs = _constexprs(kernel)
+    keyed = [name for name in kernel.keys if name in named]
+    dtypes = [str(a.dtype) for a in (*args, *kwargs.values()) if hasattr(a, "dtype")]
+    return ([*(_plain(named[name]) for name in keyed), *dtypes],
+            [*(EXACT if name in constexprs else SIZE for name in keyed), *[DTYPE] * len(dtypes)])
 
 
 SIZE, DTYPE, EXACT = "size", "dtype", "exact"
@@ -92,19 +100,23 @@ SIZE, DTYPE, EXACT = "size", "dtype", "exact"
 def parts_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list[str]:
     """What each part of ``key_of`` is: a ``SIZE`` (a key argument that is not a constexpr), an
     ``EXACT`` constexpr, or a tensor's ``DTYPE``."""
-    named = {**dict(zip(kernel.arg_names, args)), **kwargs}
-    constexprs = _constexprs(kernel)
-    parts = [EXACT if name in constexprs else SIZE for name in kernel.keys if name in named]
-    return parts + [DTYPE] * (len(key_of(kernel, args, kwargs)) - len(parts))
+    return key_and_parts(kernel, args, kwargs)[1]
 
 
-def _constexprs(kernel: Any) -> set[str]:
+def _constexprs(kernel: Any) -> frozenset[str]:
     """The kernel's parameters annotated ``tl.constexpr`` (read from the Python function under
     its Autotuner, JITFunction or interpreter wrapper)."""
     while hasattr(kernel, "fn"):
         kernel = kernel.fn
-    return {name for name, p in inspect.signature(kernel).parameters.items()
-            if p.annotation is triton.language.constexpr or "constexpr" in str(p.annotation)}
+    return _annotated_constexpr(kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _annotated_constexpr(function: Any) -> frozenset[str]:
+    # (inspect.signature takes tens of microseconds: once per kernel)
+    return frozenset(name for name, p in inspect.signature(function).parameters.items()
+                     if p.annotation is triton.language.constexpr
+                     or "constexpr" in str(p.annotation))
 
 
 def _plain(value: Any) -> Any:
@@ -123,7 +135,7 @@ def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
     entries = table.get(kernel_id(kernel))
     if not entries:
         return None
-    return nearest(entries, key_of(kernel, args, kwargs), parts_of(kernel, args, kwargs))
+    return nearest(entries, *key_and_parts(kernel, args, kwargs))
 
 
 def nearest(entries: Sequence[Mapping], key: Sequence, parts: Sequence[str]
