@@ -262,8 +262,9 @@ def _versions() -> str:
 def tune_cases(quick: bool) -> list[harness.Case]:
     """What `specgen tune` searches for the attention family (its benchmark is a section): the
     forward at the section's cells, and forward+backward at its training cells (the backward's
-    two passes), each against SDPA in the same dtype; the gradients compared as one vector.
-    ``quick``: sequences 16 times shorter."""
+    two passes), each against SDPA in the same dtype; the gradients compared as one vector; and
+    decoding at its cells (full caches: SDPA computes the same). ``quick``: sequences 16 times
+    shorter."""
     cases = []
     for batch, heads, length, dim, causal in SHAPES:
         length = length // 16 if quick else length
@@ -298,4 +299,22 @@ def tune_cases(quick: bool) -> list[harness.Case]:
             eager=step(F.scaled_dot_product_attention),
             bytes_moved=8 * DTYPE.itemsize * batch * heads * length * dim,
             flops=int(3.5 * flops)))
+    for batch, heads, heads_kv, keys, dim in DECODE_SHAPES:
+        keys = keys // 16 if quick else keys
+
+        def caches(batch=batch, heads=heads, heads_kv=heads_kv, keys=keys, dim=dim):
+            return (torch.randn(batch, heads, 1, dim, device="cuda", dtype=DTYPE),
+                    *(torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=DTYPE)
+                      for _ in range(2)),
+                    torch.full((batch,), keys, device="cuda", dtype=torch.int32))
+
+        cases.append(harness.Case(
+            family="attention", op="decode_attention",
+            shape=f"B{batch} Hq{heads} Hkv{heads_kv} S{keys} E{dim}", dtype=DTYPE,
+            make_inputs=caches,
+            specgen=lambda q, k, v, lengths: _generated().decode_attention(
+                q, k, v, lengths, enable_gqa=True),
+            eager=lambda q, k, v, lengths: F.scaled_dot_product_attention(
+                q, k, v, enable_gqa=True),
+            bytes_moved=2 * DTYPE.itemsize * batch * heads_kv * keys * dim))
     return cases

@@ -13,7 +13,7 @@ from specgen.cli import main
 
 FAMILIES = {"add": "pointwise", "softmax": "rowwise", "sum": "reduce", "cross_entropy":
             "cross_entropy", "mm": "matmul", "scaled_dot_product_attention": "attention",
-            "amax": "reduce"}
+            "amax": "reduce", "decode_attention": "attention"}
 
 
 def test_ops_narrow_the_rows_and_pick_their_families_sections():
@@ -100,6 +100,9 @@ def test_tune_reaches_a_section_familys_kernels_through_its_tuning_cases():
     assert {command.case_op(c) for c in cases} == {"scaled_dot_product_attention"}
     assert {c.op for c in cases} == {"scaled_dot_product_attention",
                                      "scaled_dot_product_attention fwd+bwd"}
+    decoding = command.tune_cases(command.select(ops=("decode_attention",), op_families=FAMILIES),
+                                  ("decode_attention",), quick=True)
+    assert [c.shape for c in decoding] == ["B8 Hq32 Hkv8 S2048 E128", "B1 Hq32 Hkv32 S8192 E128"]
     # and none where the ops asked for are another family's
     rows = command.tune_cases(command.select(ops=("softmax",), op_families=FAMILIES), ("softmax",))
     assert [(c.op, c.shape) for c in rows] == [
