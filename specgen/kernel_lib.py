@@ -1,7 +1,9 @@
 """Triton helpers that generated kernels import by name (``from specgen.kernel_lib import ...``).
 
 They use only core ``tl`` operations (no libdevice), so the CPU tier's interpreter runs the very
-code the GPU compiles. Inputs are float32; NaN propagates as in torch. Names end in ``_f32`` (or name a cast) so that
+code the GPU compiles. Inputs are float32 or float64 (the math's type follows them; constants are
+Python numbers, which take the tensor's type) and, for ``relu_f32``, ``minimum_f32`` and
+``maximum_f32``, integers too; NaN propagates as in torch. Names end in ``_f32`` (or name a cast) so that
 they never collide with an op's own function in its module: torch.compile re-emits a kernel with
 the jit functions it calls under their own names, so they are imported unaliased, never as ``lib.x``.
 """
@@ -29,8 +31,9 @@ def tanh_f32(x):
 
 @triton.jit
 def relu_f32(x):
-    # where(x < 0, 0, x) keeps NaN, as torch.relu does (maximum(x, 0) would drop it)
-    return tl.where(x < 0, 0.0, x)
+    # where(x < 0, 0, x) keeps NaN, as torch.relu does (maximum(x, 0) would drop it); the int 0
+    # takes x's type, an integer one's too
+    return tl.where(x < 0, 0, x)
 
 
 @triton.jit
@@ -80,19 +83,20 @@ def add_pairs(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
 
 
+# the rounding casts keep the math's type (float32, or float64 for float64 data)
 @triton.jit
 def as_float32(x):
-    return x.to(tl.float32)
+    return x.to(tl.float32).to(x.dtype)
 
 
 @triton.jit
 def round_to_float16(x):
-    return x.to(tl.float16).to(tl.float32)
+    return x.to(tl.float16).to(x.dtype)
 
 
 @triton.jit
 def round_to_bfloat16(x):
-    return x.to(tl.bfloat16).to(tl.float32)
+    return x.to(tl.bfloat16).to(x.dtype)
 
 
 @triton.jit

@@ -18,7 +18,8 @@ from specgen.errors import Where, describe
 from specgen.families import FAMILIES
 from specgen.families.common import check_generated_names, check_name
 from specgen.families.contract import resolve
-from specgen.model import AUTOCAST, DTYPES, INDEXING, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg
+from specgen.model import (AUTOCAST, DEFAULT_DTYPES, DTYPES, INDEXING, INTEGER_DTYPES, INTEGER_FAMILIES, Arg,
+                           ChoiceArg, OpSpec, ScalarArg, Source, TensorArg)
 from specgen.table import Table, parse_list
 
 ARG_KINDS = ("tensor", "float", "int", "bool", "choice", "shape", "dtype")
@@ -75,7 +76,7 @@ def parse_spec(text: str, source: Source) -> OpSpec:
     doc = op.pop("doc", str, "")
     reference_where = op.where.child("reference")
     reference = op.pop("reference", str)
-    dtypes = _parse_dtypes(op)
+    dtypes = _parse_dtypes(op, family_name)
     indexing = op.pop_choice("indexing", INDEXING, "auto")
     autocast, autocast_follows = _parse_autocast(op)
     op.finish()
@@ -124,15 +125,21 @@ def _parse_autocast(op: Table) -> tuple[str, str]:
     return policy, follows
 
 
-def _parse_dtypes(op: Table) -> tuple[str, ...]:
+def _parse_dtypes(op: Table, family: str) -> tuple[str, ...]:
     raw = op.pop_any("dtypes")
     if raw is None:
-        return DTYPES
+        return DEFAULT_DTYPES
     where = op.where.child("dtypes")
     dtypes = parse_list(raw, str, where)
+    known = DTYPES + INTEGER_DTYPES if family in INTEGER_FAMILIES else DEFAULT_DTYPES
     for dtype in dtypes:
-        if dtype not in DTYPES:
-            raise where.error(f"unknown dtype '{dtype}'; expected one of: {', '.join(DTYPES)}")
+        if dtype in INTEGER_DTYPES + ("float64",) and dtype not in known:
+            what = "compute in float64" if dtype == "float64" else \
+                "take integer and bool tensors"
+            raise where.error(f"dtype '{dtype}': only the {' and '.join(INTEGER_FAMILIES)} "
+                              f"families {what}; expected one of: {', '.join(known)}")
+        if dtype not in known:
+            raise where.error(f"unknown dtype '{dtype}'; expected one of: {', '.join(known)}")
     return tuple(dict.fromkeys(dtypes))
 
 

@@ -1,7 +1,9 @@
 """Triton helpers of the reduce family.
 
 Combine functions serve both the element-wise accumulation inside a tile loop and the final
-``tl.reduce`` across a tile. Core ``tl`` operations only, so the interpreter runs them.
+``tl.reduce`` across a tile. Core ``tl`` operations only, so the interpreter runs them. Values are
+float32 or float64, or integers (a kernel's COMPUTE type: an integer result's own, int64 for a
+sum), whose comparisons hold no NaN.
 
 Generated modules import these by name, unaliased (``from specgen.reduce_lib import
 sum_combine_f32``): torch.compile re-emits a user kernel together with the jit functions it calls
@@ -92,15 +94,21 @@ def prod_reduce_f32(acc, AXIS: tl.constexpr):
 
 @triton.jit
 def max_reduce_f32(acc, AXIS: tl.constexpr):
-    # tl.max need not propagate NaN: count NaNs on the side so that one does, as in torch.amax
-    nans = tl.sum((acc != acc).to(tl.int32), AXIS)
-    return tl.where(nans > 0, float("nan"), tl.max(acc, AXIS))
+    if acc.dtype.is_floating():
+        # tl.max need not propagate NaN: count NaNs on the side so that one does, as in torch.amax
+        nans = tl.sum((acc != acc).to(tl.int32), AXIS)
+        return tl.where(nans > 0, float("nan"), tl.max(acc, AXIS))
+    else:
+        return tl.max(acc, AXIS)
 
 
 @triton.jit
 def min_reduce_f32(acc, AXIS: tl.constexpr):
-    nans = tl.sum((acc != acc).to(tl.int32), AXIS)
-    return tl.where(nans > 0, float("nan"), tl.min(acc, AXIS))
+    if acc.dtype.is_floating():
+        nans = tl.sum((acc != acc).to(tl.int32), AXIS)
+        return tl.where(nans > 0, float("nan"), tl.min(acc, AXIS))
+    else:
+        return tl.min(acc, AXIS)
 
 
 @triton.jit

@@ -118,8 +118,9 @@ def _x(*shape, dtype=torch.float32, device=None):
     (lambda: generated.cross_entropy(_x(2, 3), torch.zeros(2, dtype=torch.long, device=testing.device()),
                                      _x(3, dtype=torch.float16)), TypeError,
      "cross_entropy: argument 'weight' has dtype torch.float16, 'logits' torch.float32; they must match"),
-    (lambda: generated.add(_x(3), _x(3, dtype=torch.float64)), TypeError,
-     "add: argument 'y' has dtype torch.float64; supported: float16, bfloat16, float32"),
+    (lambda: generated.add(_x(3), _x(3, dtype=torch.complex64)), TypeError,
+     "add: argument 'y' has dtype torch.complex64; supported: float16, bfloat16, float32, "
+     "float64, bool, uint8, int8, int16, int32, int64"),
     (lambda: generated.add(_x(3), _x(4)), ValueError, "add: shapes do not broadcast: 'x' (3,), 'y' (4,)"),
     (lambda: generated.add(_x(3, device="cpu"), torch.empty(3, device="meta")), ValueError,
      "add: arguments 'x' (cpu) and 'y' (meta) are on different devices"),

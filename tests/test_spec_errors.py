@@ -78,8 +78,9 @@ CASES = [
      "expected [rows, cols] pairs of powers of two"),
     ("tile past Triton's largest", "[compute]", "[tuning]\nTILE = [[1024, 2048]]\n[compute]",
      "tuning.TILE", "at most 1048576 elements a tile, got [1024, 2048]"),
-    ("unknown dtype", 'family = "pointwise"', 'family = "pointwise"\ndtypes = ["float64"]',
-     "op.dtypes", "unknown dtype 'float64'; expected one of: float16, bfloat16, float32"),
+    ("unknown dtype", 'family = "pointwise"', 'family = "pointwise"\ndtypes = ["complex64"]',
+     "op.dtypes", "unknown dtype 'complex64'; expected one of: float16, bfloat16, float32, "
+     "float64, bool, uint8, int8, int16, int32, int64"),
     ("no dtypes", 'family = "pointwise"', 'family = "pointwise"\ndtypes = []',
      "op.dtypes", "expected a non-empty array of strings, got []"),
     ("unknown family", 'family = "pointwise"', 'family = "stencil"', "op.family",

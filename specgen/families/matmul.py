@@ -22,7 +22,7 @@ from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, check_name, common_plan,
                                      int_list, symbols_of)
-from specgen.model import DTYPES, OpSpec, Output, TensorArg
+from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
 from specgen.table import Table, check_type, parse_list
 
 SWIZZLES = ("grouped", "swizzle2d", "none")

@@ -27,6 +27,7 @@ OUTER_RANK = 6
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
     "pointwise",  # its imports
+    "compute",    # the math's type (COMPUTE), beside the choices' constexprs
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 

@@ -21,15 +21,20 @@ from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
 
-# combine -> (identity as Triton source, result kind)
+# combine -> (identity as Triton source, result kind): each combine's identity (a float that
+# converts to every type, integers too; for max and min the kernel's
+# IDENTITY constexpr, the lowest or highest value of its COMPUTE type) and kind
 COMBINES = {
     "sum": ("0.0", "value"),
     "prod": ("1.0", "value"),
-    "max": ('float("-inf")', "value"),
-    "min": ('float("inf")', "value"),
-    "argmax": ('float("-inf")', "index"),
-    "argmin": ('float("inf")', "index"),
+    "max": ("IDENTITY", "value"),
+    "min": ("IDENTITY", "value"),
+    "argmax": ("IDENTITY", "index"),
+    "argmin": ("IDENTITY", "index"),
 }
+# the identity constexpr of the max and min combines, in the kernel's COMPUTE type
+EXTREMES = {"max": ('float("-inf")', "get_int_min_value"),
+            "min": ('float("inf")', "get_int_max_value")}
 DIM_MODES = ("optional", "required")
 LAUNCHES = ("flat", "persistent")
 # names the reference may use besides the declared arguments: the family adds them to the signature
@@ -43,6 +48,7 @@ SCALAR_KINDS = ("float", "int", "bool")
 GENERATED_NAMES = frozenset({
     "inner_kernel", "outer_kernel", "atomic_inner_kernel", "atomic_outer_kernel",  # its kernels
     "reduction",  # its imports
+    "compute", "identity", "x_type", "out_type",  # the math's type and the combine's identity
     "acc", "acc_index", "count", "counter_ptr", "dim", "dims", "keepdim", "kept", "kept_mask",
     "kept_size_", "kept_tile", "kept_tiles", "n_float", "num_kept", "num_red", "num_splits", "out",
     "out_kept_stride_", "out_offsets", "out_ptr", "part", "part_index", "part_index_ptr",
@@ -211,6 +217,12 @@ class ReducePlan(CommonPlan):
     @property
     def max_tile(self) -> int:
         return max(c["BLOCK_K"] * c["BLOCK_R"] for c in self.inner_configs + self.outer_configs)
+
+    @property
+    def extreme(self) -> tuple[str, str] | None:
+        """max and min (and their index forms): the identity for a float COMPUTE type, and the
+        dtype method that gives an integer one's."""
+        return EXTREMES.get(self.combine.removeprefix("arg"))
 
 
 def plan(spec: OpSpec) -> ReducePlan:

@@ -13,7 +13,9 @@ from torch.autograd import forward_ad
 from specgen.runtime.context import interpreting, transforms_active
 from specgen.runtime.layout import broadcast_shapes, has_internal_overlap, storage_span
 
-DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool, torch.uint8,
+    torch.int8, torch.int16, torch.int32, torch.int64)}
 
 
 def _dtype_list(dtypes: Sequence[torch.dtype]) -> str:

@@ -13,6 +13,7 @@ import triton
 from specgen.runtime.checks import (broadcast_shape, check_out, check_outs_disjoint,
                                     check_tensors)
 from specgen.runtime.context import note_launch, overrides
+from specgen.runtime.dtypes import all_floating, compute_dtype, torch_result
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import (Shape, collapse, dense_strides,
                                     memory_order, span, strides_at)
@@ -21,7 +22,8 @@ from specgen.runtime.replay import empty
 
 
 def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
-    """torch's promotion for floating tensors: 0-dim tensors only count when all are 0-dim."""
+    """torch's promotion for floating tensors: 0-dim tensors only count when all are 0-dim (a
+    call with an integer or bool tensor asks torch: ``call_dtype``)."""
     ranked = [t for t in tensors if t.dim() > 0] or list(tensors)
     dtype = ranked[0].dtype
     for tensor in ranked[1:]:
@@ -116,22 +118,54 @@ class Pointwise(FamilyRuntime):
 
     def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
         inputs, shape, device = _checked(op, args)
-        dtype = result_dtype(inputs)
+        dtype = call_dtype(op, args, inputs)
         outs = tuple(empty_output(shape, dtype, device, inputs) for _ in op.description.outputs)
         _launch(op, args, inputs, outs)
         return outs[0] if len(outs) == 1 else outs
 
     def run_out(self, op: Op, outs: tuple, args: tuple) -> None:
         inputs, shape, device = _checked(op, args)
+        dtype = call_dtype(op, args, inputs)
         named = dict(zip(op.description.tensor_names, inputs))
         for name, out in zip(op.description.outputs, outs):
             check_out(op.name, name, out, shape, device, op.description.dtypes, named)
+            _check_out_dtype(op.name, name, out.dtype, dtype, outs[0].dtype)
         if len(outs) > 1:
             check_outs_disjoint(op.name, dict(zip(op.description.outputs, outs)))
         _launch(op, args, inputs, outs)
 
 
 RUNTIME = Pointwise()
+
+
+def call_dtype(op: Op, args: tuple, inputs: Sequence[torch.Tensor]) -> torch.dtype:
+    """The result's dtype: torch's promotion of floating inputs, or, where a tensor is an integer
+    or bool one, what torch's reference gives for these dtypes (``div`` of int32 tensors is
+    float32), or torch's refusal (``sub`` of bools), raised before any launch."""
+    if all_floating(inputs):
+        return result_dtype(inputs)
+    d = op.description
+    return torch_result(op.name, op.reference, args, d.tensor_positions,
+                        tuple(a.name for a in d.args))
+
+
+def _check_out_dtype(op: str, name: str, dtype: torch.dtype, result: torch.dtype,
+                     first: torch.dtype) -> None:
+    """An out= of another dtype than the result's: written cast where both are floating, as torch
+    writes it. torch refuses a cast to a lower kind (a float result into an integer out=); an
+    integer or bool result, or out=, of another dtype than the result's is refused here too: the
+    kernel computes in its out='s type (``compute_dtype``), and an integer sum in another integer
+    type wraps elsewhere. Outputs of one call compute in one type: the first out='s."""
+    if dtype != result and not torch.can_cast(result, dtype):
+        raise RuntimeError(f"{op}: result type {result} can't be cast to the desired output type "
+                           f"{dtype} of '{name}'")
+    if dtype != result and not (dtype.is_floating_point and result.is_floating_point):
+        raise TypeError(f"{op}: '{name}' has dtype {dtype}; an integer or bool result ({result}) "
+                        f"is written to an out= of its own dtype only")
+    if compute_dtype(dtype) != compute_dtype(first):
+        raise TypeError(f"{op}: '{name}' has dtype {dtype}, which computes in "
+                        f"{compute_dtype(dtype)}, and the first out= {first}: the outputs of one "
+                        f"call must compute in one type")
 
 
 def _checked(op: Op, args: tuple) -> tuple[list[torch.Tensor], tuple[int, ...], torch.device]:
@@ -155,5 +189,5 @@ def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple) -> Non
            *scalars, **d.choices_of(args), INDEX_64=plan.index_64, tune_key=(plan, dtypes))
 
 
-__all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "empty_output", "output_strides",
+__all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "call_dtype", "empty_output", "output_strides",
            "plan_launch", "result_dtype"]

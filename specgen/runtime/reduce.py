@@ -18,6 +18,7 @@ import triton
 
 from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import note_launch, overrides, untraced
+from specgen.runtime.dtypes import compute_dtype, torch_result
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
@@ -29,8 +30,8 @@ MAX_DIMS = 4
 STRATEGIES = ("inner", "outer", "split", "atomic", "last")
 # what a program does with its tile's result (the kernel's STAGE)
 FINAL = 0      # finish it and store it to out
-PARTIAL = 1    # store it to row `split` of the float32 partials
-ATOMIC = 2     # add it to the float32 partials with an atomic (sum-like reductions)
+PARTIAL = 1    # store it to row `split` of the partials (in the kernel's COMPUTE type)
+ATOMIC = 2     # add it to the partials with an atomic (sum-like reductions)
 LAST = 3       # PARTIAL, then the last program of the output tile combines the partials into out
 # reductions whose partials carry an index too: they split in two launches
 INDEX_COMBINES = ("argmax", "argmin")
@@ -172,8 +173,8 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     One-level strategies give each output tile one program that loops over the whole reduced range
     (``inner``: tiles read along the reduced dim; ``outer``: tiles read along the kept dim, looping
     over the reduced one). When the output tiles cannot fill the machine (a full reduction, a few
-    long columns), ``split`` cuts the reduced range among programs that write float32 partials a
-    second kernel combines (deterministic), and ``atomic`` adds them into a float32 buffer instead
+    long columns), ``split`` cuts the reduced range among programs that write partials a
+    second kernel combines (deterministic), and ``atomic`` adds them into a zeroed buffer instead
     (sum-like reductions only). ``last`` is the split in one launch: the last program to finish a
     slice of an output tile (an atomic ticket per tile) combines its partials. The index
     reductions' partials carry indices, which it does not combine: their splits run in two
@@ -242,7 +243,7 @@ def dims_of(space: Space) -> int:
 
 
 def partials_problem(prob: Problem, splits: int) -> Problem:
-    """The second level of a split: a dense float32 (splits, kept) buffer reduced over splits."""
+    """The second level of a split: a dense (splits, kept) buffer reduced over splits."""
     sizes = prob.kept.sizes
     dense = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
     kept = Space(sizes, (tuple(dense), prob.kept.strides[1]))
@@ -273,7 +274,7 @@ class ReduceLaunch:
 
     strategy: Strategy
     index_64: bool
-    part_rows: int            # rows of the float32 partials buffer (0: none)
+    part_rows: int            # rows of the partials buffer (0: none)
     num_kept: int
     first: Level
     second: Level | None      # the combine of the partials (split and atomic)
@@ -337,7 +338,7 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name,
     first = level(prob, strategy.tiles, strategy.splits, strategy.split_size, stage, 1)
     if strategy.name == "last":
         return ReduceLaunch(strategy, index_64, rows, num_kept, first, None)
-    # second level: the partials, a dense (rows, kept) float32 buffer, reduced over its rows
+    # second level: the partials, a dense (rows, kept) buffer, reduced over its rows
     second_prob = partials_problem(prob, rows)
     second = level(second_prob, "inner" if second_prob.inner else "outer", 1, rows, FINAL, 2)
     return ReduceLaunch(strategy, index_64, rows, num_kept, first, second)
@@ -420,6 +421,12 @@ class Reduce(FamilyRuntime):
 
     def spell_out(self, op: Op, args: tuple) -> tuple:
         x, dim = args[0], args[1]
+        d = op.description
+        cast_name, cast = next(((a.name, v) for a, v in zip(d.args, args) if a.kind == "dtype"),
+                               (None, None))
+        if isinstance(cast, torch.dtype) and not cast.is_floating_point and \
+                isinstance(x, torch.Tensor):
+            _check_integer_cast(op, args, cast_name, cast)
         if op.description.launch.index:
             if dim is not None:
                 normalize_dims(op.name, dim, x.dim(), single=True)
@@ -438,8 +445,19 @@ class Reduce(FamilyRuntime):
         if spec.combine not in ("sum", "prod"):
             check_nonempty(op.name, name, x, dims, dim, spec.index)
         dtype_arg = next((v for a, v in zip(d.args, args) if a.kind == "dtype"), None)
-        # torch returns reductions contiguous, and indices as int64
-        dtype = torch.int64 if spec.index else x.dtype if dtype_arg is None else dtype_arg
+        if x.dtype.is_floating_point and (dtype_arg is None or dtype_arg.is_floating_point):
+            # torch returns reductions contiguous, and indices as int64
+            dtype = torch.int64 if spec.index else x.dtype if dtype_arg is None else dtype_arg
+        else:
+            # an integer or bool x or dtype=: torch's answer (a sum of int32 or bool is int64,
+            # mean refuses an integer x without a floating dtype=), before any launch
+            dtype = torch_result(op.name, op.reference, args, d.tensor_positions,
+                                 tuple(a.name for a in d.args))
+            if dtype == torch.bool and spec.combine == "sum":
+                # torch's bool sum saturates (an or); the kernel's would count in uint8 and wrap
+                raise TypeError(f"{op.name}: a sum into bool (dtype=torch.bool, or a bool "
+                                f"result) is not supported; sum into an integer dtype and "
+                                f"compare with 0")
         out = empty(output_shape(x.shape, dims, keepdim), dtype, device)
         # the kernels' scalars: the spec's, after x, dim and keepdim (which shape the launch)
         scalars = tuple(args[i] for i in d.scalar_positions if i > 2)
@@ -448,6 +466,25 @@ class Reduce(FamilyRuntime):
 
 
 RUNTIME = Reduce()
+
+
+def _check_integer_cast(op: Op, args: tuple, name: str, cast: torch.dtype) -> None:
+    """An integer or bool dtype= (one of the op's dtypes): torch's sum and prod take one, its
+    mean does not (a TypeError here, naming the floating ones); an integer result has no
+    gradient (a RuntimeError, as torch's "Autograd not support dtype")."""
+    d = op.description
+    try:
+        torch_result(op.name, op.reference, args, d.tensor_positions,
+                     tuple(a.name for a in d.args))
+    except Exception:
+        floating = ", ".join(str(t).removeprefix("torch.") for t in d.dtypes
+                             if t.is_floating_point)
+        raise TypeError(f"{op.name}: argument '{name}' is {cast}; supported: {floating}") \
+            from None
+    x = args[0]
+    if x.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(f"{op.name}: argument '{d.args[0].name}' requires grad, but the "
+                           f"result's dtype {cast} has none (as in torch)")
 
 
 def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool,
@@ -460,6 +497,9 @@ def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: 
     strategy = plan.strategy
     dtypes = (x.dtype, out.dtype)
     kernels = op.kernels
+    # partials are in the kernel's COMPUTE type: the values' (x's for argmax and argmin), the
+    # result's for the rest (float32, float64, an integer result's own)
+    part_dtype = compute_dtype(x.dtype if spec.index else out.dtype)
 
     def run(kernel, level: Level, pointers: tuple) -> None:
         launch(kernel, level.grid, *pointers, *scalars, *level.args, KEPT_DIMS=level.kept_dims,
@@ -468,7 +508,7 @@ def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: 
 
     if plan.counters:
         # one launch: partials, and the last program of each output tile combines them into out
-        part = empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
+        part = empty((plan.part_rows, plan.num_kept), part_dtype, x.device)
         counters = launch_counters(x, plan.counters)
         note_launch(op.name, strategy.name, plan.index_64, splits=strategy.splits)
         run(kernels[strategy.tiles], plan.first, (x, out, part, counters))
@@ -479,14 +519,14 @@ def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: 
         return
     if spec.combine == "sum":
         atomic = strategy.name == "atomic"
-        part = (zeros if atomic else empty)((plan.part_rows, plan.num_kept), torch.float32,
+        part = (zeros if atomic else empty)((plan.part_rows, plan.num_kept), part_dtype,
                                             x.device)
         note_launch(op.name, strategy.name, plan.index_64, splits=strategy.splits)
         run(kernels[("atomic_" if atomic else "") + strategy.tiles], plan.first,
             (x, out, part, part))
         second = (part, out, part, part)
     else:
-        part = empty((plan.part_rows, plan.num_kept), torch.float32, x.device)
+        part = empty((plan.part_rows, plan.num_kept), part_dtype, x.device)
         note_launch(op.name, strategy.name, plan.index_64, splits=plan.part_rows)
         if spec.index:
             part_index = empty((plan.part_rows, plan.num_kept), torch.int64, x.device)

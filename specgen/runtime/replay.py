@@ -128,7 +128,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
 
         def make():
             return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    # the test suite: NaN where no kernel writes (an int's minimum), so that a store a kernel
+    # the test suite: NaN where no kernel writes (an int's minimum, a bool's True), so that a store a kernel
     # misses fails the comparison rather than passing on whatever the memory held. The
     # overrides key replays: a recording made here is replayed poisoned
     poison = context.overrides().poison
@@ -138,7 +138,8 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
 
 
 def _poisoned(tensor: torch.Tensor) -> torch.Tensor:
-    value = math.nan if tensor.is_floating_point() else torch.iinfo(tensor.dtype).min
+    value = (math.nan if tensor.is_floating_point() else True if tensor.dtype == torch.bool
+             else torch.iinfo(tensor.dtype).min)
     return tensor.fill_(value)
 
 

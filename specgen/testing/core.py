@@ -23,12 +23,16 @@ from specgen.runtime import OpInfo, interpreting
 SPECIAL_SIZES = (1, 2, 3, 5, 7, 13, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257)
 
 # |actual - expected| <= atol + rtol * |expected|, against a float64 reference. Math is float32,
-# so the bound is one rounding to the output dtype plus a few float32 ulps.
+# so the bound is one rounding to the output dtype plus a few float32 ulps; float64 math is
+# float64 (the float scalars a kernel takes are float32: the suite draws them as float32 values).
+# Integer and bool results are compared exactly (assert_matches), whatever their tolerance.
 TOLERANCES = {
     torch.float32: (2e-5, 1e-5),
     torch.float16: (1e-3, 1e-5),
     torch.bfloat16: (8e-3, 1e-5),
+    torch.float64: (1e-10, 1e-12),
 }
+INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def device() -> str:
@@ -94,6 +98,36 @@ def layouts(draw, rank: int, allow_broadcast: bool = True) -> Layout:
     return layout
 
 
+def dtypes_of(dtypes: Sequence[torch.dtype]) -> st.SearchStrategy[torch.dtype]:
+    """A dtype of an op's: a floating one three times in four where it takes integer or bool
+    tensors too (the floating paths keep most of the examples)."""
+    floating = [d for d in dtypes if d.is_floating_point]
+    integral = [d for d in dtypes if not d.is_floating_point]
+    if not floating or not integral:
+        return st.sampled_from(tuple(dtypes))
+    return st.integers(0, 3).flatmap(
+        lambda n: st.sampled_from(floating if n else integral))
+
+
+def accepted(info: OpInfo, args: dict[str, Any]) -> dict[str, Any]:
+    """``args``, with its integer and bool tensors as float32 where torch's reference refuses
+    them (``sub`` of bools, ``mean`` of an int32 tensor): a case is a call torch computes. The
+    refusals, which the op must raise as torch does, are tests/test_dtypes.py's."""
+    if all(v.is_floating_point for v in args.values() if isinstance(v, torch.dtype)) and all(
+            v.is_floating_point() for v in args.values() if isinstance(v, torch.Tensor)):
+        return args
+    for step in range(2):
+        try:
+            info.reference(**args)
+            return args
+        except Exception:
+            # the tensors first, then (mean's dtype=torch.int32) an integer dtype= argument
+            args = {k: v.float() if isinstance(v, torch.Tensor) and not v.is_floating_point()
+                    else None if step and isinstance(v, torch.dtype) and not v.is_floating_point
+                    else v for k, v in args.items()}
+    return args
+
+
 def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, layout: Layout, *,
                 low: float = -3.0, high: float = 3.0, seed: int = 0,
                 device: str | None = None, fill: float | None = None) -> torch.Tensor:
@@ -110,13 +144,41 @@ def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, layout: Layout, *,
     span = layout.offset + running
     # drawn on the CPU from a seeded generator whatever the default device, then moved
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    if fill is None:
+    if fill is None and dtype in INTEGRAL:
+        storage = _integers(span, dtype, low, high, generator)
+    elif fill is None:
         storage = torch.rand(span, generator=generator, dtype=torch.float64, device="cpu")
         storage = storage * (high - low) + low
     else:
         storage = torch.full((span,), fill, dtype=torch.float64, device="cpu")
     storage = storage.to(dtype).to(device or globals()["device"]())
     return torch.as_strided(storage, shape, strides, layout.offset)
+
+
+def _integers(count: int, dtype: torch.dtype, low: float, high: float,
+              generator: torch.Generator) -> torch.Tensor:
+    """Integers in [low, high] (a tensor argument's range, clipped to the dtype's; a bool's: 0 or
+    1), as int64 values to cast."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (count,), generator=generator)
+    info = torch.iinfo(dtype)
+    low, high = max(math.ceil(low), info.min), min(math.floor(high), info.max)
+    if low > high:
+        low, high = info.min, info.max
+    # randint's high is exclusive and an int64: the widest range draws halves
+    if high - low >= 2**62:
+        halves = torch.randint(-2**62, 2**62, (2, count), generator=generator, dtype=torch.int64)
+        return halves[0] + halves[1]
+    return torch.randint(low, high + 1, (count,), generator=generator, dtype=torch.int64)
+
+
+def integer_range(dtype: torch.dtype, low: float, high: float, wide: bool) -> tuple[float, float]:
+    """Where an integer tensor is drawn: the argument's range, or (``wide``) the dtype's whole
+    range, where sums and products wrap as torch's do."""
+    if not wide or dtype == torch.bool:
+        return low, high
+    info = torch.iinfo(dtype)
+    return float(info.min), float(info.max)
 
 
 @st.composite
@@ -301,6 +363,17 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str,
     element as well.
     """
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if actual.dtype in INTEGRAL:
+        # an integer or bool result (an index, a sum of integers) is exact: torch's own values
+        assert expected.dtype == actual.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+        got, want = actual.cpu(), expected.cpu()
+        if not torch.equal(got, want):
+            bad = got != want
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            raise AssertionError(f"{what}: {int(bad.sum())} of {got.numel()} elements differ; "
+                                 f"first at {index}: got {got[index].item()!r}, expected "
+                                 f"{want[index].item()!r}")
+        return
     rtol, atol = (tolerances or TOLERANCES)[actual.dtype]
     if torch_result is None:
         torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol,

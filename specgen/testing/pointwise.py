@@ -9,9 +9,8 @@ import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo
-from specgen.runtime.pointwise import result_dtype
-from specgen.testing.core import (Case, broadcast_operand, knobs, layouts, make_tensor,
-                                  scalar_value, shapes)
+from specgen.testing.core import (Case, accepted, broadcast_operand, dtypes_of, integer_range,
+                                  knobs, layouts, make_tensor, scalar_value, shapes)
 from specgen.testing.samples import Make, default
 
 
@@ -27,26 +26,40 @@ def pointwise_cases(draw, info: OpInfo) -> Case:
             continue
         operand = draw(broadcast_operand(shape)) if draw(st.booleans()) else shape
         layout = draw(layouts(len(operand)))
-        dtype = draw(st.sampled_from(info.dtypes))
-        args[arg.name] = make_tensor(operand, dtype, layout, low=arg.low, high=arg.high,
-                                     seed=seed + i)
+        dtype = draw(dtypes_of(info.dtypes))
+        # integers now and then over their dtype's whole range, where sums and products wrap
+        low, high = integer_range(dtype, arg.low, arg.high, wide=draw(st.booleans())) \
+            if not dtype.is_floating_point else (arg.low, arg.high)
+        args[arg.name] = make_tensor(operand, dtype, layout, low=low, high=high, seed=seed + i)
         notes.append(f"{arg.name}: {operand} {dtype} {layout}")
+    args = accepted(info, args)
     tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # operands may drop dims
-    dtype = result_dtype(tensors)
+    # the result's dtype as torch gives it (an integer add's, a true division's float32)
+    dtype = _result_dtype(info, args)
+    # an out= poisoned where it can be: NaN, else the dtype's largest value
+    fill = math.nan if dtype.is_floating_point else True if dtype == torch.bool else \
+        min(torch.iinfo(dtype).max, 2**53)
     outs = tuple(make_tensor(shape, dtype, draw(layouts(len(shape), allow_broadcast=False)),
-                             fill=math.nan) for _ in info.outputs)
+                             fill=fill) for _ in info.outputs)
     return Case(args, outs, draw(knobs()), describe="; ".join(notes),
                 layout_reference=_layout_reference(tensors))
+
+
+def _result_dtype(info: OpInfo, args: dict[str, Any]) -> torch.dtype:
+    result = info.reference(**args)
+    return (result[0] if isinstance(result, tuple) else result).dtype
 
 
 # one torch element-wise op per arity: its TensorIterator lays the result out as a fused
 # element-wise op over the same operands must be laid out
 _ELEMENTWISE = {1: torch.neg, 2: torch.add, 3: torch.addcmul}
+_LOGICAL = {1: torch.logical_not, 2: torch.logical_or}   # for bools, which torch.neg refuses
 
 
 def _layout_reference(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    op = _ELEMENTWISE.get(len(tensors))
+    ops = _LOGICAL if any(t.dtype == torch.bool for t in tensors) else _ELEMENTWISE
+    op = ops.get(len(tensors))
     # with mixed dtypes torch's CPU path copies inputs to the common dtype first, which changes
     # its layout (CUDA casts on the fly): no single answer there
     if op is None or len({t.dtype for t in tensors}) > 1:

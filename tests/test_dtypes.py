@@ -1,0 +1,146 @@
+"""Integer, bool and float64 tensors as torch takes them (pointwise and reduce families).
+
+Every op that lists an integer dtype, on every integer and bool dtype: the result torch gives
+(dtype and values, exactly), or torch's refusal, of its type, naming the op, before any launch.
+The property suite draws these dtypes too (tests/test_ops.py); here each is met once.
+"""
+
+import pytest
+import torch
+
+import generated
+from specgen import parse, runtime, testing
+from specgen.errors import SpecError
+
+INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+OPS = sorted(name for name, info in generated.REGISTRY.items()
+             if any(d in info.dtypes for d in INTEGRAL))
+
+
+def _tensor(dtype: torch.dtype, shape=(4, 37), seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        values = torch.randint(0, 2, shape, generator=generator)
+    elif dtype.is_floating_point:
+        values = torch.randn(shape, generator=generator, dtype=torch.float64)
+    else:
+        info = torch.iinfo(dtype)   # the whole range: sums and products wrap as torch's do
+        values = torch.randint(max(info.min, -2**62), min(info.max, 2**62), shape,
+                               generator=generator)
+    return values.to(dtype).to(testing.device())
+
+
+def _calls(info, dtype):
+    """The op's calls at ``dtype``: both operands of a binary op, and the reduce ops over one
+    dim and over all (with dtype= None, where they take one)."""
+    tensors = [a for a in info.args if a.kind == "tensor"]
+    if info.family == "pointwise":
+        yield {a.name: _tensor(dtype, seed=i) for i, a in enumerate(tensors)}
+        return
+    for dim in ([1], None) if info.args[1].kind != "dim" else (1, None):
+        yield {"x": _tensor(dtype), "dim": dim, "keepdim": False}
+
+
+@pytest.mark.parametrize("dtype", INTEGRAL, ids=str)
+@pytest.mark.parametrize("name", OPS)
+def test_integer_tensors_as_torch_takes_them(name, dtype):
+    info = generated.REGISTRY[name]
+    for args in _calls(info, dtype):
+        try:
+            want = info.reference(**args)
+        except Exception as err:
+            with runtime.record_launches() as launches, pytest.raises(type(err)) as raised:
+                info.function(**args)
+            assert name in str(raised.value) and str(dtype) in str(raised.value), raised.value
+            assert not launches, f"{name}: launched before refusing {dtype}"
+            continue
+        got = info.function(**args)
+        assert got.dtype == want.dtype, f"{name} {dtype}: {got.dtype}, torch's {want.dtype}"
+        if want.is_floating_point():   # a true division or a sigmoid of integers
+            testing.assert_matches(got, info.reference(**{k: v.double() if isinstance(
+                v, torch.Tensor) else v for k, v in args.items()}), name)
+        else:
+            assert torch.equal(got.cpu(), want.cpu()), f"{name} {dtype}: values differ"
+
+
+def test_mixed_and_zero_dim_promotion():
+    """torch.result_type's rules: a 0-dim tensor counts when its kind is higher (int32 + 0-dim
+    float64 is float64), else not (int32 + 0-dim int64 is int32); uint8 with int8 is int16."""
+    x = _tensor(torch.int32)
+    for other in (torch.tensor(2.5, dtype=torch.float64), torch.tensor(3), _tensor(torch.float16),
+                  torch.tensor(True)):
+        other = other.to(testing.device())
+        got, want = generated.add(x, other), torch.add(x, other)
+        assert got.dtype == want.dtype, (other.dtype, got.dtype, want.dtype)
+        testing.assert_matches(got, want.double() if want.is_floating_point() else want, "add")
+    u, i = _tensor(torch.uint8), _tensor(torch.int8, seed=1)
+    assert torch.equal(generated.mul(u, i), u * i) and generated.mul(u, i).dtype == torch.int16
+
+
+def test_out_of_another_dtype():
+    """An integer result into an out= of another dtype: torch's refusal where it refuses the
+    cast (a float result into an int32 out=), else a TypeError (the kernel computes in its
+    out='s type); float results keep torch's casting out=."""
+    x, y = _tensor(torch.int32), _tensor(torch.int32, seed=1)
+    with pytest.raises(TypeError, match="'out' has dtype torch.int64; an integer or bool result"):
+        generated.add(x, y, out=torch.empty(x.shape, dtype=torch.int64, device=x.device))
+    with pytest.raises(RuntimeError, match="result type torch.float32 can't be cast"):
+        generated.div(x, y, out=torch.empty(x.shape, dtype=torch.int32, device=x.device))
+    out = torch.empty(x.shape, dtype=torch.int32, device=x.device)
+    assert generated.add(x, y, out=out) is out and torch.equal(out, x + y)
+
+
+def test_refusals_name_the_op_and_argument():
+    x = _tensor(torch.int32)
+    with pytest.raises(RuntimeError, match=r"mean: argument 'x' has dtype torch.int32, which "
+                                           r"torch refuses here: mean\(\): could not infer"):
+        generated.mean(x)
+    assert generated.mean(x, 1, dtype=torch.float64).dtype == torch.float64
+    with pytest.raises(TypeError, match="mean: argument 'dtype' is torch.int64; supported: "
+                                        "float16, bfloat16, float32, float64"):
+        generated.mean(x.float(), 1, dtype=torch.int64)
+    with pytest.raises(TypeError, match="gelu: argument 'x' has dtype torch.int32; supported"):
+        generated.gelu(x)
+    with pytest.raises(TypeError, match="sum: a sum into bool"):
+        generated.sum(x, dtype=torch.bool)
+    # an integer result has no gradient, as torch's "Autograd not support dtype"
+    with pytest.raises(RuntimeError, match="sum: argument 'x' requires grad, but the result's"):
+        generated.sum(torch.randn(3, 4, requires_grad=True), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "amax", "argmin"])
+@pytest.mark.parametrize("strategy", ["inner", "outer", "split", "last", "atomic"])
+def test_integer_reductions_in_every_strategy(name, strategy):
+    # the split strategies' partials are in the accumulator's type (int64 for a sum): exact
+    if strategy == "atomic" and name != "sum" or strategy == "last" and name == "argmin":
+        pytest.skip("not a strategy of this reduction")
+    x = _tensor(torch.int16, shape=(5, 300))
+    for dim in (0, 1):
+        with runtime.override(strategy=strategy):
+            got = getattr(generated, name)(x, dim)
+        want = getattr(torch, name)(x, dim)
+        assert got.dtype == want.dtype and torch.equal(got, want), (name, strategy, dim)
+
+
+def test_float64_is_computed_in_float64():
+    """float64 math, not float32 rounded: a sum whose float32 partials would lose the 1e-12."""
+    x = torch.full((4, 1000), 1.0, dtype=torch.float64, device=testing.device())
+    x[:, ::2] += 1e-12
+    assert torch.equal(generated.sum(x, 1), x.sum(1))
+    y = torch.randn(3, 50, dtype=torch.float64, device=testing.device())
+    assert (generated.add(y, 1e-13 * y) - (y + 1e-13 * y)).abs().max() == 0
+
+
+def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
+    spec = tmp_path / "soft.toml"
+    spec.write_text('[op]\nname = "soft"\nfamily = "rowwise"\ndoc = "d"\n'
+                    'dtypes = ["float32", "int32"]\nreference = "torch.softmax(x, -1)"\n'
+                    '[args]\nx = "tensor"\n')
+    with pytest.raises(SpecError, match=r"\[op.dtypes\]: dtype 'int32': only the pointwise and "
+                                        r"reduce families take integer and bool tensors"):
+        parse.load_spec(spec, tmp_path)
+    # float64 too, until the other families' kernels compute in it
+    spec.write_text(spec.read_text().replace('"int32"', '"float64"'))
+    with pytest.raises(SpecError, match=r"dtype 'float64': only the pointwise and reduce "
+                                        r"families compute in float64"):
+        parse.load_spec(spec, tmp_path)
