@@ -121,7 +121,10 @@ def _argument_case(info, text: str, dtype: torch.dtype, device: str) -> harness.
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, equals, value = item.partition("=")
         if not equals:
-            raise ValueError(f"{info.name}: '{item}' in --shapes is not NAME=VALUE")
+            raise ValueError(f"{info.name}: '{item}' in --shapes is not NAME=VALUE (sizes are "
+                             f"written 4096x1024)")
+        if name.strip() in given:
+            raise ValueError(f"{info.name}: --shapes gives '{name.strip()}' twice")
         given[name.strip()] = value.strip()
     args = {arg.name: arg for arg in info.args}
     unknown = [name for name in given if name not in args]
@@ -142,15 +145,19 @@ def _argument_case(info, text: str, dtype: torch.dtype, device: str) -> harness.
             else:
                 scalars[arg.name] = _scalar(arg.kind, value)
         except ValueError:
-            raise ValueError(f"{info.name}: '{arg.name}={value}' is not a {arg.kind}"
-                             + (" (sizes as 4096x1024)" if arg.kind in ("tensor", "shape")
-                                else "")) from None
+            raise ValueError(f"{info.name}: '{arg.name}={value}' is not "
+                             f"{_KIND_NAMES.get(arg.kind, arg.kind)}") from None
 
     def make_inputs():
         return tuple(torch.empty(shape, device=device, dtype=dtype).uniform_(arg.low, arg.high)
                      for arg, shape in tensors.values())
 
     names = list(tensors)
+    try:   # the op's own checks, on meta tensors: no GPU work, nothing launched
+        info.function(**{name: torch.empty(shape, device="meta", dtype=dtype)
+                         for name, (_, shape) in tensors.items()}, **scalars)
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as err:
+        raise ValueError(f"{info.name} at --shapes \"{text}\": {err}") from None
     elements = sum(math.prod(shape) for _, shape in tensors.values())
     return harness.Case(
         family=info.family, op=info.name,
@@ -161,18 +168,31 @@ def _argument_case(info, text: str, dtype: torch.dtype, device: str) -> harness.
         bytes_moved=dtype.itemsize * elements)
 
 
+_KIND_NAMES = {"tensor": "a tensor's sizes (4096x1024)", "shape": "a shape (1024, or 4x1024)",
+               "int": "an int", "dim": "a dim (an int)", "dims": "dims (-1, or 0x1)",
+               "float": "a float", "bool": "true or false", "dtype": "a torch dtype (float32)"}
+
+
 def _sizes(value: str) -> tuple[int, ...]:
-    sizes = tuple(int(n) for n in value.split("x")) if value else ()
+    sizes = _ints(value)
     if any(n < 0 for n in sizes):
         raise ValueError(value)
     return sizes
 
 
+def _ints(value: str) -> tuple[int, ...]:
+    # ints joined by x; the sign of each is its own ("-1x-2")
+    return tuple(int(n) for n in value.split("x")) if value else ()
+
+
 def _scalar(kind: str, value: str):
     if kind == "shape":
-        return _sizes(value)
-    if kind in ("int", "dims"):
+        return _ints(value)
+    if kind in ("int", "dim"):
         return int(value)
+    if kind == "dims":
+        dims = _ints(value)
+        return dims[0] if len(dims) == 1 else dims
     if kind == "float":
         return float(value)
     if kind == "bool":

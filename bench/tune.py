@@ -47,8 +47,10 @@ def tune(cases: list[harness.Case], table: Path, device_name: str,
     timer = timer or harness.bench_ms
     kernels = tuned.read_table(table)["kernels"] if table.exists() else {}
     found = []
-    tuned.autotune(True)    # the kernels not being searched autotune: no stale table entry
-    try:
+    # the calls launch what a user's would (no autotuning, no split-K timing: a kernel that
+    # only autotuning's trials start is not searched); those not being searched take the table
+    # or the heuristic
+    with tuned.no_autotuning():
         for number, case in enumerate(cases, 1):
             label = f"[{number}/{len(cases)}] {case.op} {case.shape}"
             inputs = case.make_inputs()
@@ -59,8 +61,12 @@ def tune(cases: list[harness.Case], table: Path, device_name: str,
             for kernel, args, kwargs in _unique(seen):
                 name = tuned.kernel_id(kernel)
                 key = tuned.key_of(kernel, args, kwargs)
-                done = next((e for e in kernels.get(name, ()) if e["key"] == key), None)
                 candidates = launch.pruned_configs(kernel, args, kwargs)
+                # (one function may stand under several autotuners: an entry of another's
+                # space is not this one's)
+                space = [tuned.entry_config(config) for config in candidates]
+                done = next((e for e in kernels.get(name, ())
+                             if e["key"] == key and e["config"] in space), None)
                 if done is not None:
                     echo(f"{label} {name}: in the table already")
                     fixed[name] = _index(candidates, done["config"])
@@ -73,8 +79,6 @@ def tune(cases: list[harness.Case], table: Path, device_name: str,
                 fixed[name] = _index(candidates, result.config)
                 kernels.setdefault(name, []).append({"key": key, "config": result.config})
                 tuned.write_table(table, device_name, capability, kernels)
-    finally:
-        tuned.autotune(False)
     return found
 
 
@@ -82,7 +86,12 @@ def _search(case, inputs, name, key, candidates, fixed, timer, check, echo) -> F
     best, best_ms, rejected = None, None, 0
     for index, config in enumerate(candidates):
         with override(kernel_configs=tuple({**fixed, name: index}.items())):
-            verdict = check(case.specgen, case.eager, inputs, case.dtype)
+            # (checked unreplayed, so that its launches are seen)
+            with record_launches(), launch.watch_autotuned() as launched:
+                verdict = check(case.specgen, case.eager, inputs, case.dtype)
+            if verdict.startswith("PASS") and name not in {
+                    tuned.kernel_id(kernel) for kernel, _, _ in launched}:
+                verdict = "FAIL (the call did not launch this kernel)"
             if not verdict.startswith("PASS"):
                 rejected += 1
                 echo(f"{_bar(index + 1, len(candidates))} config {index}: {verdict}, skipped")

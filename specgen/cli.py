@@ -187,12 +187,14 @@ def _bench_module():
 @click.option("--shapes", multiple=True, metavar="SHAPES",
               help="Where to tune (repeatable): a benchmark case's shape label as "
                    "bench/RESULTS.md writes it (4096x8192), or, for the OPS named, a call's "
-                   "arguments by name (\"x=4096x1024,normalized_shape=1024\"; tensors drawn "
-                   "at --dtype, other arguments at their defaults). Default: every benchmark "
+                   "arguments by name (\"x=4096x1024,normalized_shape=1024,weight=1024,bias=1024\"; "
+                   "tensors drawn at --dtype, an optional tensor left out stays out of the "
+                   "call and of its key, other arguments at their defaults). Default: every benchmark "
                    "shape.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
               default="bfloat16", show_default=True,
-              help="The dtype of the tensors --shapes NAME=SHAPE draws.")
+              help="The dtype of the tensors --shapes NAME=SHAPE draws (benchmark cases keep "
+                   "their own).")
 @click.option("--quick", is_flag=True, help="The benchmark's 16x smaller sizes.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="The table to write (and resume). Default: this GPU's in specgen/tuned/.")

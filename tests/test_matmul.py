@@ -411,6 +411,7 @@ def test_settle_keeps_the_faster_candidate(monkeypatch):
     def run(strategy):
         ran.append((strategy, 3.0 if strategy.kind == "direct" else 2.0))
     x = empty(1, dtype=torch.float16)
+    monkeypatch.delenv("SPECGEN_AUTOTUNE", raising=False)
     # by default nothing is timed: the plan's strategy (the heuristic's split)
     assert matmul.settle(plan, [x], True, run) == plan.strategy and ran == []
     monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")     # timed where autotuning is asked for

@@ -34,6 +34,11 @@ def test_a_launch_takes_the_nearest_entry_of_its_kind():
     assert tuned.nearest(entries, [64, 64, "torch.float32"], parts).kwargs == {"BLOCK": 3}
     assert tuned.nearest(entries, [700, 64, "torch.float16"], parts).kwargs == {"BLOCK": 1}
     assert tuned.nearest(entries, [4096, 128, "torch.float16"], parts).kwargs == {"BLOCK": 4}
+    # only the configs the launch's prune keeps compete (another autotuner of the same function,
+    # tiles that do not fit): the nearest of those
+    assert tuned.nearest(entries, [4096, 64, "torch.bfloat16"], parts,
+                         allowed=[{"BLOCK": 1}, {"BLOCK": 3}]).kwargs == {"BLOCK": 1}
+    assert tuned.nearest(entries, [4096, 64, "torch.bfloat16"], parts, allowed=[]) is None
 
 
 def test_the_parts_of_a_key_are_sizes_constexprs_and_dtypes():
@@ -58,7 +63,7 @@ def test_a_frozen_config_the_launch_would_prune_is_not_taken(monkeypatch):
     assert launch._frozen(kernel, args, kwargs, cuda) is None
 
 
-def test_a_launch_without_an_entry_takes_the_heuristic_untimed(monkeypatch):
+def test_a_launch_without_an_entry_takes_the_heuristic(monkeypatch):
     # the family's space leads with its general-purpose config: the first the prune keeps
     kernel, args, kwargs = _first_launch()
     space = launch.pruned_configs(kernel, args, kwargs)
@@ -195,12 +200,26 @@ def test_the_search_takes_a_call_given_by_its_arguments(tmp_path):
     assert found.config is not None and found.rejected == 0 and found.key[:3] == [32, 16, 48]
 
 
+def test_a_call_takes_each_kind_of_argument():
+    amax, = command.argument_cases(("amax",), ("x=4x6x8,dim=0x-1,keepdim=true",), torch.float32,
+                                   device="cpu")
+    argmax, = command.argument_cases(("argmax",), ("x=4x6,dim=-1",), torch.float32, device="cpu")
+    x, = amax.make_inputs()
+    assert torch.equal(amax.specgen(x), torch.amax(x, dim=(0, -1), keepdim=True))
+    x, = argmax.make_inputs()
+    assert torch.equal(argmax.specgen(x), torch.argmax(x, dim=-1))
+
+
 @pytest.mark.parametrize("ops, shapes, message", [
     (("mm",), ("a=32x48",), "mm: --shapes gives no 'b' (tensor), which has no default"),
     (("mm",), ("a=32x48,b=48x16,c=1",), "mm: no argument c; it takes a, b"),
-    (("mm",), ("a=32by48,b=48x16",), "mm: 'a=32by48' is not a tensor (sizes as 4096x1024)"),
-    (("softmax",), ("x=8x8,dim=last",), "softmax: 'dim=last' is not a int"),
+    (("mm",), ("a=32by48,b=48x16",), "mm: 'a=32by48' is not a tensor's sizes (4096x1024)"),
+    (("softmax",), ("x=8x8,dim=last",), "softmax: 'dim=last' is not an int"),
     (("mm",), ("a 32x48",), "mm: 'a 32x48' in --shapes is not NAME=VALUE"),
+    (("mm",), ("a=32,48,b=48x16",), "mm: '48' in --shapes is not NAME=VALUE (sizes are written"),
+    (("mm",), ("a=32x48,a=32x48",), "mm: --shapes gives 'a' twice"),
+    # the op's own checks, before any GPU work
+    (("mm",), ("a=32x48,b=47x16",), 'mm at --shapes "a=32x48,b=47x16": '),
     (("nosuch",), ("a=1",), "unknown op nosuch"),
     (("cross_entropy",), ("logits=8x8",), "pick a benchmark shape label for a cross_entropy op"),
     ((), ("a=1",), "needs the ops it is for"),

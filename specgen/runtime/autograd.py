@@ -176,20 +176,24 @@ def bound_call(apply: Callable, leading: Sequence[object], args: Sequence[object
     ``args``, the other arguments bound as they are (their values, not this call's tensors):
     a Python function written for it, so that a replayed call costs one call. ``one_tuple``: its
     result in a 1-tuple (an operator whose public function picks its first result)."""
-    scope = {"_apply": apply, **{f"_l{i}": value for i, value in enumerate(leading)}}
-    names = [f"_l{i}" for i in range(len(leading))]
-    for i, arg in enumerate(args):
-        if i in tensor_positions:
-            names.append(f"t{i}")
-        else:
-            scope[f"_s{i}"] = arg
-            names.append(f"_s{i}")
+    scope = {"_apply": apply, **{f"_l{i}": value for i, value in enumerate(leading)},
+             **{f"_s{i}": arg for i, arg in enumerate(args) if i not in tensor_positions}}
+    exec(_replay_code(len(leading), len(args), tuple(tensor_positions), one_tuple, name), scope)
+    return scope["replay"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _replay_code(leading: int, count: int, tensor_positions: tuple[int, ...], one_tuple: bool,
+                 name: str):
+    """The compiled ``replay`` function of ``bound_call`` (its text depends on the positions
+    alone; compiling took a first call some 90 us)."""
+    names = [f"_l{i}" for i in range(leading)]
+    names += [f"t{i}" if i in tensor_positions else f"_s{i}" for i in range(count)]
     params = ", ".join(f"t{i}" for i in tensor_positions)
     result = f"_apply({', '.join(names)})"
     source = (f"def replay({params}):\n"
               f"    return {f'({result},)' if one_tuple else result}\n")
-    exec(compile(source, f"<specgen {name} differentiable replay>", "exec"), scope)
-    return scope["replay"]
+    return compile(source, f"<specgen {name} differentiable replay>", "exec")
 
 
 @functools.cache

@@ -277,12 +277,11 @@ def _frozen(kernel, args, kwargs, tensors, kept=None) -> triton.Config | None:
     ``kept``: that prune's result, where the caller has it."""
     if not tensors or tensors[0].device.type != "cuda":
         return None
-    config = frozen_tables.lookup(kernel, args, kwargs, tensors[0].device)
-    if config is None:
-        return None
-    entry = frozen_tables.entry_config(config)
     kept = pruned_configs(kernel, args, kwargs) if kept is None else kept
-    return next((c for c in kept if frozen_tables.entry_config(c) == entry), None)
+    allowed = [frozen_tables.entry_config(c) for c in kept]
+    config = frozen_tables.lookup(kernel, args, kwargs, tensors[0].device, allowed)
+    entry = None if config is None else frozen_tables.entry_config(config)
+    return kept[allowed.index(entry)] if entry in allowed else None
 
 
 def _frozen_traced(kernel, args, kwargs, tensors, key) -> triton.Config | None:

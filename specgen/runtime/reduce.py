@@ -191,7 +191,7 @@ def choose(op: str, prob: Problem, device: torch.device, launch: str, combine: s
     num_red = prob.reduced.numel
     target = max_programs(device, "persistent")
     # output tiles of the narrowest config, whose splits fill the machine with ``target``
-    # programs; wider tiles run fewer, longer programs, which autotuning weighs. (Planning for the
+    # programs; wider tiles run fewer, longer programs, which tuning weighs. (Planning for the
     # widest tile instead made 8x as many programs of the narrow tiles the tuner picks: H200,
     # sum(x, 0) of 32768x1024 bf16 in 36.5 us, against 27.1 us with 4 programs per SM;
     # tools/perf/sweep_reduce.py --part wide)

@@ -17,10 +17,10 @@ A launch looks its kernel up in the table of the current device; nothing autotun
   |log2(1 + launch) - log2(1 + tuned)|, plus ``DTYPE_MISMATCH`` for each tensor dtype that
   differs (a float32 launch takes a bfloat16 entry only where no float32 one exists: a
   4096-row softmax takes the 8192-row entry over the 512-row one, a float32 one over both); the
-  first in the file on a tie. The entry's config serves only where the kernel's own prune keeps
-  it for this launch (``launch._frozen``: tiles that fit this device's shared memory and this
-  dtype), so an older table, a distant entry or another dtype's can never start a launch that
-  fails.
+  first in the file on a tie. Only entries whose config the kernel's own prune keeps for this
+  launch compete (``launch._frozen``: tiles that fit this device's shared memory and this dtype,
+  of this autotuner's space), so an older table, a distant entry or another dtype's can never
+  start a launch that fails.
 - **Not found:** the family's heuristic, the first config the kernel's prune keeps for the
   launch (each family's space leads with its general-purpose config), untimed.
 - **Autotuning asked for** (``SPECGEN_AUTOTUNE=1``, or ``autotune(True)``): no table is read,
@@ -33,6 +33,7 @@ Both are read at a key's first launch: a process keeps the configs its launches 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -40,7 +41,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import triton
@@ -50,6 +51,7 @@ TABLE_DIR = Path(__file__).resolve().parents[1] / "tuned"
 # the launch's own dtypes is nearer than every entry of another's
 DTYPE_MISMATCH = 1000.0
 _autotune = False
+_held_off = 0
 
 
 def autotune(on: bool) -> None:
@@ -61,7 +63,19 @@ def autotune(on: bool) -> None:
 
 
 def autotuning() -> bool:
-    return _autotune or os.environ.get("SPECGEN_AUTOTUNE", "") == "1"
+    return not _held_off and (_autotune or os.environ.get("SPECGEN_AUTOTUNE", "") == "1")
+
+
+@contextlib.contextmanager
+def no_autotuning() -> Iterator[None]:
+    """Inside the block nothing autotunes, whatever ``autotune`` or the environment ask
+    (``specgen tune``: its calls must launch what the runtime's own default would)."""
+    global _held_off
+    _held_off += 1
+    try:
+        yield
+    finally:
+        _held_off -= 1
 
 
 def table_name(device_name: str, capability: tuple[int, int]) -> str:
@@ -125,8 +139,10 @@ def _plain(value: Any) -> Any:
 
 
 def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
-           device: torch.device) -> triton.Config | None:
-    """The frozen config of this launch (the module docstring's rules), or None."""
+           device: torch.device, allowed: Sequence[Mapping] | None = None
+           ) -> triton.Config | None:
+    """The frozen config of this launch (the module docstring's rules), or None; ``allowed``:
+    the configs (as ``entry_config`` writes them) the launch may take, its prune's."""
     if autotuning():
         return None
     table = _table_for(device.index if device.index is not None else torch.cuda.current_device())
@@ -135,15 +151,19 @@ def lookup(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping,
     entries = table.get(kernel_id(kernel))
     if not entries:
         return None
-    return nearest(entries, *key_and_parts(kernel, args, kwargs))
+    return nearest(entries, *key_and_parts(kernel, args, kwargs), allowed)
 
 
-def nearest(entries: Sequence[Mapping], key: Sequence, parts: Sequence[str]
-            ) -> triton.Config | None:
-    """The config of the entry nearest ``key`` among those equal to it in its ``EXACT`` parts."""
+def nearest(entries: Sequence[Mapping], key: Sequence, parts: Sequence[str],
+            allowed: Sequence[Mapping] | None = None) -> triton.Config | None:
+    """The config of the entry nearest ``key`` among those equal to it in its ``EXACT`` parts
+    whose config is ``allowed`` (None: any). One function may stand under several autotuners
+    (a reduction's inner and outer tile spaces): an entry of another's space is not allowed."""
     best, best_distance = None, math.inf
     for entry in entries:
         tuned = entry["key"]
+        if allowed is not None and entry["config"] not in allowed:
+            continue
         if len(tuned) != len(key) or any(
                 a != b and not (part == DTYPE or part == SIZE and _size(a) and _size(b))
                 for a, b, part in zip(key, tuned, parts)):

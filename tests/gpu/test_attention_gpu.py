@@ -159,8 +159,8 @@ def test_backward_of_a_long_sequence_holds_no_length_by_keys_matrix():
     q, k, v = (torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     grad = torch.randn_like(q)
-    # a first step tunes the kernels (the autotuner's timing allocates a 256 MiB buffer of its
-    # own to flush the L2 cache), then the step measured
+    # a first step compiles the kernels (where autotuning is asked for, its timing allocates a
+    # 256 MiB buffer of its own to flush the L2 cache), then the step measured
     torch.autograd.grad(generated.scaled_dot_product_attention(q, k, v, is_causal=True),
                         (q, k, v), grad)
     out = generated.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -136,8 +136,9 @@ def test_tma_calls_replayed_and_from_a_new_thread():
 
 
 @pytest.mark.parametrize("strategy, kernel", [("direct", "_mm_kernel"), ("tma", "_mm_tma_kernel")])
-def test_autotuning_is_keyed_on_layout(strategy, kernel):
+def test_autotuning_is_keyed_on_layout(strategy, kernel, monkeypatch):
     # 64^3: every block clamps to 64, so the pruned space is a handful of configs
+    monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")     # (by default nothing autotunes)
     a, b = randn(64, 64), randn(64, 64)
     with runtime.override(strategy=strategy):
         generated.mm(a, b)
@@ -148,9 +149,10 @@ def test_autotuning_is_keyed_on_layout(strategy, kernel):
     assert {"a:k,b:n,out:n", "a:m,b:n,out:n"} <= layouts, layouts
 
 
-def test_decode_shape_split_k_autotuned():
+def test_decode_shape_split_k_autotuned(monkeypatch):
     # M = 16, K = 4096: too few output tiles for the GPU, so split-K is a candidate. bmm's spec
     # asks for atomic split-K: its autotuning trials add into the workspace and must reset it
+    monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")     # (by default nothing autotunes or times)
     x, w = randn(16, 4096), randn(4096, 4096)
 
     def call():

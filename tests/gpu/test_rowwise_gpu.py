@@ -157,19 +157,20 @@ def _assert_equal(outputs, expected):
 
 
 def test_compiled_graphs_run_the_configs_eager_tuning_chose():
-    # autotuned kernels traced after eager calls of the same launches run those calls' configs,
-    # so the compiled results are the eager ones bit for bit (Inductor's own tuning picks others:
-    # other summation orders)
+    # autotuned kernels traced after eager calls of the same launches run those calls' configs
+    # (the frozen table's or the heuristic's), so the compiled results are the eager ones bit for
+    # bit (Inductor's own tuning picks others: other summation orders)
     torch._dynamo.reset()
     graph, inputs = _tuned_graph(256, 20000, 65536, 512, 384, 640)
     eager = graph(*inputs)
     _assert_equal(torch.compile(graph, fullgraph=True)(*inputs), eager)
 
 
-def test_compile_only_launches_are_tuned_on_stand_ins():
-    # the same kernels compiled before any eager call: each autotuned launch is tuned at trace time
-    # on real stand-in tensors, by our tuner (not Inductor's), and eager calls after it find that
-    # config, so they compute the compiled results bit for bit
+def test_compile_only_launches_are_tuned_on_stand_ins(monkeypatch):
+    # the same kernels compiled before any eager call, autotuning asked for: each autotuned launch
+    # is tuned at trace time on real stand-in tensors, by our tuner (not Inductor's), and eager
+    # calls after it find that config, so they compute the compiled results bit for bit
+    monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")
     from specgen.runtime.launch import _tuned as tuned
     torch._dynamo.reset()
     graph, inputs = _tuned_graph(192, 24000, 98304, 448, 320, 576)
