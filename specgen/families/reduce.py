@@ -21,12 +21,12 @@ from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
 
-# combine -> (identity as Triton source, result kind): each combine's identity (a float that
-# converts to every type, integers too; for max and min the kernel's
+# combine -> (identity as Triton source, result kind): each combine's identity (an int, which
+# takes any COMPUTE type, as tl.full of an integer type wants; for max and min the kernel's
 # IDENTITY constexpr, the lowest or highest value of its COMPUTE type) and kind
 COMBINES = {
-    "sum": ("0.0", "value"),
-    "prod": ("1.0", "value"),
+    "sum": ("0", "value"),
+    "prod": ("1", "value"),
     "max": ("IDENTITY", "value"),
     "min": ("IDENTITY", "value"),
     "argmax": ("IDENTITY", "index"),
@@ -147,7 +147,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
 @dataclass(frozen=True)
 class ReducePlan(CommonPlan):
     combine: str = "sum"
-    identity: str = "0.0"
+    identity: str = "0"
     index: bool = False             # argmax/argmin: the result is an int64 index
     x: str = "x"
     dtype: str | None = None        # the dtype argument: x is cast to it before the reduction
@@ -217,6 +217,12 @@ class ReducePlan(CommonPlan):
     @property
     def max_tile(self) -> int:
         return max(c["BLOCK_K"] * c["BLOCK_R"] for c in self.inner_configs + self.outer_configs)
+
+    @property
+    def other(self) -> str:
+        """What masked lanes of x load: the identity, as a float where it is a number (the
+        interpreter converts an int ``other`` to bfloat16 by its bits)."""
+        return f"{self.identity}.0" if self.identity.isdigit() else self.identity
 
     @property
     def extreme(self) -> tuple[str, str] | None:
