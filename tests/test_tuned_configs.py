@@ -12,6 +12,7 @@ import torch
 
 import generated
 from bench import command, harness, tune
+from specgen import testing
 from specgen.runtime import override, record_launches, tuned
 
 launch = importlib.import_module("specgen.runtime.launch")
@@ -115,11 +116,18 @@ def test_autotuning_asked_for_bypasses_the_table(monkeypatch):
     assert tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0)) is None
 
 
+def _mm(a, b):
+    # the tile kernel on every machine (a Hopper GPU would take the TMA one, of another key)
+    with override(strategy="direct"):
+        return generated.mm(a, b)
+
+
 def _mm_case(size=32):
+    # (on the test's device: the interpreter's CPU, or the GPU tier's GPU)
     return harness.Case(family="matmul", op="mm", shape=f"{size}^3", dtype=torch.float32,
-                        make_inputs=lambda: (torch.randn(size, size), torch.randn(size, size)),
-                        specgen=lambda a, b: generated.mm(a, b), eager=lambda a, b: a @ b,
-                        bytes_moved=1)
+                        make_inputs=lambda: (torch.randn(size, size, device=testing.device()),
+                                             torch.randn(size, size, device=testing.device())),
+                        specgen=_mm, eager=lambda a, b: a @ b, bytes_moved=1)
 
 
 def _forced() -> int:
@@ -167,7 +175,7 @@ def test_the_search_checks_times_and_freezes_the_winner(tmp_path):
 def _first_launch():
     a, b = _mm_case().make_inputs()
     with record_launches(), launch.watch_autotuned() as seen:
-        generated.mm(a, b)
+        _mm(a, b)
     kernel, args, kwargs = seen[0]
     return kernel, args, kwargs
 
@@ -193,17 +201,20 @@ def test_the_command_refuses_before_any_gpu_work(monkeypatch):
 
 def test_the_search_takes_a_call_given_by_its_arguments(tmp_path):
     # specgen tune mm --shapes "a=32x48,b=48x16": the tensors drawn, the reference the check
-    case, = command.argument_cases(("mm",), ("a=32x48, b=48x16",), torch.float32, device="cpu")
+    case, = command.argument_cases(("mm",), ("a=32x48, b=48x16",), torch.float32,
+                                   device=testing.device())
     assert case.shape == "a=32x48, b=48x16"
-    found, = tune.tune([case], tmp_path / "fake-sm90.json", "Fake GPU", (9, 0),
-                       timer=lambda fn: [fn(), 1.0][1], echo=lambda _: None)
+    with override(strategy="direct"):
+        found, = tune.tune([case], tmp_path / "fake-sm90.json", "Fake GPU", (9, 0),
+                           timer=lambda fn: [fn(), 1.0][1], echo=lambda _: None)
     assert found.config is not None and found.rejected == 0 and found.key[:3] == [32, 16, 48]
 
 
 def test_a_call_takes_each_kind_of_argument():
     amax, = command.argument_cases(("amax",), ("x=4x6x8,dim=0x-1,keepdim=true",), torch.float32,
-                                   device="cpu")
-    argmax, = command.argument_cases(("argmax",), ("x=4x6,dim=-1",), torch.float32, device="cpu")
+                                   device=testing.device())
+    argmax, = command.argument_cases(("argmax",), ("x=4x6,dim=-1",), torch.float32,
+                                     device=testing.device())
     x, = amax.make_inputs()
     assert torch.equal(amax.specgen(x), torch.amax(x, dim=(0, -1), keepdim=True))
     x, = argmax.make_inputs()
@@ -226,4 +237,4 @@ def test_a_call_takes_each_kind_of_argument():
 ])
 def test_a_call_given_wrong_is_refused_by_name(ops, shapes, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        command.argument_cases(ops, shapes, torch.float32, device="cpu")
+        command.argument_cases(ops, shapes, torch.float32, device=testing.device())
