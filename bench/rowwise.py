@@ -1,7 +1,8 @@
-"""Row-wise ops: memory-bound reductions over the last dim, judged against the copy bandwidth.
+"""Row-wise ops: memory-bound reductions over a dim, judged against the copy bandwidth.
 
 The shapes span the strategies `auto` picks: many short rows (several rows a program), square,
-long rows (online or looped), and few very long rows (split over several programs per row).
+long rows (online or looped), and few very long rows (split over several programs per row);
+then softmax and log_softmax over dim 0 (the reduced dim strided, the kept one contiguous).
 """
 
 from __future__ import annotations
@@ -27,12 +28,27 @@ def cases(quick: bool) -> list[Case]:
     rows, n = shapes[0]
     out += [_case(f"{name} fwd+bwd", rows, n, vectors, specgen, eager, training=True)
             for _, name, vectors, specgen, eager in _OPS]
+    # the rows strided, the kept dim contiguous (issue 37: tiled over the kept axis, as the
+    # reduce family's outer strategy, it should reach torch.compile)
+    rows, n = (1024, 2048) if quick else (4096, 8192)
+    out += [_case("softmax(x, 0)", rows, n, 0, lambda x: _generated().softmax(x, 0),
+                  _softmax_0),
+            _case("log_softmax(x, 0)", rows, n, 0, lambda x: _generated().log_softmax(x, 0),
+                  _log_softmax_0)]
     return out
 
 
 # Python functions rather than torch builtins, so torch.compile traces them like any eager code.
 def _softmax(x):
     return torch.softmax(x, -1)
+
+
+def _softmax_0(x):
+    return torch.softmax(x, 0)
+
+
+def _log_softmax_0(x):
+    return torch.log_softmax(x, 0)
 
 
 def _layer_norm(x, w, b):
