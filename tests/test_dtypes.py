@@ -1,4 +1,5 @@
-"""Integer, bool and float64 tensors as torch takes them (pointwise and reduce families).
+"""Integer, bool and float64 tensors as torch takes them (pointwise and reduce families; float64
+in the row-wise family too).
 
 Every op that lists an integer dtype, on every integer and bool dtype: the result torch gives
 (dtype and values, exactly), or torch's refusal, of its type, naming the op, before any launch.
@@ -131,6 +132,39 @@ def test_float64_is_computed_in_float64():
     assert (generated.add(y, 1e-13 * y) - (y + 1e-13 * y)).abs().max() == 0
 
 
+@pytest.mark.parametrize("strategy", ["single", "looped", "split"])
+def test_rowwise_float64_is_computed_in_float64(strategy):
+    """Row-wise float64 math, its split and column partials too: rows of 1 + 1e-4 noise, whose
+    variance float32 would keep to 3 digits at best (and a softmax of 1e4 times them, whose
+    differences from the max float32 would lose)."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    x = (1 + 1e-4 * torch.randn(3, 40, generator=generator, dtype=torch.float64)).to(device)
+    weight = (1 + 1e-4 * torch.randn(40, generator=generator, dtype=torch.float64)).to(device)
+    x.requires_grad_()
+    weight.requires_grad_()
+    grad = torch.randn(3, 40, generator=generator, dtype=torch.float64).to(device)
+
+    def close(got, want):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+    # the interpreter's 16-wide chunks and splits: several chunks and partials a row
+    with runtime.override(strategy=strategy, config=0, split_chunk=16):
+        close(generated.softmax(1e4 * x, -1), torch.softmax(1e4 * x, -1))
+        close(generated.logsumexp(x, -1), torch.logsumexp(x, -1))
+        # eps=None: float64's machine epsilon, as torch's (float32's would be 10x the mean square)
+        close(generated.rms_norm(x - 1, [40], weight, None),
+              torch.nn.functional.rms_norm(x - 1, [40], weight, None))
+        out = generated.layer_norm(x, [40], weight, eps=1e-30)
+        got = torch.autograd.grad(out, (x, weight), grad)
+    want_out = torch.nn.functional.layer_norm(x, [40], weight, eps=1e-30)
+    close(out, want_out)
+    # the weight's gradient sums its column over the rows: the column partials in float64
+    for g, w in zip(got, torch.autograd.grad(want_out, (x, weight), grad)):
+        close(g, w)
+
+
 def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
     spec = tmp_path / "soft.toml"
     spec.write_text('[op]\nname = "soft"\nfamily = "rowwise"\ndoc = "d"\n'
@@ -139,8 +173,8 @@ def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
     with pytest.raises(SpecError, match=r"\[op.dtypes\]: dtype 'int32': only the pointwise and "
                                         r"reduce families take integer and bool tensors"):
         parse.load_spec(spec, tmp_path)
-    # float64 too, until the other families' kernels compute in it
-    spec.write_text(spec.read_text().replace('"int32"', '"float64"'))
-    with pytest.raises(SpecError, match=r"dtype 'float64': only the pointwise and reduce "
+    # float64 too (a matmul spec), until the other families' kernels compute in it
+    spec.write_text(spec.read_text().replace('"int32"', '"float64"').replace('"rowwise"', '"matmul"'))
+    with pytest.raises(SpecError, match=r"dtype 'float64': only the pointwise, reduce and rowwise "
                                         r"families compute in float64"):
         parse.load_spec(spec, tmp_path)

@@ -54,6 +54,7 @@ SPLIT_WARPS_MAX = 8
 # forms; tests/test_spec_errors.py checks the set against what the template binds)
 GENERATED_NAMES = frozenset({
     "rowwise",  # its imports
+    "compute",  # the math's type (COMPUTE), beside the choices' constexprs
     "args", "block", "col_coord", "col_mask", "col_rest", "col_size_", "delta", "deviation",
     "deviation_m2", "grads", "greater", "hi", "item", "kernel", "lane_n", "lo", "n_float",
     "n_rows", "n_splits", "new_max", "part", "part_m2", "part_max", "part_mean", "part_n",
@@ -657,6 +658,13 @@ class RowwisePlan(CommonPlan):
         return tuple(t for t in self.inputs if t.name in names)
 
     @property
+    def compute_of(self) -> str:
+        """The tensor whose dtype sets the math's (COMPUTE: float64 for float64, else float32):
+        the first output's, or the tensor's it takes its dtype from (a gradient's, its input's)."""
+        first = (self.outputs or self.columns)[0]
+        return first.dtype or first.name
+
+    @property
     def elem_outputs(self) -> tuple[OutputPlan, ...]:
         return tuple(o for o in self.outputs if not o.per_row)
 
@@ -779,6 +787,7 @@ class RowwisePlan(CommonPlan):
             "optional": tuple((t.name, t.has) for t in self.optional_tensors),
             "kernel_scalars": tuple(a.name for a in self.kernel_scalars),
             "dtype_key": tuple(t.name for t in self.tensors),
+            "compute_of": self.compute_of,
         }
         return {"roles": roles, "outputs": tuple(outputs), "results": self.output_names,
                 # a derived op's kernels compile without FMA contraction (launch.py): terms that

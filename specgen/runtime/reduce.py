@@ -519,6 +519,11 @@ def _launch(op: Op, name: str, x: torch.Tensor, dims: tuple[int, ...], keepdim: 
         return
     if spec.combine == "sum":
         atomic = strategy.name == "atomic"
+        if atomic and part_dtype in (torch.uint8, torch.int8, torch.int16):
+            # Triton's atomics take no integer narrower than 32 bits: a sum into one (dtype=
+            # torch.uint8) adds int32 partials, whose low bits, kept by the cast to out, wrap as
+            # its own sum does
+            part_dtype = torch.int32
         part = (zeros if atomic else empty)((plan.part_rows, plan.num_kept), part_dtype,
                                             x.device)
         note_launch(op.name, strategy.name, plan.index_64, splits=strategy.splits)

@@ -412,19 +412,21 @@ class LaunchPlan:
     # single and chunked kernels: a grid capped below the row blocks loops over them
     row_loop: bool
 
-    def column_workspace(self, count: int, device: torch.device) -> torch.Tensor:
-        """The float32 partial sums of ``count`` column outputs, a row of them per program of a
-        single or chunked launch (a chunked grid has at most a program a row), one per row of a
-        split one (its programs write disjoint shares of it). A chunked program adds to its row
-        block by block, a compensated sum whose carries follow the sums: those start as zeros."""
+    def column_workspace(self, count: int, device: torch.device,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The partial sums of ``count`` column outputs, in the kernels' math ``dtype`` (float32,
+        float64 for float64), a row of them per program of a single or chunked launch (a chunked
+        grid has at most a program a row), one per row of a split one (its programs write
+        disjoint shares of it). A chunked program adds to its row block by block, a compensated
+        sum whose carries follow the sums: those start as zeros."""
         if self.strategy == "single":
             parts = self.grid(self.single)[0]
         elif self.strategy == "split":
             parts = self.space.rows
         else:
             shape = (max(1, min(self.space.rows, self.cap)), 2 * count, self.space.n)
-            return zeros(shape, torch.float32, device)
-        return empty((parts, count, self.space.n), torch.float32, device)
+            return zeros(shape, dtype, device)
+        return empty((parts, count, self.space.n), dtype, device)
 
     def grid(self, meta: Mapping[str, int]) -> tuple[int]:
         """Row blocks (single, looped, online), or rows times splits (split)."""
@@ -525,13 +527,13 @@ class Launch:
     strategies: tuple[str, ...]         # those its kernels implement
     max_block: int                      # the longest tile a program forms column offsets for
     max_chunk: int                      # the widest split chunk
-    slots: int                          # float32 partials a split launch keeps per row and split
+    slots: int                          # partials a split launch keeps per row and split
     row_tensor: str
     dim: str | int | None               # the dim argument's name, or a fixed dim
     normalized_shape: str | None        # or the normalized_shape argument's name
     keepdim: str | None                 # the keepdim argument's name (per-row outputs)
     dtype: str | None                   # the dtype argument's name ([rows] dtype)
-    finfo_eps: tuple[str, ...]          # float arguments whose None is float32's epsilon
+    finfo_eps: tuple[str, ...]          # float arguments whose None is the math type's epsilon
     like: tuple[str, ...]               # tensors shaped as the row tensor
     along: tuple[str, ...]              # tensors read along the rows (a weight)
     promoted: tuple[str, ...]           # tensors whose dtypes promote with the row tensor's
@@ -541,6 +543,7 @@ class Launch:
     optional: tuple[tuple[str, str], ...]   # optional tensors with their kernels' flag
     kernel_scalars: tuple[str, ...]
     dtype_key: tuple[str, ...]          # the tensors whose dtypes autotuning depends on
+    compute_of: str                     # the tensor whose dtype sets the math's (compute_dtype)
     outputs: tuple[Output, ...]         # in allocation order (column outputs first)
     results: tuple[str, ...]            # what the implementation returns, in order
     fp_fusion: bool = True              # False for a derived op (terms that cancel: polynomial.py)
@@ -600,19 +603,25 @@ class Rowwise(FamilyRuntime):
 RUNTIME = Rowwise()
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The math's type of the kernels for a tensor of ``dtype`` (their COMPUTE): float32 for the
+    16- and 32-bit floats, as torch's opmath, float64 for float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _checked(op: Op, named: dict) -> tuple[int, ...]:
     """The checks of a call's tensors and rows (``Op.run`` checked its scalars); returns the
-    reduced dims. An optional float argument of None becomes float32's machine epsilon in
-    ``named``: torch's kernels take their opmath type's (its docs say the input's, which a 16-bit
-    x would make 8000x larger)."""
+    reduced dims. An optional float argument of None becomes the machine epsilon of the math's
+    type in ``named`` (float32, float64 for a float64 row tensor): torch's kernels take their
+    opmath type's (its docs say the input's, which a 16-bit x would make 8000x larger)."""
     spec: Launch = op.description.launch
     tensors = {a.name: named[a.name] for a in op.description.args
                if a.kind == "tensor" and named[a.name] is not None}
     check_tensors(op.name, tensors, op.description.dtypes)
+    x = named[spec.row_tensor]
     for name in spec.finfo_eps:
         if named[name] is None:
-            named[name] = torch.finfo(torch.float32).eps
-    x = named[spec.row_tensor]
+            named[name] = torch.finfo(compute_dtype(x.dtype)).eps
     if isinstance(spec.dim, str):
         reduced = reduced_by_dim(op.name, spec.dim, x, named[spec.dim])
     elif spec.dim is not None:
@@ -638,9 +647,11 @@ def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
     if plan is None:
         return
     space = plan.space
-    # column outputs: each program (split: each row) sums its rows into a row of float32
-    # partials, which a last kernel adds up
-    cols_ws = (plan.column_workspace(len(columns), x.device),) if columns else ()
+    # the kernels' math type (their COMPUTE), which their partials keep
+    compute = compute_dtype(named[spec.compute_of].dtype)
+    # column outputs: each program (split: each row) sums its rows into a row of partials, which
+    # a last kernel adds up
+    cols_ws = (plan.column_workspace(len(columns), x.device, compute),) if columns else ()
     # an omitted optional tensor is never read; the row tensor stands in for its pointer
     pointers = [x if named[n] is None else named[n] for n in spec.inputs]
     pointers += [named[n] for n in spec.pointer_outputs]
@@ -663,7 +674,7 @@ def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
         launch(kernels[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
                **plan.masks, ROW_LOOP=plan.row_loop, **options)
     else:
-        workspace = empty((spec.slots, space.rows, plan.splits), torch.float32, x.device)
+        workspace = empty((spec.slots, space.rows, plan.splits), compute, x.device)
         constexprs["SPLITS_BLOCK"] = next_power_of_2(plan.splits)
         # the workspace goes by position: keyword arguments are part of the tuned-config key
         for kernel in (*kernels["split"], kernels["split_out"]):

@@ -8,11 +8,12 @@ import math
 import sys
 from typing import Any
 
+import numpy
 import torch
 from hypothesis import strategies as st
 
 from specgen.runtime import OpInfo, interpreting
-from specgen.runtime.rowwise import single_fits
+from specgen.runtime.rowwise import compute_dtype, single_fits
 from specgen.testing.core import (Case, cast_first, dtype_arg, knobs, layouts, make_tensor,
                                   max_numel, scalar_value, shapes)
 from specgen.testing.samples import Make, default
@@ -22,6 +23,7 @@ TOLERANCES = {
     torch.float32: (5e-5, 2e-5),
     torch.float16: (1e-3, 1e-5),
     torch.bfloat16: (8e-3, 1e-5),
+    torch.float64: (1e-9, 1e-10),
 }
 
 
@@ -111,6 +113,10 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
                 value = draw(st.sampled_from([None, value]))
             elif arg.default is not None:
                 value = draw(st.sampled_from([arg.default, value]))
+            if dtype == torch.float64 and value is not None:
+                # kernels take a float as float32 (as in every family): a float64 case draws
+                # float32 values, which the float64 reference then takes exactly
+                value = float(numpy.float32(value))
             args[arg.name] = value
         else:
             args[arg.name] = scalar_value(draw, arg)
@@ -140,9 +146,10 @@ def rowwise_cases(draw, info: OpInfo) -> Case:
     none_floats = [a.name for a in info.args if a.kind == "float" and a.optional
                    and args[a.name] is None]
     if none_floats:
-        # torch reads None as the eps of its math type, float32 for every dtype drawn here; the
-        # float64 reference would take float64's
-        reference_args = {**args, **{n: torch.finfo(torch.float32).eps for n in none_floats}}
+        # torch reads None as the eps of its math type, float32 for the 16- and 32-bit dtypes
+        # (the float64 reference would take float64's), float64 for float64
+        eps = torch.finfo(compute_dtype(dtype)).eps
+        reference_args = {**args, **{n: eps for n in none_floats}}
     cast = [a.name for a in info.args if a.kind == "dtype" and args[a.name] is not None]
     if cast:
         notes.append(f"{cast[0]}={args[cast[0]]}")
