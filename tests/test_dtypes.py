@@ -178,3 +178,23 @@ def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
     with pytest.raises(SpecError, match=r"dtype 'float64': only the pointwise, reduce and rowwise "
                                         r"families compute in float64"):
         parse.load_spec(spec, tmp_path)
+
+
+def test_an_out_that_computes_in_another_type_than_the_result_is_refused():
+    # float64 math into a float32 out= would lose what torch keeps (it computes in float64,
+    # then casts: 0.5), float32 math into a float64 out= keep what torch rounds
+    x = torch.tensor([1e8 + 0.5], dtype=torch.float64, device=testing.device())
+    y = torch.tensor([-1e8], dtype=torch.float64, device=testing.device())
+    out = torch.full((1,), float("nan"), dtype=torch.float32, device=testing.device())
+    with pytest.raises(TypeError, match="'out' has dtype torch.float32, which computes in "
+                                        "torch.float32, and the result \\(torch.float64\\)"):
+        generated.add(x, y, out=out)
+    assert torch.isnan(out).all()     # nothing launched
+    third = torch.tensor([1.0 / 3], dtype=torch.float32, device=testing.device())
+    with pytest.raises(TypeError, match="computes in torch.float64"):
+        generated.div(third, third, out=torch.empty(1, dtype=torch.float64,
+                                                     device=testing.device()))
+    # an out= of the same math type is written cast, as torch writes it
+    half = torch.empty(1, dtype=torch.float16, device=testing.device())
+    generated.add(third, third, out=half)
+    assert half.item() == torch.add(third, third).half().item()

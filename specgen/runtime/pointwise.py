@@ -155,13 +155,22 @@ def _check_out_dtype(op: str, name: str, dtype: torch.dtype, result: torch.dtype
     writes it. torch refuses a cast to a lower kind (a float result into an integer out=); an
     integer or bool result, or out=, of another dtype than the result's is refused here too: the
     kernel computes in its out='s type (``compute_dtype``), and an integer sum in another integer
-    type wraps elsewhere. Outputs of one call compute in one type: the first out='s."""
+    type wraps elsewhere; so is a floating out= that computes in another type than the result
+    (float64 against the others). Outputs of one call compute in one type: the first out='s."""
     if dtype != result and not torch.can_cast(result, dtype):
         raise RuntimeError(f"{op}: result type {result} can't be cast to the desired output type "
                            f"{dtype} of '{name}'")
     if dtype != result and not (dtype.is_floating_point and result.is_floating_point):
         raise TypeError(f"{op}: '{name}' has dtype {dtype}; an integer or bool result ({result}) "
                         f"is written to an out= of its own dtype only")
+    if compute_dtype(dtype) != compute_dtype(result):
+        # the kernel would compute in the out='s type: float64 math cast into a float32 out=
+        # would lose what torch keeps (1e8 + 0.5 - 1e8), float32 math into a float64 out= would
+        # keep what torch rounds
+        raise TypeError(f"{op}: '{name}' has dtype {dtype}, which computes in "
+                        f"{compute_dtype(dtype)}, and the result ({result}) in "
+                        f"{compute_dtype(result)}: an out= of another dtype is written only where "
+                        f"both compute in one type")
     if compute_dtype(dtype) != compute_dtype(first):
         raise TypeError(f"{op}: '{name}' has dtype {dtype}, which computes in "
                         f"{compute_dtype(dtype)}, and the first out= {first}: the outputs of one "
