@@ -44,7 +44,7 @@ def test_a_launch_takes_the_nearest_entry_of_its_kind():
 
 def test_the_parts_of_a_key_are_sizes_constexprs_and_dtypes():
     kernel, args, kwargs = _first_launch()
-    key, parts = tuned.key_of(kernel, args, kwargs), tuned.parts_of(kernel, args, kwargs)
+    key, parts = tuned.key_and_parts(kernel, args, kwargs)
     # mm's key: M, N, K, then LAYOUT, INDEX_64, INPUT_PRECISION (constexprs), then dtypes
     assert key[:3] == [32, 32, 32] and parts[:6] == [tuned.SIZE] * 3 + [tuned.EXACT] * 3
     assert parts[6:] == [tuned.DTYPE] * (len(key) - 6) and key[-1] == "torch.float32"
@@ -106,7 +106,6 @@ def test_autotuning_asked_for_bypasses_the_table(monkeypatch):
                                               "config": {"BLOCK": 64, "num_warps": 2}}]}
     monkeypatch.setattr(tuned, "_table_for", lambda index: table)
     x = torch.empty(3)
-    monkeypatch.setattr(tuned, "parts_of", lambda *a: [tuned.SIZE, tuned.DTYPE])
     config = tuned.lookup(kernel, (x, 100), {}, torch.device("cuda", 0))
     assert config.kwargs == {"BLOCK": 64} and config.num_warps == 2
     monkeypatch.setenv("SPECGEN_AUTOTUNE", "1")

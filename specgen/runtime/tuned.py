@@ -59,7 +59,6 @@ def autotune(on: bool) -> None:
     falling back to the heuristics (the default); ``SPECGEN_AUTOTUNE=1`` does the same."""
     global _autotune
     _autotune = on
-    _table_for.cache_clear()
 
 
 def autotuning() -> bool:
@@ -99,7 +98,8 @@ def key_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) ->
 
 def key_and_parts(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping
                   ) -> tuple[list, list[str]]:
-    """``key_of`` and what each of its parts is (``parts_of``), in one pass."""
+    """``key_of``, and what each of its parts is: a ``SIZE`` (a key argument that is not a
+    constexpr), an ``EXACT`` constexpr, or a tensor's ``DTYPE``."""
     named = {**dict(zip(kernel.arg_names, args)), **kwargs}
     constexprs = _constexprs(kernel)
     keyed = [name for name in kernel.keys if name in named]
@@ -109,12 +109,6 @@ def key_and_parts(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapp
 
 
 SIZE, DTYPE, EXACT = "size", "dtype", "exact"
-
-
-def parts_of(kernel: triton.runtime.Autotuner, args: Sequence, kwargs: Mapping) -> list[str]:
-    """What each part of ``key_of`` is: a ``SIZE`` (a key argument that is not a constexpr), an
-    ``EXACT`` constexpr, or a tensor's ``DTYPE``."""
-    return key_and_parts(kernel, args, kwargs)[1]
 
 
 def _constexprs(kernel: Any) -> frozenset[str]:
