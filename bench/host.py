@@ -186,41 +186,41 @@ def first_call(case: HostCase, profile: bool = False) -> tuple[int, float | None
     """specgen's first call at a shape it has not seen, up to a synchronize, in microseconds:
     at the first of FIRST_ROWS where Triton produced no kernel binary (a config another size
     takes may need one); (0, None) where every one did. ``profile``: prints that call's
-    cProfile."""
+    cProfile, and eager's time for the same call beside it."""
     produced = []
     hook = triton.knobs.runtime.jit_cache_hook
-    triton.knobs.runtime.jit_cache_hook = lambda *args, **kwargs: produced.append(1)  # None: compile on
+    # (returning None, the hook lets every compilation go on)
+    triton.knobs.runtime.jit_cache_hook = lambda *args, **kwargs: produced.append(1)
+    training = case.kind == "fwd+bwd"
     try:
         for rows in FIRST_ROWS[case.kind]:
-            inputs = case.make_inputs(case.kind == "fwd+bwd", rows)
+            inputs = case.make_inputs(training, rows)
             # the gradient's shape from eager (a specgen call would be the first)
-            call = bind(case.specgen, inputs, case.kind == "fwd+bwd",
-                        like=case.eager(*inputs) if case.kind == "fwd+bwd" else None)
+            like = case.eager(*inputs) if training else None
             produced.clear()
             profiler = cProfile.Profile() if profile else contextlib.nullcontext()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
             with profiler:
-                call()
-                host = time.perf_counter()
-                torch.cuda.synchronize()
-            took = (time.perf_counter() - start) * 1e6
+                took, host = _timed_once(bind(case.specgen, inputs, training, like=like))
             if not produced:
                 if profile:
-                    eager = bind(case.eager, inputs, case.kind == "fwd+bwd",
-                                 like=case.eager(*inputs) if case.kind == "fwd+bwd" else None)
-                    torch.cuda.synchronize()
-                    begin = time.perf_counter()
-                    eager()
-                    torch.cuda.synchronize()
-                    print(f"first call at {rows} rows: {took:.0f} us, {(host - start) * 1e6:.0f} "
-                          f"before the synchronize (profiled); eager's "
-                          f"{(time.perf_counter() - begin) * 1e6:.0f} us")
+                    eager, _ = _timed_once(bind(case.eager, inputs, training, like=like))
+                    print(f"first call at {rows} rows: {took:.0f} us, {host:.0f} before the "
+                          f"synchronize (profiled); eager's {eager:.0f} us")
                     _print_profile(profiler)
                 return rows, took
         return 0, None
     finally:
         triton.knobs.runtime.jit_cache_hook = hook
+
+
+def _timed_once(call: Callable[[], object]) -> tuple[float, float]:
+    """One call's microseconds up to a synchronize, and up to its return (the host's part)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    host = time.perf_counter()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e6, (host - start) * 1e6
 
 
 COLUMNS = ("op", "kind", "inputs", "specgen us", "eager us", "specgen / eager", "target",
