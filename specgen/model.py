@@ -29,6 +29,9 @@ class TensorArg:
     low: float = -3.0               # the value range property tests draw from
     high: float = 3.0
     dims: tuple[str, ...] = ()      # named dims, for families whose operands have fixed ranks
+    # the dtypes this tensor takes where they are not the op's (a quantized weight's uint8, its
+    # float32 scales); empty: the op's dtypes, and the family's rule for mixing them
+    dtypes: tuple[str, ...] = ()
 
     kind = "tensor"
 

@@ -180,8 +180,9 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
         low, high = _parse_range(table)
         dims_raw = table.pop_any("dims")
         dims = () if dims_raw is None else parse_list(dims_raw, str, where.child("dims"))
+        dtypes = _parse_tensor_dtypes(table)
         table.finish()
-        return TensorArg(name, optional, low, high, dims)
+        return TensorArg(name, optional, low, high, dims, dtypes)
     if kind == "choice":
         values = parse_list(table.pop("values", list), str, where.child("values"))
         default = table.pop("default", str, None)
@@ -191,12 +192,19 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
         table.finish()
         return ChoiceArg(name, values, default)
     if kind == "dtype":
-        # torch's dtype=None: None means the input's dtype, so the argument is always optional
-        if not table.pop("optional", bool, False):
+        # torch's dtype=None (the input's dtype: optional), or a dtype that is the default, as
+        # torch's _scaled_mm out_dtype (an output dtype of a matmul's epilogue)
+        default = table.pop("default", str, None)
+        optional = table.pop("optional", bool, False)
+        if default is not None and default not in DTYPES:
+            raise where.child("default").error(f"unknown dtype '{default}'; expected one of: "
+                                               f"{', '.join(DTYPES)}")
+        if optional == (default is not None):
             raise where.error('a dtype argument defaults to None (the input\'s dtype), as '
-                              'torch\'s: declare it { kind = "dtype", optional = true }')
+                              'torch\'s: declare it { kind = "dtype", optional = true }, or to a '
+                              'dtype: { kind = "dtype", default = "bfloat16" }')
         table.finish()
-        return ScalarArg(name, kind, None, True)
+        return ScalarArg(name, kind, default, optional)
     default = table.pop("default", _SCALAR_TYPES[kind], None)
     if isinstance(default, float) and not math.isfinite(default):
         # the generated signature writes the default as a literal, which inf and nan have not
@@ -215,6 +223,23 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
     return ScalarArg(name, kind, default, optional, drawn)
 
 
+def _parse_tensor_dtypes(table: Table) -> tuple[str, ...]:
+    """A tensor's own ``dtypes`` (a quantized weight's ``["uint8"]``): any of DTYPES and
+    INTEGER_DTYPES; whether its family takes them is checked with the family's other forms."""
+    raw = table.pop_any("dtypes")
+    if raw is None:
+        return ()
+    where = table.where.child("dtypes")
+    dtypes = parse_list(raw, str, where)
+    for dtype in dtypes:
+        if dtype not in DTYPES + INTEGER_DTYPES:
+            raise where.error(f"unknown dtype '{dtype}'; expected one of: "
+                              f"{', '.join(DTYPES + INTEGER_DTYPES)}")
+    if not dtypes or len(set(dtypes)) != len(dtypes):
+        raise where.error("expected a non-empty list of distinct dtypes")
+    return tuple(dtypes)
+
+
 def _parse_range(table: Table, absent: tuple[float, float] | None = (-3.0, 3.0)
                  ) -> tuple[float, float] | None:
     raw = table.pop_any("range")
@@ -230,6 +255,8 @@ def _parse_range(table: Table, absent: tuple[float, float] | None = (-3.0, 3.0)
 def _check_family_takes(arg: Arg, family: str, where: Where) -> None:
     if arg.kind in ("dtype", "shape"):
         form = f"{arg.kind} argument"
+    elif isinstance(arg, TensorArg) and arg.dtypes:
+        form = "tensor of its own dtypes"
     elif isinstance(arg, ScalarArg) and arg.optional:
         form = "optional scalar"
     else:

@@ -133,3 +133,33 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=scale, enable_gqa=enable_gqa)
+
+
+def int8_weight_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (qweight * scales[:, None]).T + bias``: an int8 weight, per-channel scales."""
+    from specgen.quant import dequantize_int8
+    return torch.nn.functional.linear(x, dequantize_int8(qweight, scales), bias)
+
+
+def int4_weight_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                       zeros: torch.Tensor, group_size: int = 128,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T + bias``, w the packed int4 weight dequantized per group (specgen.quant)."""
+    from specgen.quant import dequantize_int4
+    return torch.nn.functional.linear(x, dequantize_int4(qweight, scales, zeros, group_size), bias)
+
+
+def int8_linear(x: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
+                w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """W8A8: the int8 product (in float64, exact below 2**53), times the per-token scales
+    ``x_scale`` ((..., 1) or (...,)) and the per-channel ``w_scale``, plus bias, in out_dtype."""
+    if x_scale.dim() == x.dim() - 1:
+        x_scale = x_scale[..., None]
+    wide = torch.float64 if x_scale.dtype == torch.float64 else torch.float32
+    product = x.to(torch.float64) @ qweight.to(torch.float64).T
+    y = product.to(wide) * x_scale.to(wide) * w_scale.to(wide)
+    if bias is not None:
+        y = y + bias.to(wide)
+    return y.to(out_dtype)

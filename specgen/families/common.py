@@ -34,7 +34,7 @@ LIBRARY_HELPERS = frozenset(
 RESERVED = IMPORTS | LIBRARY_HELPERS | frozenset({
     "pid", "tile", "num_tiles", "tiles_m", "tiles_n", "tile_m", "tile_n", "rest", "rows", "cols",
     "mask", "offsets", "numel", "size_m", "size_n", "shape", "space", "grid", "cap", "tensors",
-    "device", "result_dtype", "out_dtype", "scalars", "constexprs", "strides", "outer", "index_64",
+    "device", "result_dtype", "scalars", "constexprs", "strides", "outer", "index_64",
     "meta",
 }) | frozenset(FUNCTIONS)
 # module-level names of every generated module, which the op's own function must not shadow (a
@@ -95,8 +95,9 @@ def check_generated_names(where: Where, op: str, family: Family,
         if name in generated or numbered in generated or name.startswith(prefixes):
             raise key.error(f"'{name}' is a name the {family.name} family's generated code uses "
                             f"for itself; choose another")
+        suffixes = family.derived_suffixes or ("",)
         for base in derived_from:
-            if base != name and name.startswith(base + "_"):
+            if base != name and name.startswith(tuple(f"{base}_{s}" for s in suffixes)):
                 raise key.error(f"'{name}' extends '{base}', from which generated code derives "
                                 f"its names ({base}_ptr, {base}_row, ...); choose another")
 
@@ -174,6 +175,8 @@ def arg_plans(spec: OpSpec) -> tuple[ArgPlan, ...]:
             plans.append(ArgPlan(arg.name, "choice", default, arg.constexpr, arg.values))
         elif arg.optional:
             plans.append(ArgPlan(arg.name, arg.type, "None"))
+        elif arg.type == "dtype":
+            plans.append(ArgPlan(arg.name, arg.type, f"torch.{arg.default}"))
         else:
             default = None if arg.default is None else repr(arg.default)
             plans.append(ArgPlan(arg.name, arg.type, default))
@@ -194,11 +197,15 @@ def arg_info_code(spec: OpSpec, promoted: tuple[str, ...] = ()) -> tuple[str, ..
                 fields.append(f"dims={arg.dims!r}")
             if arg.name in promoted:
                 fields.append("promotes=True")
+            if arg.dtypes:
+                fields.append("dtypes=(" + "".join(f"torch.{d}, " for d in arg.dtypes) + ")")
         elif isinstance(arg, ChoiceArg):
             fields = [f'"{arg.name}"', '"choice"', f"default={arg.default!r}",
                       f"choices={arg.values!r}", f"constexpr={arg.constexpr!r}"]
         else:
-            fields = [f'"{arg.name}"', f'"{arg.type}"', f"default={arg.default!r}"]
+            default = f"torch.{arg.default}" if arg.type == "dtype" and arg.default else \
+                repr(arg.default)
+            fields = [f'"{arg.name}"', f'"{arg.type}"', f"default={default}"]
             if arg.optional:
                 fields.append("optional=True")
             if arg.range is not None:

@@ -31,6 +31,9 @@ class Family:
     # in "_" stands for its numbered forms), and prefixes of such names
     generated_names: frozenset[str]
     generated_prefixes: tuple[str, ...] = ()
+    # the suffixes its code derives names with from a tensor's or output's name (x -> x_ptr,
+    # x_stride_m): a declared name extending another by one of them collides ((): by any)
+    derived_suffixes: tuple[str, ...] = ()
     # operators its modules register beside specgen::<op>, as <op><suffix>
     operator_suffixes: tuple[str, ...] = ()
     # argument forms it opts into, of "dtype argument", "shape argument", "optional scalar" (the

@@ -10,15 +10,23 @@ earlier outputs; ``dtype`` sets the output dtype, default the inputs'; ``promote
 epilogue operands that join by torch's type promotion rather than the matmul's one dtype), ``[schedule]``
 (``swizzle``, ``split_k``) and ``[tuning]`` (the config space the autotuner searches: an
 explicit ``configs`` list, or lists whose product is the space).
+
+A quantized B operand declares ``[dequant]``: its integer storage (its own ``dtypes``, ``bits``
+per element packed along K, low bits first), ``value``, the weight as an expression over the
+unpacked integer ``q`` and scale operands with dims ``N`` (one per output channel) or ``N, G``
+(one per channel and group of ``group`` K elements). The planner applies the value to each B
+tile inside the K loop, or, where it is ``q`` times per-channel factors, multiplies the
+accumulator by them after the loop (docs/spec.md, "Quantized operands").
 """
 
 from __future__ import annotations
 
+import ast
 import itertools
 from dataclasses import dataclass
 
 from specgen.errors import Where
-from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
 from specgen.families.contract import Family
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, check_name, common_plan,
                                      int_list, symbols_of)
@@ -38,13 +46,22 @@ GENERATED_NAMES = frozenset({
     "acc", "batch", "batch_id", "bid", "col", "col0", "first_m", "group", "group_rows", "k",
     "k_start", "programs_in_group", "row", "row0", "slot", "tiles", "work", "ws_ptr", "ws_ptrs",
     "m", "n", "rest", "tile",  # the kernels' names the shipped specs' modules do not show
+    "q", "shifts", "group_id",  # a quantized B's integers, their shifts in a byte, their group
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_", "size_b")
+# what the template appends to a tensor's or output's name (x_ptr, x_stride_m, a quantized B's
+# bytes and its scales loaded per group or channel): int8_linear's x_scale extends none of them
+DERIVED_SUFFIXES = ("ptr", "tile", "base", "desc", "bytes", "group", "channel", "stride")
 
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")
 B_DIMS = (("K", "N"), ("N", "K"))
 EPILOGUE_DIMS = (("N",), ("M",), ("M", "N"))
+GROUP_DIMS = ("N", "G")     # a quantized B's per-group scales or zero points
+# bits per element a quantized B may pack into its 8-bit storage, along K, low bits first
+DEQUANT_BITS = (1, 2, 4, 8)
+# the dequant value's name for the unpacked integer
+Q = "q"
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
@@ -116,6 +133,25 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class Dequant:
+    """``[dequant]``: how the B operand's integer storage becomes the weight the K loop
+    multiplies by."""
+
+    bits: int                       # bits per element; 8 // bits elements a stored byte, along K
+    signed: bool                    # int8 storage (8-bit elements only) rather than uint8
+    group: str | None               # the int argument: K elements per column of the N, G operands
+    value: Expr                     # the weight, over ``q`` and the scale operands
+    # the planner's: ``value`` is q times this expression of per-channel operands only, so the
+    # loop multiplies by q and the accumulator by this once after it (None: dequantize per tile)
+    channel_factor: Expr | None
+
+    @property
+    def packed(self) -> int:
+        """Elements a stored byte holds."""
+        return 8 // self.bits
+
+
+@dataclass(frozen=True)
 class MatmulBody:
     a: Operand
     b: Operand
@@ -126,6 +162,8 @@ class MatmulBody:
     swizzle: str
     split_k: str
     tuning: dict
+    dequant: Dequant | None = None
+    group_operands: tuple[Operand, ...] = ()    # dims N, G: read by the dequant value only
 
 
 def _classify(arg: TensorArg, where: Where) -> Operand:
@@ -134,7 +172,7 @@ def _classify(arg: TensorArg, where: Where) -> Operand:
         raise where.error("matmul tensors need dims, as in dims = [\"M\", \"K\"] (A), "
                           "[\"K\", \"N\"] or [\"N\", \"K\"] (B), [\"N\"] (a bias)")
     rest = dims[1:] if dims[0] in ("...", "B") else dims
-    known = [A_DIMS, *B_DIMS, *EPILOGUE_DIMS]
+    known = [A_DIMS, *B_DIMS, *EPILOGUE_DIMS, GROUP_DIMS]
     if tuple(rest) not in known:
         shown = ", ".join("[" + ", ".join(f'"{d}"' for d in k) + "]" for k in known)
         raise where.child("dims").error(
@@ -143,6 +181,9 @@ def _classify(arg: TensorArg, where: Where) -> Operand:
     operand = Operand(arg.name, tuple(dims), arg.optional)
     if "K" in rest and arg.optional:
         raise where.child("optional").error("the A and B operands cannot be optional")
+    if tuple(rest) == GROUP_DIMS and (arg.optional or len(rest) != len(dims)):
+        raise where.error("an operand with dims [\"N\", \"G\"] (a quantized B's per-group "
+                          "scales) has no batch dims and cannot be optional")
     return operand
 
 
@@ -154,12 +195,14 @@ def body_names(body: MatmulBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
 def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
     args_where = top.where.child("args")
     a = b = None
-    epilogue_inputs = []
+    epilogue_inputs, group_operands = [], []
     for arg in spec_args:
         if not isinstance(arg, TensorArg):
             continue
         operand = _classify(arg, args_where.child(arg.name))
-        if operand.letters in ("mk", "kn"):
+        if operand.letters == "ng":
+            group_operands.append(operand)
+        elif operand.letters in ("mk", "kn"):
             if (a if operand.letters == "mk" else b) is not None:
                 role = "A (M, K)" if operand.letters == "mk" else "B (K, N or N, K)"
                 raise args_where.child(arg.name).error(f"a second {role} operand; a matmul has one")
@@ -175,9 +218,11 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
     if "B" in batches and not (a.batched and b.batched):
         raise args_where.error("with a \"B\" batch dim, both A and B must have it (as torch.bmm)")
 
+    dequant = _parse_dequant(top, spec_args, a, b, epilogue_inputs, group_operands)
     epilogue = top.pop_table("epilogue")
     promoted = _parse_promote(epilogue, a, b, epilogue_inputs)
-    outputs, out_dtype = _parse_epilogue(epilogue, spec_args, (a.name, b.name))
+    outputs, out_dtype = _parse_epilogue(epilogue, spec_args, (a.name, b.name),
+                                         tuple(o.name for o in group_operands))
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     swizzle = schedule.pop_choice("swizzle", SWIZZLES, SWIZZLES[0])
     split_k = schedule.pop_choice("split_k", SPLIT_K_MODES, SPLIT_K_MODES[0])
@@ -185,7 +230,92 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
     tuning = _parse_tuning(top.pop_table("tuning", required=False)
                            or Table({}, top.where.child("tuning")), swizzle)
     return MatmulBody(a, b, tuple(epilogue_inputs), outputs, out_dtype, promoted, swizzle, split_k,
-                      tuning)
+                      tuning, dequant, tuple(group_operands))
+
+
+def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
+                   epilogue_inputs: list[Operand], group_operands: list[Operand]) -> Dequant | None:
+    """``[dequant]``: ``bits``, ``group`` (with N, G operands), ``value`` over ``q``."""
+    by_name = {arg.name: arg for arg in spec_args}
+    table = top.pop_table("dequant", required=False)
+    stored = by_name[b.name].dtypes
+    args_where = top.where.child("args")
+    if table is None:
+        if group_operands:
+            raise args_where.child(group_operands[0].name).error(
+                "dims [\"N\", \"G\"] are a quantized B operand's per-group scales: the spec "
+                "needs a [dequant] table that reads them")
+        own = {name: by_name[name].dtypes for name in (a.name, b.name) if by_name[name].dtypes}
+        if own and (len(own) != 2 or set(own.values()) != {("int8",)}):
+            name = next(iter(own))
+            raise args_where.child(name).child("dtypes").error(
+                "the A and B operands take the op's dtypes, or both dtypes = [\"int8\"] (an "
+                "exact int32 product); other integer storage is a quantized B with a [dequant] "
+                "table")
+        return None
+    where = table.where
+    if by_name[a.name].dtypes:
+        raise args_where.child(a.name).child("dtypes").error(
+            "with a quantized B (a [dequant] table) the A operand takes the op's float dtypes, "
+            "which the dequantized B is converted to")
+    if not stored or not set(stored) <= {"int8", "uint8"} or len(stored) != 1:
+        raise args_where.child(b.name).error(
+            f"the quantized B operand '{b.name}' must declare its storage, dtypes = [\"uint8\"] "
+            f"or [\"int8\"]")
+    bits = table.pop("bits", int, 8)
+    if bits not in DEQUANT_BITS:
+        raise where.child("bits").error(f"expected one of {', '.join(map(str, DEQUANT_BITS))} "
+                                        f"(elements packed into a byte along K), got {bits}")
+    signed = stored[0] == "int8"
+    if signed and bits != 8:
+        raise where.child("bits").error(
+            f"{bits}-bit elements are unpacked unsigned: store them as uint8 and subtract a zero "
+            f"point in value")
+    group = table.pop("group", str, None)
+    if group is not None:
+        arg = by_name.get(group)
+        if arg is None or arg.kind != "int":
+            raise where.child("group").error(
+                f"expected the name of an int argument (K elements per group), got '{group}'")
+        if not group_operands:
+            raise where.child("group").error("no operand has dims [\"N\", \"G\"] (per-group "
+                                             "scales): leave group out")
+    elif group_operands:
+        raise where.error(f"operand '{group_operands[0].name}' has per-group dims [\"N\", \"G\"]: "
+                          f"name the int argument that sets the group size, group = \"...\"")
+    channel = [o.name for o in epilogue_inputs if o.letters == "n" and not o.optional]
+    scales = {o.name for o in group_operands} | set(channel)
+    symbols = {n: s for n, s in symbols_of(spec_args).items()
+               if n in scales or s.kind in ("scalar", "choice", "bool") and n != group}
+    symbols[Q] = Symbol(Q, "value")
+    reasons = {a.name: "the dequant value reads the unpacked integer q, not the operands",
+               b.name: "the dequant value reads the unpacked integer q, not the operands"}
+    for o in epilogue_inputs:
+        if o.name not in symbols:
+            reasons[o.name] = ("a dequant value reads scale operands with dims [\"N\"] or "
+                               "[\"N\", \"G\"] (not optional)")
+    value = parse_expr(table.pop("value", str), where.child("value"), symbols, reasons)
+    if Q not in value.names:
+        raise where.child("value").error(f"{quoted(value.source)} never reads q, the stored integer")
+    unread = [o.name for o in group_operands if o.name not in value.names]
+    if unread:
+        raise args_where.child(unread[0]).error("a per-group operand the dequant value never reads")
+    table.finish()
+    return Dequant(bits, signed, group, value, _channel_factor(value, set(channel)))
+
+
+def _channel_factor(value: Expr, channel: set[str]) -> Expr | None:
+    """``E`` where ``value`` is ``q * E`` or ``E * q`` and E reads per-channel operands and
+    scalars only: then x @ (q * E).T is (x @ q.T) * E, one multiply per output element instead
+    of one per weight element and K block (the seed's per-channel case)."""
+    tree = value.tree
+    if not (isinstance(tree, ast.BinOp) and isinstance(tree.op, ast.Mult)):
+        return None
+    for q_side, factor in ((tree.left, tree.right), (tree.right, tree.left)):
+        names = {n.id for n in ast.walk(factor) if isinstance(n, ast.Name)}
+        if isinstance(q_side, ast.Name) and q_side.id == Q and Q not in names:
+            return Expr(ast.unparse(factor), factor, frozenset(names & value.names))
+    return None
 
 
 def _parse_promote(table: Table, a: Operand, b: Operand,
@@ -212,14 +342,18 @@ def _parse_promote(table: Table, a: Operand, b: Operand,
     return tuple(names)
 
 
-def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
-    """``[epilogue]``: outputs in file order over ``acc``; ``dtype`` is the output dtype."""
+def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str],
+                    group_operands: tuple[str, ...] = ()):
+    """``[epilogue]``: outputs in file order over ``acc``; ``dtype`` is the output dtype, or the
+    name of a dtype argument that sets it (``out_dtype=torch.bfloat16``)."""
     out_dtype = table.pop("dtype", str, None)
-    if out_dtype is not None and out_dtype not in DTYPES:
+    dtype_args = [a.name for a in spec_args if a.kind == "dtype"]
+    if out_dtype is not None and out_dtype not in DTYPES + tuple(dtype_args):
         raise table.where.child("dtype").error(
-            f"unknown dtype '{out_dtype}'; expected one of: {', '.join(DTYPES)}")
+            f"unknown dtype '{out_dtype}'; expected one of: {', '.join(DTYPES + tuple(dtype_args))}")
     # A and B enter only through acc: the epilogue runs once per output tile, after the K loop
-    symbols = {n: s for n, s in symbols_of(spec_args).items() if n not in matrices}
+    symbols = {n: s for n, s in symbols_of(spec_args, dtype_args).items()
+               if n not in matrices + group_operands}
     symbols["acc"] = Symbol("acc", "value")
     outputs = []
     while table.keys():
@@ -228,9 +362,11 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str]):
         if name in symbols or name in matrices:
             raise where.error(f"output '{name}' has the name of an argument")
         check_type(source, str, where)
-        outputs.append(Output(name, parse_expr(source, where, symbols, {
-            m: "the operands enter the epilogue only through acc, the tile of their product"
-            for m in matrices})))
+        reasons = {m: "the operands enter the epilogue only through acc, the tile of their product"
+                   for m in matrices}
+        reasons.update({g: "per-group scales enter through the dequantized B, not the epilogue"
+                        for g in group_operands})
+        outputs.append(Output(name, parse_expr(source, where, symbols, reasons)))
         symbols[name] = Symbol(name, "value")
     if not outputs:
         raise table.where.error("expected at least one output, as in out = \"acc\"")
@@ -349,14 +485,54 @@ class MatmulPlan(CommonPlan):
     split_k: str = "auto"
     configs: tuple[dict, ...] = ()
     split_factors: tuple[int, ...] = ()
+    # a quantized B ([dequant]): its plan, the per-group operands (dims N, G), the per-channel
+    # ones its value reads inside the K loop (none where the value factors out: channel_factor)
+    dequant: Dequant | None = None
+    group_operands: tuple[Operand, ...] = ()
+    loop_channels: tuple[Operand, ...] = ()
+    dequant_code: str = ""              # the B tile from q and the loaded scales
+    channel_factor_code: str = ""       # what the accumulator is multiplied by after the K loop
+    integer_product: bool = False       # int8 A and B: tl.dot accumulates exactly in int32
+    own_dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()   # tensors not of the op's dtypes
 
     helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the epilogue calls
 
     @property
+    def acc_type(self) -> str:
+        return "tl.int32" if self.integer_product else "tl.float32"
+
+    @property
+    def loop_inputs(self) -> tuple[Operand, ...]:
+        """The operands the K loop reads besides A and B: a quantized B's scales."""
+        return self.group_operands + self.loop_channels
+
+    @property
+    def tma(self) -> bool:
+        """Whether the module has the TMA kernel: not for a quantized B, whose tiles are
+        unpacked in registers after their load."""
+        return self.dequant is None
+
+    @property
+    def scalars(self):
+        # the group size shapes the launch (the GROUP_K constexpr), not the kernels' math
+        group = self.dequant.group if self.dequant else None
+        return tuple(a for a in super().scalars if a.name != group)
+
+    @property
+    def value_ints(self) -> tuple[str, ...]:
+        group = self.dequant.group if self.dequant else None
+        return tuple(n for n in super().value_ints if n != group)
+
+    @property
     def promoted(self) -> tuple[str, ...]:
-        """The epilogue operands of their own dtype (``[epilogue] promote``): the ones autocast
-        leaves as they are."""
-        return self.uncast
+        """The epilogue operands that promote with the result (``[epilogue] promote``)."""
+        own = {name for name, _ in self.own_dtypes}
+        return tuple(name for name in self.uncast if name not in own)
+
+    @property
+    def own_dtypes_code(self) -> str:
+        return "(" + "".join(f'("{name}", (' + "".join(f"torch.{d}, " for d in dtypes) + ")), "
+                             for name, dtypes in self.own_dtypes) + ")"
 
     @property
     def dims_code(self) -> str:
@@ -365,7 +541,7 @@ class MatmulPlan(CommonPlan):
 
     @property
     def tensors(self) -> tuple:
-        return (self.a, self.b, *self.epilogue_inputs, *self.outputs)
+        return (self.a, self.b, *self.group_operands, *self.epilogue_inputs, *self.outputs)
 
     def batched(self, tensor) -> bool:
         """Whether ``tensor`` has batch strides (outputs have them whenever the op is batched)."""
@@ -395,7 +571,7 @@ class MatmulPlan(CommonPlan):
 
     @property
     def inputs(self) -> tuple[Operand, ...]:
-        return (self.a, self.b, *self.epilogue_inputs)
+        return (self.a, self.b, *self.group_operands, *self.epilogue_inputs)
 
     @property
     def optional_inputs(self) -> tuple[Operand, ...]:
@@ -422,12 +598,48 @@ def plan(spec: OpSpec) -> MatmulPlan:
     operands = (body.a, body.b, *body.epilogue_inputs)
     batches = {o.dims[0] for o in operands if o.batched}
     batch_rank = 0 if not batches else (1 if "B" in batches else BROADCAST_BATCH_RANK)
+    # tensors of their own dtypes (a quantized weight, float32 scales) are left out of the one
+    # dtype the others share, and autocast leaves them as they are
+    own = tuple((a.name, a.dtypes) for a in spec.args if isinstance(a, TensorArg) and a.dtypes)
     common = common_plan(spec, tuple(o.name for o in body.outputs), promoted=body.promoted)
-    return MatmulPlan(**common.__dict__, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
-                      outputs=outputs, out_dtype=body.out_dtype, batch_rank=batch_rank,
+    fields = dict(common.__dict__, uncast=body.promoted + tuple(name for name, _ in own))
+    exprs = [o.expr for o in body.outputs]
+    dequant_fields = {}
+    if body.dequant is not None:
+        dequant_fields = _dequant_plan(body, names)
+        exprs.append(body.dequant.value)
+    integer = next(a for a in spec.args if a.name == body.a.name).dtypes == ("int8",)
+    # an output dtype set by a dtype argument is the call's (runtime/matmul.py reads it there)
+    out_dtype = None if body.out_dtype in names_of_kind(spec.args, "dtype") else body.out_dtype
+    return MatmulPlan(**fields, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
+                      outputs=outputs, out_dtype=out_dtype, batch_rank=batch_rank,
                       swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
-                      split_factors=tuple(sorted(set(t["SPLIT_K"]))),
-                      helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))
+                      split_factors=tuple(sorted(set(t["SPLIT_K"]))), integer_product=integer,
+                      own_dtypes=own,
+                      **dequant_fields,
+                      helpers=tuple(sorted(set().union(*(helpers(e) for e in exprs)))))
+
+
+def names_of_kind(args: tuple, kind: str) -> tuple[str, ...]:
+    return tuple(a.name for a in args if a.kind == kind)
+
+
+def _dequant_plan(body: MatmulBody, choices: dict) -> dict:
+    """Where a quantized B's value is computed: per tile in the K loop, reading the per-group
+    scales of the tile's group and per-channel operands loaded before the loop, or, where it is
+    q times per-channel factors, as a multiply of the accumulator after the loop."""
+    d = body.dequant
+    factor = d.channel_factor
+    if factor is not None:
+        # the epilogue loads the per-channel operands under their own names
+        return dict(dequant=d, group_operands=body.group_operands, dequant_code="q",
+                    channel_factor_code=emit(factor, choices))
+    names = dict(choices)
+    names.update({o.name: f"{o.name}_group" for o in body.group_operands})
+    channels = tuple(o for o in body.epilogue_inputs if o.name in d.value.names)
+    names.update({o.name: f"{o.name}_channel" for o in channels})
+    return dict(dequant=d, group_operands=body.group_operands, loop_channels=channels,
+                dequant_code=emit(d.value, names))
 
 
 def scaffold(name: str) -> str:
@@ -455,5 +667,8 @@ split_k = "auto"          # auto (two-stage, deterministic) | atomic | off
 FAMILY = Family(
     name="matmul", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
+    derived_suffixes=DERIVED_SUFFIXES,
+    # a quantized weight's integer storage and float32 scales; an output dtype argument
+    takes=frozenset({"tensor of its own dtypes", "dtype argument"}),
     cases="specgen.testing.matmul:matmul_cases",
     samples="specgen.testing.matmul:matmul_samples", bench="bench.matmul:cases")

@@ -172,10 +172,14 @@ def _as_float(value: object) -> float | torch.SymFloat | None:
     return float(value) if isinstance(value, numbers.Real) else None
 
 
-def check_dtype_arg(op: str, name: str, value: object, dtypes: Sequence[torch.dtype]) -> None:
-    """A ``dtype=`` argument: None (the input's dtype) or one of the op's dtypes."""
-    if value is None:
+def check_dtype_arg(op: str, name: str, value: object, dtypes: Sequence[torch.dtype],
+                    optional: bool = True) -> None:
+    """A ``dtype=`` argument: None (the input's dtype) where ``optional``, or one of the op's
+    dtypes."""
+    if value is None and optional:
         return
+    if value is None:
+        raise TypeError(f"{op}: argument '{name}' must be a torch.dtype, got None")
     if not isinstance(value, torch.dtype):
         raise TypeError(f"{op}: argument '{name}' must be a torch.dtype or None, "
                         f"got {type(value).__name__}")

@@ -54,6 +54,7 @@ class View:
     m: int = 0
     n: int = 0
     k: int = 0
+    g: int = 0      # a quantized B's per-group scales: along the groups of K
 
 
 def _target(dims: Sequence[str], batch: tuple[int, ...], m: int, n: int,
@@ -115,7 +116,7 @@ class Problem:
             if not ok:
                 break
             views = {name: View(v.batch[:d], m=v.batch[d] if m == 1 and name in has_m else v.m,
-                                n=v.n, k=v.k) for name, v in views.items()}
+                                n=v.n, k=v.k, g=v.g) for name, v in views.items()}
             m *= batch.pop()
         names = list(views)
         collapsed = collapse(tuple(batch), [views[name].batch for name in names])
@@ -125,7 +126,8 @@ class Problem:
                 f"{op}: the batch dims {tuple(batch)} cannot be merged into {rank} or fewer for "
                 f"the strides of {batched}; make some of them contiguous")
         pad = rank - len(collapsed.sizes)
-        views = {name: View((0,) * pad + strides, views[name].m, views[name].n, views[name].k)
+        views = {name: View((0,) * pad + strides, views[name].m, views[name].n, views[name].k,
+                            views[name].g)
                  for name, strides in zip(names, collapsed.strides)}
         return Space(m, self.n, self.k, (1,) * pad + collapsed.sizes, views)
 
@@ -198,17 +200,23 @@ def _batch_strides(tensor: torch.Tensor, batch_t: tuple[int, ...], batch: tuple[
 
 
 def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
-            dims: Mapping[str, tuple[str, ...]]) -> Problem:
-    """Sizes, result shape and operand strides, with a ValueError naming the argument at fault."""
+            dims: Mapping[str, tuple[str, ...]], packed: int = 1,
+            group: tuple[str, int] | None = None) -> Problem:
+    """Sizes, result shape and operand strides, with a ValueError naming the argument at fault.
+    ``packed``: elements a stored element of B holds along K (a quantized B); ``group``: the
+    group-size argument's name and value, where operands have dims N, G."""
     a = next(name for name, d in dims.items() if "M" in d and "K" in d)
     b = next(name for name, d in dims.items() if "N" in d and "K" in d)
     batch_a, info_a, vector_a = _matrix(op, a, tensors[a], dims[a])
     batch_b, info_b, vector_b = _matrix(op, b, tensors[b], dims[b])
     (m, stride_am), (k, stride_ak) = info_a["M"], info_a["K"]
     (k_b, stride_bk), (n, stride_bn) = info_b["K"], info_b["N"]
-    if k != k_b:
+    if k != k_b * packed:
+        stored = f" (it stores {packed} elements of K a byte: K / {packed} = {k / packed:g})" \
+            if packed > 1 else ""
         raise ValueError(f"{op}: '{a}' {tuple(tensors[a].shape)} and '{b}' "
-                         f"{tuple(tensors[b].shape)} cannot be multiplied: K is {k} and {k_b}")
+                         f"{tuple(tensors[b].shape)} cannot be multiplied: K is {k} and "
+                         f"{k_b * packed}{stored}")
     if "B" in (dims[a][0], dims[b][0]):
         if batch_a != batch_b:
             raise ValueError(f"{op}: '{a}' and '{b}' must have the same batch size, got "
@@ -228,13 +236,32 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
     for name, tensor in tensors.items():
         if name in (a, b) or tensor is None:
             continue
+        if _letters(dims[name]) == ("N", "G"):
+            views[name] = _group_view(op, name, tensor, n, k, group, len(batch))
+            continue
         target = _target(dims[name], batch, m, n, keeps)
+        if (_letters(dims[name]) == ("M",) and tensor.dim() == len(target) + 1
+                and tensor.shape[-1] == 1):
+            # a per-row operand as torch broadcasts one against the (..., M, N) product: (..., M, 1)
+            tensor = tensor[..., 0]
         if broadcast_shapes(tuple(tensor.shape), target) != target:
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "
                              f"not broadcast to {target} ({' x '.join(dims[name])})")
         views[name] = _view(tensor, dims[name], batch, m, n, keeps)
     m_operands = frozenset(name for name in views if name != b and "M" in dims[name])
     return Problem(m, n, k, batch, shape, keeps, views, m_operands)
+
+
+def _group_view(op: str, name: str, tensor: torch.Tensor, n: int, k: int,
+                group: tuple[str, int], batch_rank: int) -> View:
+    """A quantized B's per-group operand: (N, K / group size), no batch dims."""
+    arg, size = group
+    if k % size:
+        raise ValueError(f"{op}: K = {k} is not a multiple of {arg} = {size}")
+    if tuple(tensor.shape) != (n, k // size):
+        raise ValueError(f"{op}: argument '{name}' must have shape (N, K / {arg}) = "
+                         f"{(n, k // size)}, got {tuple(tensor.shape)}")
+    return View((0,) * batch_rank, n=tensor.stride(0), g=tensor.stride(1))
 
 
 # --- launch decisions ------------------------------------------------------------------------
@@ -302,7 +329,10 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
     factor = split_k_factor(m, n, k, batch, multiprocessors(device), factors)
     if factor == 1:
         return tile
-    return Strategy("atomic" if mode == "atomic" else "two_stage", factor)
+    # atomic adds sum in no fixed order: torch.use_deterministic_algorithms(True) gets the
+    # two-stage reduction, which sums the splits' slices in order
+    atomic = mode == "atomic" and not torch.are_deterministic_algorithms_enabled()
+    return Strategy("atomic" if atomic else "two_stage", factor)
 
 
 @dataclass(frozen=True)
@@ -425,11 +455,15 @@ def prune_configs(configs, named_args, **kwargs):
     m, n, k = named_args["M"], named_args["N"], named_args["K"]
     a = next(v for v in named_args.values() if hasattr(v, "element_size"))
     limit = shared_memory(a.device)
+    # a quantized B's K blocks each lie in one group of scales
+    group = kwargs.get("GROUP_K")
     fitted, seen = [], set()
     for config in configs:
         meta = dict(config.kwargs)
         for key, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
             meta[key] = _fitted_block(meta[key], size)
+        if group is not None:
+            meta["BLOCK_K"] = min(meta["BLOCK_K"], group)
         point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
         if point in seen:
             continue
@@ -448,12 +482,14 @@ def prune_configs(configs, named_args, **kwargs):
     return [c for c in fitting if c.kwargs["BLOCK_M"] >= rows] or fitting or fitted[:1]
 
 
-def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device) -> torch.Tensor:
-    """Float32 partial sums of a split-K launch: one slice per split (two_stage), or one slice
-    that every split adds into atomically (zeroed)."""
+def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device,
+              integer: bool = False) -> torch.Tensor:
+    """Float32 partial sums of a split-K launch (int32 ones of an int8 product, exact): one
+    slice per split (two_stage), or one slice that every split adds into atomically (zeroed)."""
+    dtype = torch.int32 if integer else torch.float32
     if strategy.kind == "atomic":
-        return zeros((batch, 1, m, n), torch.float32, device)
-    return empty((batch, strategy.factor, m, n), torch.float32, device)
+        return zeros((batch, 1, m, n), dtype, device)
+    return empty((batch, strategy.factor, m, n), dtype, device)
 
 
 # --- launch plans: every decision a call's tensor metadata fixes, made once -----------------------
@@ -482,6 +518,28 @@ class OpLayout:
     split_k: str
     split_factors: tuple[int, ...]
     block_ks: tuple[int, ...]
+    own_dtypes: tuple[tuple[str, tuple[torch.dtype, ...]], ...] = ()   # not the op's dtypes
+    integer_product: bool = False       # int8 A and B: an int32 accumulator and workspace
+    # a quantized B ([dequant]; no TMA kernel): elements a stored byte holds along K; the operands the K loop reads
+    # besides A and B; the group-size argument and the operands indexed by its groups (N, G)
+    quantized: bool = False
+    packed: int = 1
+    loop_inputs: tuple[str, ...] = ()
+    group: str | None = None
+    grouped: tuple[str, ...] = ()
+
+
+# a quantized B's group size: a power of two (a K block lies in one group) of at least the
+# largest BLOCK_K the tests force (their small tiles)
+MIN_GROUP = 32
+
+
+def check_group(op: str, name: str, value: object) -> int:
+    """The group-size argument of a quantized matmul: an int, a power of two, at least MIN_GROUP."""
+    if type(value) is not int or value < MIN_GROUP or value & (value - 1):
+        raise ValueError(f"{op}: argument '{name}' must be a power of two of at least "
+                         f"{MIN_GROUP} (K elements per group of scales), got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -503,6 +561,8 @@ class LaunchPlan:
     batch_shape: tuple[int, ...]    # the batch dims the kernels walk, after folding
     sizes: tuple[int, ...]          # kernel size arguments: M, N, K (, batch, inner batch sizes)
     ab_strides: tuple[int, ...]     # A's then B's stride arguments
+    group_strides: tuple[int, ...]  # a quantized B's per-group operands' (N, G)
+    loop_strides: tuple[int, ...]   # the split kernel's K-loop operands' (its scales)
     epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
     swizzle2d: bool                 # column blocks on grid axis 1 (batch then on axis 2)
     batched: bool                   # batch elements on a grid axis
@@ -546,15 +606,24 @@ class LaunchPlan:
         return (tiles,) + ((min(self.batch, 65535),) if self.batched else ())
 
 
-def launch_plan(op: OpLayout, *tensors: torch.Tensor | None) -> LaunchPlan:
-    """Checks the arguments (``tensors`` as in ``op.dims``) and returns their launch plan.
+def launch_plan(op: OpLayout, *tensors: torch.Tensor | None, group: int | None = None
+                ) -> LaunchPlan:
+    """Checks the arguments (``tensors`` as in ``op.dims``; ``group``, a quantized B's group
+    size) and returns their launch plan.
 
     Plans are cached on sizes, strides and dtypes (and torch's TF32 setting and the test suite's
     overrides): a call on tensors of a seen layout costs one lookup, which matters because a
     decode-sized matmul runs in about 10 us, less than the Python that decides it.
     """
     named = {name: t for (name, _), t in zip(op.dims, tensors) if t is not None}
-    device = check_tensors(op.name, named, op.dtypes)
+    own = dict(op.own_dtypes)
+    for name, dtypes in own.items():
+        if name in named:
+            check_tensors(op.name, {name: named[name]}, dtypes)
+    shared = {name: t for name, t in named.items() if name not in own}
+    if shared:
+        check_tensors(op.name, shared, op.dtypes)
+    device = check_tensors(op.name, named, tuple({t.dtype for t in named.values()}))
     if interpreting() and named[op.a].dtype == torch.bfloat16:
         # the interpreter multiplies a bfloat16 tl.dot's raw bit patterns: errors of 1e9, silently
         raise NotImplementedError(
@@ -563,35 +632,42 @@ def launch_plan(op: OpLayout, *tensors: torch.Tensor | None) -> LaunchPlan:
             f"interpreter")
     forced = overrides()
     key = (op, device, torch.backends.cuda.matmul.allow_tf32,
-           forced,
+           torch.are_deterministic_algorithms_enabled(), forced, group,
            *(None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors))
     try:
         return _cached_plan(key)
     except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) or a mapping config
-        return _plan(op, tensors, device)
+        return _plan(op, tensors, device, group)
 
 
 def _plan_of_key(key: tuple) -> LaunchPlan:
-    op, device, _tf32, _forced, *metas = key
+    op, device, _tf32, _deterministic, _forced, group, *metas = key
     # the plan reads metadata only: meta tensors stand in for the arguments
     tensors = [None if meta is None else torch.empty_strided(*meta[:2], dtype=meta[2], device="meta")
                for meta in metas]
-    return _plan(op, tensors, device)
+    return _plan(op, tensors, device, group)
 
 
-def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.device) -> LaunchPlan:
+def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.device,
+          group: int | None = None) -> LaunchPlan:
     """Every launch decision the arguments' metadata fixes."""
     named = dict(zip((name for name, _ in op.dims), tensors))
     dims = dict(op.dims)
     present = {name: t for name, t in named.items() if t is not None}
-    dtype = check_same_dtype(op.name, {n: t for n, t in present.items() if n not in op.promoted})
-    prob = problem(op.name, named, dims)
+    own = dict(op.own_dtypes)
+    shared = {n: t for n, t in present.items() if n not in op.promoted and n not in own}
+    if shared:
+        check_same_dtype(op.name, shared)
+    # the dtype tl.dot multiplies in (a quantized B is converted to it)
+    dtype = present[op.a].dtype
+    prob = problem(op.name, named, dims, op.packed, (op.group, group) if op.group else None)
     # outputs are allocated contiguous, as torch allocates matmul results
     stand_in = torch.empty(prob.shape, device="meta")
     space = prob.space(op.name, {name: stand_in for name in op.outputs}, op.rank)
     batch = space.batch_count
     forced = overrides()
-    tma = tma_layout(space, op.a, op.b, dtype.itemsize)
+    # a quantized B is unpacked in registers after a plain load, never through a descriptor
+    tma = None if op.quantized else tma_layout(space, op.a, op.b, dtype.itemsize)
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors,
                          tma is not None)
     spans = dict(present)
@@ -605,8 +681,13 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     precision = input_precision(dtype)
     # a forced mapping config brings its own BLOCK_K; a forced config number picks from the space
     block_ks = [forced.config["BLOCK_K"]] if isinstance(forced.config, Mapping) else op.block_ks
+    if group is not None:
+        block_ks = [min(block, group) for block in block_ks]   # as prune_configs clamps them
     sizes = (space.m, space.n, space.k) + ((batch, *space.batch[1:]) if op.rank else ())
     ab = space.strides(op.a, "mk", op.batched_ab[0]) + space.strides(op.b, "kn", op.batched_ab[1])
+    group_strides = sum((space.strides(name, "ng", False) for name in op.grouped), ())
+    loop_strides = sum((space.strides(name, "ng" if name in op.grouped else "n", False)
+                        for name in op.loop_inputs), ())
     epilogue: list[int] = []
     for name, letters, batched in op.epilogue:
         if name in space.views:
@@ -620,7 +701,8 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         empty=space.m == 0 or space.n == 0 or batch == 0, strategy=strategy_,
         index_64=index_64, layout=layout, precision=precision,
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
-        batch_shape=space.batch, sizes=sizes, ab_strides=ab, epilogue_strides=tuple(epilogue),
+        batch_shape=space.batch, sizes=sizes, ab_strides=ab, group_strides=group_strides,
+        loop_strides=loop_strides, epilogue_strides=tuple(epilogue),
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
         tma=tma, programs=max_programs(device, "persistent", per_sm=1),
         candidates=(tile_strategy(space.m, device, tma is not None), strategy_) if timed else ())
@@ -681,50 +763,61 @@ class Matmul(FamilyRuntime):
 
     def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
         d = op.description
+        layout: OpLayout = d.launch
         named = {a.name: v for a, v in zip(d.args, args) if a.kind == "tensor"}
         # in the layout's order (A, B, then the epilogue's), which may not be the signature's
-        tensors = [named[name] for name, _ in d.launch.dims]
-        plan = launch_plan(d.launch, *tensors)
-        outs = tuple(empty(plan.shape, plan.dtype, tensors[0].device) for _ in d.outputs)
+        tensors = [named[name] for name, _ in layout.dims]
+        group = None
+        if layout.group is not None:
+            value = next(v for a, v in zip(d.args, args) if a.name == layout.group)
+            group = check_group(op.name, layout.group, value)
+        plan = launch_plan(layout, *tensors, group=group)
+        # an output dtype argument (int8_linear's out_dtype), else the plan's
+        dtype = next((v for a, v in zip(d.args, args) if a.kind == "dtype"), plan.dtype)
+        outs = tuple(empty(plan.shape, dtype, tensors[0].device) for _ in d.outputs)
         if not plan.empty:
-            _launch(op, plan, args, outs)
+            _launch(op, plan, args, outs, group)
         return outs[0] if len(outs) == 1 else outs
 
 
 RUNTIME = Matmul()
 
 
-def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple) -> None:
+def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple, group: int | None) -> None:
     d = op.description
     layout: OpLayout = d.launch
     named = {a.name: v for a, v in zip(d.args, args) if a.kind == "tensor"}
     a, b = named[layout.a], named[layout.b]
     strategy = settle(plan, tuple(named.values()), plan.tma_fits(a, b),
-                      lambda strategy: _run(op, strategy, plan, args, named, outs))
+                      lambda strategy: _run(op, strategy, plan, args, named, outs, group))
     note_launch(op.name, strategy.kind, plan.index_64, split_k=strategy.factor, **plan.details)
-    _run(op, strategy, plan, args, named, outs)
+    _run(op, strategy, plan, args, named, outs, group)
 
 
 def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
-         named: Mapping[str, torch.Tensor | None], outs: tuple) -> None:
+         named: Mapping[str, torch.Tensor | None], outs: tuple, group: int | None) -> None:
     d = op.description
     layout: OpLayout = d.launch
     kernels = op.kernels
     a, b = named[layout.a], named[layout.b]
     epilogue = [named[name] for name, _, _ in layout.epilogue if name not in layout.outputs]
-    scalars = [args[i] for i in d.scalar_positions]
+    grouped = [named[name] for name in layout.grouped]
+    # the group size is the GROUP_K constexpr, not a kernel scalar
+    scalars = [args[i] for i in d.scalar_positions if d.args[i].name != layout.group]
     flags = d.choices_of(args)
     # an omitted optional input: its kernel flag (the family planner's Operand.flag) is off
     flags.update({f"HAS_{arg.name.upper()}": v is not None for arg, v in zip(d.args, args)
                   if arg.kind == "tensor" and arg.optional})
     common = {"LAYOUT": plan.layout, "INDEX_64": plan.index_64, "INPUT_PRECISION": plan.precision,
               "EVEN_K": plan.even_k}
+    if group is not None:
+        common["GROUP_K"] = group
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
     if not strategy.split:
         # the tile kernels take the same arguments; TMA's adds how its descriptors read A and B
-        tile_args = (a, b, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
-                     *plan.epilogue_strides, *scalars)
+        tile_args = (a, b, *grouped, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
+                     *plan.group_strides, *plan.epilogue_strides, *scalars)
         if strategy.kind == "tma":
             batch = ({f"{layout.a}_stride_batch": plan.tma.a_batch,
                       f"{layout.b}_stride_batch": plan.tma.b_batch} if layout.rank else {})
@@ -734,9 +827,11 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
             launch(kernels["tile"], plan.grid, *tile_args, **flags, **common, tune_key=tune_key)
         return
     # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
-    space = workspace(strategy, plan.batch, plan.m, plan.n, a.device)
-    launch(kernels["split"], plan.grid, a, b, space, *plan.sizes, *plan.ab_strides,
-           SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic", **common, tune_key=tune_key)
+    space = workspace(strategy, plan.batch, plan.m, plan.n, a.device, layout.integer_product)
+    loop_inputs = [named[name] for name in layout.loop_inputs]
+    launch(kernels["split"], plan.grid, a, b, *loop_inputs, space, *plan.sizes, *plan.ab_strides,
+           *plan.loop_strides, SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic",
+           **common, tune_key=tune_key)
     launch(kernels["reduce"], plan.reduce_grid, space, *epilogue, *outs, *plan.sizes[:2],
            *plan.sizes[3:], *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
            SLICES=space.shape[1], tune_key=tune_key)

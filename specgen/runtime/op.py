@@ -222,7 +222,8 @@ class Op:
             if arg.kind == "choice":
                 check_choice(self.name, arg.name, value, arg.choices)
             elif arg.kind == "dtype":
-                check_dtype_arg(self.name, arg.name, value, self.description.dtypes)
+                check_dtype_arg(self.name, arg.name, value, self.description.dtypes,
+                                arg.optional)
             else:
                 value = as_scalar(self.name, arg.name, value, _SCALARS[arg.kind],
                                   optional=arg.optional)
@@ -255,7 +256,8 @@ class Op:
         scope = {"_op": self, "_call": self.family.call, "_ready": self.replays.ready,
                  "_replays": self.replays, "_state": self.replays.state,
                  "_autocast": autocast_policy, "_serve": self.family.replays_serve,
-                 **key_scope()}
+                 # a dtype default (int8_linear's out_dtype=torch.bfloat16)
+                 "torch": torch, **key_scope()}
         exec(compile(source, filename, "exec"), scope)
         function = scope[d.name]
         function.__module__ = self.module
@@ -377,7 +379,8 @@ def _autocast_lines(d: OpDescription, takes_out: bool) -> list[str]:
     if d.autocast == "none":
         return []
     condition = "_autocast.active()" + (" and out is None" if takes_out else "")
-    tensors = [a.name for a in d.args if a.kind == "tensor" and not a.promotes]
+    # a tensor of its own dtypes (a quantized weight, float32 scales) is left as it is
+    tensors = [a.name for a in d.args if a.kind == "tensor" and not a.promotes and not a.dtypes]
     dtype_args = [a.name for a in d.args if a.kind == "dtype"]
     if d.autocast == "float32" and dtype_args:
         action = f"{dtype_args[0]} = _autocast.result_dtype({tensors[0]}, {dtype_args[0]})"

@@ -26,6 +26,7 @@ class ArgInfo:
     promotes: bool = False          # a matmul epilogue operand of its own dtype ([epilogue] promote)
     constexpr: str = ""             # a choice's name in the kernels (a constexpr)
     range: tuple[float, float] | None = None   # a float or int scalar: where tests draw it
+    dtypes: tuple[torch.dtype, ...] = ()   # a tensor of its own dtypes (a quantized weight's)
 
 
 @dataclass(frozen=True)
