@@ -70,12 +70,13 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
     """The (N, K) uint8 values 0..15 of a packed (N, K // 2) int4 weight."""
     low, high = qweight & 0xF, qweight >> 4
-    return torch.stack((low, high), dim=-1).reshape(qweight.shape[0], -1)
+    return torch.stack((low, high), dim=-1).reshape(qweight.shape[0], 2 * qweight.shape[1])
 
 
 def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The weight int8 ``qweight`` (N, K) and ``scales`` (N,) stand for, in the scales' dtype."""
-    return qweight.to(scales.dtype) * scales[:, None]
+    """The weight int8 ``qweight`` (N, K) and ``scales`` (N,) stand for, in the scales' dtype
+    (scales broadcast as a column: one scale for all channels, as the op takes it, too)."""
+    return qweight.to(scales.dtype) * scales.reshape(-1, 1)
 
 
 def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

@@ -154,8 +154,8 @@ def int8_linear(x: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
                 w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                 out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """W8A8: the int8 product (in float64, exact below 2**53), times the per-token scales
-    ``x_scale`` ((..., 1) or (...,)) and the per-channel ``w_scale``, plus bias, in out_dtype."""
-    if x_scale.dim() == x.dim() - 1:
+    ``x_scale`` ((..., 1), of x's rank, or (...,)) and the per-channel ``w_scale``, plus bias, in out_dtype."""
+    if x_scale.dim() != x.dim():    # (..., M) rather than (..., M, 1): a column as well
         x_scale = x_scale[..., None]
     wide = torch.float64 if x_scale.dtype == torch.float64 else torch.float32
     product = x.to(torch.float64) @ qweight.to(torch.float64).T

@@ -240,9 +240,10 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             views[name] = _group_view(op, name, tensor, n, k, group, len(batch))
             continue
         target = _target(dims[name], batch, m, n, keeps)
-        if (_letters(dims[name]) == ("M",) and tensor.dim() == len(target) + 1
+        if (_letters(dims[name]) == ("M",) and tensor.dim() == tensors[a].dim() > 1
                 and tensor.shape[-1] == 1):
-            # a per-row operand as torch broadcasts one against the (..., M, N) product: (..., M, 1)
+            # a per-row operand as torch broadcasts one against the (..., M, N) product:
+            # (..., M, 1), of A's rank (int8_linear's per-token scales)
             tensor = tensor[..., 0]
         if broadcast_shapes(tuple(tensor.shape), target) != target:
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "

@@ -10,11 +10,15 @@ partial tiles and grouped/swizzled orderings.
 
 from __future__ import annotations
 
+import math
+import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
+from specgen.quant import GROUP_SIZES
 from specgen.runtime import OpInfo, interpreting
 from specgen.testing.core import (
     Case,
@@ -76,6 +80,16 @@ def matmul_cases(draw, info: OpInfo) -> Case:
     # an empty M, N or K (torch allows each) in about one case of eight
     zero = draw(st.integers(0, 7)) == 0
     m, n, k = (draw(sizes(limit, allow_zero=zero)) for _ in range(3))
+    tensors = {a.name: a for a in info.args if a.kind == "tensor"}
+    quant = _quantized(info)
+    group = None
+    if quant.group is not None:
+        # K a whole number of groups, odd counts included; under the interpreter the smaller
+        # groups (each K block costs numpy calls there)
+        group = draw(st.sampled_from(GROUP_SIZES[:2] if interpreting() else GROUP_SIZES))
+        k = group * draw(st.integers(0 if zero else 1, 3))
+    elif quant.packed > 1:
+        k = -(-k // quant.packed) * quant.packed
     strategy = draw(st.sampled_from([None, "direct", "tma", "two_stage", "atomic"]))
     if strategy in ("two_stage", "atomic"):
         strategy = f"{strategy}:{draw(st.integers(1, 4))}"
@@ -111,6 +125,12 @@ def matmul_cases(draw, info: OpInfo) -> Case:
     args: dict[str, Any] = {}
     notes = [f"M={m} N={n} K={k} batch={batch} config={config}"]
     for i, arg in enumerate(info.args):
+        if arg.name == quant.group:
+            args[arg.name] = group
+            continue
+        if arg.kind == "dtype":
+            args[arg.name] = draw(st.sampled_from(dtypes))
+            continue
         if arg.kind != "tensor":
             args[arg.name] = scalar_value(draw, arg)
             continue
@@ -120,18 +140,68 @@ def matmul_cases(draw, info: OpInfo) -> Case:
         if arg.name == a_name:
             shape = (k,) if vector_a else batch_a + (m, k)
         elif arg.name == b_name:
-            matrix = (n, k) if arg.dims[-2:] == ("N", "K") else (k, n)
-            shape = (k,) if vector_b else batch_b + matrix
+            stored = k // quant.packed
+            matrix = (n, stored) if arg.dims[-2:] == ("N", "K") else (stored, n)
+            shape = (stored,) if vector_b else batch_b + matrix
+        elif arg.dims == ("N", "G"):
+            shape = (n, k // group)
         else:
             target = _epilogue_target(arg.dims, batch, m, n, not vector_a, not vector_b)
-            shape = draw(broadcast_operand(target))
+            if arg.dims[-1] == "M" and not vector_a and draw(st.booleans()):
+                # a per-row operand as torch broadcasts one against the product: (..., M, 1),
+                # A's rank (runtime/matmul.py, problem)
+                shape = batch_a + (m, 1)
+            else:
+                shape = draw(broadcast_operand(target))
         layout = draw(layouts(len(shape)))
-        # a promoted epilogue operand (a residual) has a dtype of its own: it never enters tl.dot
-        own = draw(st.sampled_from(info.dtypes)) if arg.promotes else dtype
+        # a promoted epilogue operand (a residual) has a dtype of its own: it never enters tl.dot;
+        # so have a quantized weight's storage and the tensors that declare their dtypes
+        if arg.dtypes:
+            own = draw(st.sampled_from(arg.dtypes))
+        else:
+            own = draw(st.sampled_from(info.dtypes)) if arg.promotes else dtype
         args[arg.name] = make_tensor(shape, own, layout, low=arg.low, high=arg.high,
                                      seed=seed + i)
         notes.append(f"{arg.name}: {shape} {own} {layout}")
-    return Case(args, (), overrides, describe="; ".join(notes), tolerances=matmul_tolerances(k))
+    tolerances = matmul_tolerances(k)
+    if quant.rounds_weight:
+        scales = [args[name] for name, t in tensors.items() if t.dims == ("N", "G")]
+        tolerances = _dequant_tolerances(tolerances, k, 8 // quant.packed, args[a_name], scales)
+    return Case(args, (), overrides, describe="; ".join(notes), tolerances=tolerances)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """What the cases need of a quantized B: elements a stored byte packs, the group-size
+    argument, and whether the kernel rounds the dequantized weight to A's dtype (a value with
+    per-group scales, computed per tile; a per-channel factor scales the float32 accumulator
+    instead, and int8 is exact in every float dtype)."""
+
+    packed: int = 1
+    group: str | None = None
+    rounds_weight: bool = False
+
+
+def _quantized(info: OpInfo) -> Quantized:
+    """Read off the op's launch layout (runtime/matmul.py's OpLayout)."""
+    layout = sys.modules[info.function.__module__].OP.description.launch
+    if not layout.quantized:
+        return Quantized()
+    return Quantized(packed=layout.packed, group=layout.group, rounds_weight=bool(layout.grouped))
+
+
+def _dequant_tolerances(tolerances: dict, k: int, bits: int, a: torch.Tensor,
+                        scales: list[torch.Tensor]) -> dict:
+    """The bounds widened for a B dequantized per tile and rounded to A's dtype (half an ulp of
+    each weight, which the float64 reference multiplies exactly): K such errors, each times an
+    A element, add as a random walk. A weight is at most 2**bits - 1 steps of its scale (the
+    drawn zero points lie in the integers' range)."""
+    if a.numel() == 0 or not all(s.numel() for s in scales):
+        return tolerances
+    largest_w = (2 ** bits - 1) * max(s.abs().max().item() for s in scales)
+    spread = math.sqrt(k) * a.abs().max().item() * largest_w
+    return {dtype: (rtol, atol + 4 * torch.finfo(dtype).eps * spread)
+            for dtype, (rtol, atol) in tolerances.items()}
 
 
 def _epilogue_target(dims: tuple[str, ...], batch: tuple[int, ...], m: int, n: int,
@@ -154,17 +224,33 @@ SAMPLE_DIMS = {"M": 3, "K": 4, "N": 5, "B": 2}
 def matmul_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
     """Every operand at its dims (with a batch of 2 where it takes one), then without the batch,
     the A operand transposed and the optional operands omitted."""
+    quant = _quantized(info)
+    b_name = _roles(info)[1]
+    sizes_ = dict(SAMPLE_DIMS)
+    if quant.group is not None:
+        # two groups of the smallest size
+        sizes_.update(K=2 * GROUP_SIZES[0], G=2)
+
     def call(batched: bool):
         args = []
         for a in info.args:
-            if a.kind != "tensor":
+            if a.name == quant.group:
+                args.append(GROUP_SIZES[0])
+            elif a.kind != "tensor":
                 args.append(default(a))
             elif not batched and a.optional:
                 args.append(None)
             else:
                 dims = [d for d in a.dims if d != "..." or batched]
-                shape = [2 if d == "..." else SAMPLE_DIMS[d] for d in dims]
-                if not batched and len(shape) == 2 and a is info.args[_a_operand(info)]:
+                shape = [2 if d == "..." else sizes_[d] for d in dims]
+                if a.dtypes and not a.dtypes[0].is_floating_point:
+                    # integer storage (a quantized weight, K packed, or an int8 operand)
+                    packed = quant.packed if a.name == b_name else 1
+                    shape[dims.index("K")] //= packed
+                    bounds = torch.iinfo(a.dtypes[0])
+                    args.append(torch.randint(bounds.min, bounds.max + 1, shape,
+                                              dtype=a.dtypes[0], device=make.device))
+                elif not batched and len(shape) == 2 and a is info.args[_a_operand(info)]:
                     args.append(make.t(*shape, g=True))
                 else:
                     args.append(make.r(*shape, g=True))
