@@ -1,0 +1,205 @@
+"""Quantized matmuls: the formats of specgen.quant, the kernels' unpacking on every nibble
+position and group, the exact int32 product, bad formats refused before any launch, and the
+[dequant] spec errors. The property suite (tests/test_ops.py) checks the three ops against the
+float64 product with the dequantized weight over drawn shapes, layouts and groups."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import generated
+from specgen import quant
+from specgen.errors import SpecError
+from specgen.model import Source
+from specgen.parse import parse_spec
+from specgen.runtime import matmul as matmul_rt
+from specgen.runtime import override
+from specgen.testing.core import device
+
+REPO = Path(__file__).resolve().parents[1]
+INT4_SPEC = (REPO / "specs" / "int4_weight_linear.toml").read_text()
+
+
+def _randn(*shape, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator).to(dtype).to(device())
+
+
+# --- specgen.quant: the formats -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_int8_is_symmetric_per_channel(dtype):
+    w = _randn(12, 80, dtype=dtype)
+    w[3] = 0  # an all-zero channel keeps a usable scale
+    qweight, scales = quant.quantize_int8(w)
+    assert qweight.dtype == torch.int8 and qweight.shape == (12, 80)
+    assert scales.dtype == dtype and scales.shape == (12,)
+    assert qweight.abs().max() <= 127 and (qweight.abs().amax(dim=1)[torch.arange(12) != 3] == 127).all()
+    # each weight within half a step of what its integer stands for
+    error = (quant.dequantize_int8(qweight, scales.float()) - w.float()).abs()
+    assert (error <= scales.float()[:, None] / 2 * (1 + 1e-3)).all()
+
+
+@pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
+def test_quantize_int4_packs_two_a_byte_low_nibble_first(group_size):
+    n, k = 6, 2 * 256
+    w = _randn(n, k, dtype=torch.float16, seed=group_size)
+    qweight, scales, zeros = quant.quantize_int4(w, group_size)
+    assert qweight.dtype == torch.uint8 and qweight.shape == (n, k // 2)
+    assert scales.shape == zeros.shape == (n, k // group_size)
+    assert scales.dtype == zeros.dtype == torch.float16
+    q = quant.unpack_int4(qweight)
+    assert torch.equal(q[:, 0::2], qweight & 0xF) and torch.equal(q[:, 1::2], qweight >> 4)
+    assert torch.equal(quant.pack_int4(q), qweight)
+    step = scales.float().repeat_interleave(group_size, dim=1)
+    error = (quant.dequantize_int4(qweight, scales.float(), zeros.float(), group_size) - w.float())
+    assert (error.abs() <= step / 2 * 1.01 + 1e-6).all()
+
+
+def test_quantize_refuses_what_the_formats_cannot_hold():
+    with pytest.raises(ValueError, match="K = 100 is not a multiple of group_size = 64"):
+        quant.quantize_int4(torch.randn(4, 100), 64)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        quant.quantize_int4(torch.randn(4, 96), 48)
+    with pytest.raises(ValueError, match="expected a 2-D floating weight"):
+        quant.quantize_int8(torch.randint(0, 3, (4, 4)))
+
+
+# --- the kernels --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group_size, groups", [(32, 3), (64, 1)])
+def test_int4_unpacks_every_nibble_position_and_group(group_size, groups):
+    # x = I: row k of the result is column k of the dequantized weight, so every element of the
+    # weight (both nibbles of every byte, every group; the float32 values exact) is read once
+    k, n = group_size * groups, 24
+    generator = torch.Generator().manual_seed(groups)
+    qweight = torch.randint(0, 256, (n, k // 2), generator=generator, dtype=torch.uint8)
+    scales = torch.rand(n, groups, generator=generator) + 0.5
+    zeros = torch.randint(0, 16, (n, groups), generator=generator).float()
+    args = [t.to(device()) for t in (qweight, scales, zeros)]
+    eye = torch.eye(k, device=device())
+    with override(config={"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 1,
+                          "num_warps": 4, "num_stages": 2}):
+        result = generated.int4_weight_linear(eye, *args, group_size)
+    expected = quant.dequantize_int4(*args, group_size).T
+    assert torch.equal(result, expected)
+
+
+def test_int8_linear_accumulates_exactly_in_int32():
+    # sums past 2**24, where float32 partial sums would round: one rounding, at the end
+    m, n, k = 4, 8, 2048
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randint(100, 128, (m, k), generator=generator, dtype=torch.int8).to(device())
+    w = torch.randint(100, 128, (n, k), generator=generator, dtype=torch.int8).to(device())
+    ones_m, ones_n = torch.ones(m, 1, device=device()), torch.ones(n, device=device())
+    exact = (x.long() @ w.long().T).float()
+    assert exact.max() > 2 ** 24
+    for strategy in ("direct", "two_stage:2", "atomic:2"):
+        with override(strategy=strategy):
+            result = generated.int8_linear(x, ones_m, w, ones_n, out_dtype=torch.float32)
+        assert torch.equal(result, exact), strategy
+
+
+def test_deterministic_algorithms_get_the_ordered_split():
+    args = ("atomic", 16, 4096, 8192, 1, torch.device("cpu"), (1, 2, 4, 8))
+    assert matmul_rt.strategy(*args).kind == "atomic"
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert matmul_rt.strategy(*args).kind == "two_stage"
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _int4_args(n=8, k=64, group_size=32):
+    w = _randn(n, k)
+    return (_randn(3, k), *quant.quantize_int4(w, group_size), group_size)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (lambda a: (a[0], a[1].view(torch.int8), *a[2:]), TypeError,
+     "argument 'qweight' has dtype torch.int8; supported: uint8"),
+    (lambda a: (a[0], torch.cat([a[1], a[1]], dim=1), *a[2:]), ValueError,
+     "it stores 2 elements of K a byte"),
+    (lambda a: (*a[:2], a[2][:, :1], *a[3:]), ValueError,
+     "argument 'scales' must have shape (N, K / group_size) = (8, 2), got (8, 1)"),
+    (lambda a: (*a[:3], a[3].double(), a[4]), TypeError, "argument 'zeros' has dtype torch.float64"),
+    (lambda a: (*a[:3], a[3].half(), a[4]), TypeError, "all operands must have the same dtype"),
+    (lambda a: (*a[:4], 48), ValueError,
+     "argument 'group_size' must be a power of two of at least 32"),
+    (lambda a: (a[0][:, :48], a[1][:, :24], *a[2:4], 32), ValueError,
+     "K = 48 is not a multiple of group_size = 32"),
+])
+def test_int4_bad_formats_are_named_before_any_launch(change, error, words):
+    with pytest.raises(error) as raised:
+        generated.int4_weight_linear(*change(_int4_args()))
+    assert words in str(raised.value)
+
+
+def test_int8_linear_takes_its_dtypes_and_scale_shapes():
+    x = torch.randint(-127, 128, (2, 3, 32), dtype=torch.int8, device=device())
+    w = torch.randint(-127, 128, (8, 32), dtype=torch.int8, device=device())
+    x_scale, w_scale = torch.rand(2, 3, 1, device=device()), torch.rand(8, device=device())
+    assert generated.int8_linear(x, x_scale, w, w_scale).dtype == torch.bfloat16
+    column = generated.int8_linear(x, x_scale, w, w_scale, out_dtype=torch.float32)
+    flat = generated.int8_linear(x, x_scale[..., 0], w, w_scale, out_dtype=torch.float32)
+    assert torch.equal(column, flat)
+    with pytest.raises(TypeError, match="argument 'x' has dtype torch.float32; supported: int8"):
+        generated.int8_linear(x.float(), x_scale, w, w_scale)
+    with pytest.raises(TypeError, match="argument 'w_scale' has dtype torch.float16"):
+        generated.int8_linear(x, x_scale, w, w_scale.half())
+    with pytest.raises(TypeError, match="argument 'out_dtype' must be a torch.dtype, got None"):
+        generated.int8_linear(x, x_scale, w, w_scale, out_dtype=None)
+
+
+# --- the spec form ------------------------------------------------------------------------------
+
+
+def _parse(text: str):
+    return parse_spec(text, Source("specs/q.toml", "0" * 64, text))
+
+
+DEQUANT_CASES = [
+    ("bits not a power of two", "bits = 4", "bits = 3", "dequant.bits", "expected one of 1, 2, 4, 8"),
+    ("signed sub-byte elements", 'dtypes = ["uint8"]', 'dtypes = ["int8"]', "dequant.bits",
+     "4-bit elements are unpacked unsigned"),
+    ("storage not declared", ', dtypes = ["uint8"], range = [0, 255]', "", "args.qweight",
+     "must declare its storage"),
+    ("a value without q", 'value = "(q - zeros) * scales"', 'value = "zeros * scales"',
+     "dequant.value", "never reads q"),
+    ("a value reading A", 'value = "(q - zeros) * scales"', 'value = "(q - zeros) * scales * x"',
+     "dequant.value", "reads the unpacked integer q"),
+    ("group naming a tensor", 'group = "group_size"', 'group = "scales"', "dequant.group",
+     "expected the name of an int argument"),
+    ("group left out", 'group = "group_size"\n', "", "dequant",
+     "name the int argument that sets the group size"),
+    ("a per-group operand never read", 'value = "(q - zeros) * scales"', 'value = "q * scales"',
+     "args.zeros", "a per-group operand the dequant value never reads"),
+    ("per-group scales in the epilogue", 'out = "acc + bias"', 'out = "acc + scales"',
+     "epilogue.out", "per-group scales enter through the dequantized B"),
+    ("per-group operands without [dequant]", "[dequant]\nbits = 4\ngroup = \"group_size\"\n"
+     "value = \"(q - zeros) * scales\"      # per group: applied to each B tile in the K loop\n",
+     "", "args.scales", "needs a [dequant] table"),
+]
+
+
+@pytest.mark.parametrize("what, old, new, key, words", DEQUANT_CASES,
+                         ids=[c[0] for c in DEQUANT_CASES])
+def test_dequant_spec_errors_are_located(what, old, new, key, words):
+    assert old in INT4_SPEC, f"test table out of date: {old!r}"
+    with pytest.raises(SpecError) as err:
+        _parse(INT4_SPEC.replace(old, new, 1))
+    message = str(err.value)
+    assert message.startswith(f"specs/q.toml: [{key}]"), message
+    assert words in message, message
+
+
+def test_the_planner_takes_a_per_channel_factor_out_of_the_k_loop():
+    per_channel = _parse((REPO / "specs" / "int8_weight_linear.toml").read_text())
+    assert per_channel.body.dequant.channel_factor.source == "scales"
+    per_group = _parse(INT4_SPEC)
+    assert per_group.body.dequant.channel_factor is None
+    source = (REPO / "generated" / "int8_weight_linear.py").read_text()
+    assert "acc = acc * (scales)" in source and "scales_channel" not in source
