@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from bench import harness, host
+from bench import harness, host, quant
 from specgen.families import FAMILIES as KERNEL_FAMILIES
 from specgen.families.contract import resolve
 
@@ -24,15 +24,18 @@ FAMILIES = {name: resolve(family.bench) for name, family in KERNEL_FAMILIES.item
             if family.bench}
 # Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
 # host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is;
-# then each kernel family's own (`bench_section`: attention against SDPA's backends).
-SECTIONS = {"host": host.section,
+# quantized: the matmul family's quantized ops against bf16 F.linear, torch's int4 and cuBLAS
+# int8 kernels (bench/quant.py); then each kernel family's own (`bench_section`: attention
+# against SDPA's backends).
+SECTIONS = {"host": host.section, "quantized": quant.section,
             **{name: resolve(family.bench_section) for name, family in KERNEL_FAMILIES.items()
                if family.bench_section}}
 
 
-# what `specgen tune` searches for a family whose benchmark is a section: name -> cases(quick)
-TUNE_CASES = {name: resolve(family.tune_cases) for name, family in KERNEL_FAMILIES.items()
-              if family.tune_cases}
+# what `specgen tune` searches for a section: name -> cases(quick)
+TUNE_CASES = {"quantized": quant.tune_cases,
+              **{name: resolve(family.tune_cases) for name, family in KERNEL_FAMILIES.items()
+                 if family.tune_cases}}
 
 
 @dataclass(frozen=True)
