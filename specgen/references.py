@@ -162,4 +162,6 @@ def int8_linear(x: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
     y = product.to(wide) * x_scale.to(wide) * w_scale.to(wide)
     if bias is not None:
         y = y + bias.to(wide)
-    return y.to(out_dtype)
+    # (aten's _to_copy rather than Tensor.to: the registered op's backward, traced by
+    # AOTAutograd, may hand the dtype argument back as its ScalarType number)
+    return torch.ops.aten._to_copy.default(y, dtype=out_dtype)

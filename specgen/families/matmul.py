@@ -46,12 +46,14 @@ GENERATED_NAMES = frozenset({
     "acc", "batch", "batch_id", "bid", "col", "col0", "first_m", "group", "group_rows", "k",
     "k_start", "programs_in_group", "row", "row0", "slot", "tiles", "work", "ws_ptr", "ws_ptrs",
     "m", "n", "rest", "tile",  # the kernels' names the shipped specs' modules do not show
-    "q", "shifts", "group_id",  # a quantized B's integers, their shifts in a byte, their group
+    "q", "group_id", "block",  # a quantized B's integers, their group, a K block's product
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_", "size_b")
 # what the template appends to a tensor's or output's name (x_ptr, x_stride_m, a quantized B's
-# bytes and its scales loaded per group or channel): int8_linear's x_scale extends none of them
-DERIVED_SUFFIXES = ("ptr", "tile", "base", "desc", "bytes", "group", "channel", "stride")
+# bytes and its scales loaded per group or channel, A's columns by their place in B's bytes and
+# its row sums): int8_linear's x_scale extends none of them
+DERIVED_SUFFIXES = ("ptr", "tile", "base", "desc", "bytes", "group", "channel", "stride", "parts",
+                    "sums", *(f"p{place}" for place in range(8)))
 
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")
@@ -141,9 +143,6 @@ class Dequant:
     signed: bool                    # int8 storage (8-bit elements only) rather than uint8
     group: str | None               # the int argument: K elements per column of the N, G operands
     value: Expr                     # the weight, over ``q`` and the scale operands
-    # the planner's: ``value`` is q times this expression of per-channel operands only, so the
-    # loop multiplies by q and the accumulator by this once after it (None: dequantize per tile)
-    channel_factor: Expr | None
 
     @property
     def packed(self) -> int:
@@ -301,21 +300,7 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
     if unread:
         raise args_where.child(unread[0]).error("a per-group operand the dequant value never reads")
     table.finish()
-    return Dequant(bits, signed, group, value, _channel_factor(value, set(channel)))
-
-
-def _channel_factor(value: Expr, channel: set[str]) -> Expr | None:
-    """``E`` where ``value`` is ``q * E`` or ``E * q`` and E reads per-channel operands and
-    scalars only: then x @ (q * E).T is (x @ q.T) * E, one multiply per output element instead
-    of one per weight element and K block (the seed's per-channel case)."""
-    tree = value.tree
-    if not (isinstance(tree, ast.BinOp) and isinstance(tree.op, ast.Mult)):
-        return None
-    for q_side, factor in ((tree.left, tree.right), (tree.right, tree.left)):
-        names = {n.id for n in ast.walk(factor) if isinstance(n, ast.Name)}
-        if isinstance(q_side, ast.Name) and q_side.id == Q and Q not in names:
-            return Expr(ast.unparse(factor), factor, frozenset(names & value.names))
-    return None
+    return Dequant(bits, signed, group, value)
 
 
 def _parse_promote(table: Table, a: Operand, b: Operand,
@@ -485,13 +470,15 @@ class MatmulPlan(CommonPlan):
     split_k: str = "auto"
     configs: tuple[dict, ...] = ()
     split_factors: tuple[int, ...] = ()
-    # a quantized B ([dequant]): its plan, the per-group operands (dims N, G), the per-channel
-    # ones its value reads inside the K loop (none where the value factors out: channel_factor)
+    # a quantized B ([dequant]): its spec, the per-group operands (dims N, G), the per-channel
+    # ones the K loop reads (loaded before it), and where the value is applied (_dequant_plan)
     dequant: Dequant | None = None
     group_operands: tuple[Operand, ...] = ()
     loop_channels: tuple[Operand, ...] = ()
-    dequant_code: str = ""              # the B tile from q and the loaded scales
-    channel_factor_code: str = ""       # what the accumulator is multiplied by after the K loop
+    dequant_mode: str = ""              # channel | block | tile
+    coef_code: str = ""                 # the value as coef * q + offset (channel and block)
+    offset_code: str = ""               # ("": zero)
+    value_code: str = ""                # the value itself (tile)
     integer_product: bool = False       # int8 A and B: tl.dot accumulates exactly in int32
     own_dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()   # tensors not of the op's dtypes
 
@@ -500,6 +487,46 @@ class MatmulPlan(CommonPlan):
     @property
     def acc_type(self) -> str:
         return "tl.int32" if self.integer_product else "tl.float32"
+
+    @property
+    def min_block_k(self) -> int:
+        """The least BLOCK_K the kernels' dots take: 32 for int8 operands (NVIDIA's least K of
+        an 8-bit dot), MIN_BLOCK a place in a packed B's bytes (a dot each)."""
+        if self.integer_product:
+            return 2 * MIN_BLOCK
+        return MIN_BLOCK * (self.dequant.packed if self.dequant else 1)
+
+    @property
+    def prune(self) -> str:
+        """The autotuner's early_config_prune (runtime/matmul.py)."""
+        if self.min_block_k > MIN_BLOCK:
+            return f"matmul_rt.prune_for({self.min_block_k})"
+        return "matmul_rt.prune_configs"
+
+    @property
+    def split_levels(self) -> int:
+        """How many times A's tile is split in two to part its columns by their place in a byte
+        of B (log2 of the elements a byte packs)."""
+        return (self.dequant.packed if self.dequant else 1).bit_length() - 1
+
+    @property
+    def position_splits(self) -> tuple[tuple[str, str, str], ...]:
+        """``(source, first, second)`` per ``tl.split`` of A's reshaped tile (A_parts: its last
+        dims the place in a byte, lowest bit last), ending in A_p0 ... A_p{packed - 1}: each
+        split parts the columns by one more bit of their place."""
+        a, levels = self.a.name, self.split_levels
+        splits, sources = [], {0: f"{a}_parts"}
+        for level in range(levels):
+            modulus = 2 << level
+            named = {}
+            for residue, source in sources.items():
+                for bit in (0, 1):
+                    place = residue + (bit << level)
+                    named[place] = f"{a}_p{place}" if level == levels - 1 \
+                        else f"{a}_p{place}_of_{modulus}"
+                splits.append((source, named[residue], named[residue + (1 << level)]))
+            sources = named
+        return tuple(splits)
 
     @property
     def loop_inputs(self) -> tuple[Operand, ...]:
@@ -624,22 +651,100 @@ def names_of_kind(args: tuple, kind: str) -> tuple[str, ...]:
     return tuple(a.name for a in args if a.kind == kind)
 
 
+# where a quantized B's value is applied (docs/spec.md, "Quantized operands"):
+# - channel: value = coef * q with coef per output channel: the K loop multiplies A by q, and the
+#   accumulator is multiplied by coef once, in the epilogue (the seed's per-channel case);
+# - block: value = coef * q + offset (per-group scales and zero points): each K block's product
+#   with q is scaled by the block's coef and gets offset times the block's sums of A's rows, a
+#   multiply per output element and block rather than per weight element;
+# - tile: any other value, computed for every weight element of each tile.
+DEQUANT_MODES = ("channel", "block", "tile")
+
+
 def _dequant_plan(body: MatmulBody, choices: dict) -> dict:
-    """Where a quantized B's value is computed: per tile in the K loop, reading the per-group
-    scales of the tile's group and per-channel operands loaded before the loop, or, where it is
-    q times per-channel factors, as a multiply of the accumulator after the loop."""
+    """Where a quantized B's value is applied (DEQUANT_MODES), and its code."""
     d = body.dequant
-    factor = d.channel_factor
-    if factor is not None:
-        # the epilogue loads the per-channel operands under their own names
-        return dict(dequant=d, group_operands=body.group_operands, dequant_code="q",
-                    channel_factor_code=emit(factor, choices))
+    linear = linear_in_q(d.value.tree)
+    read = {n.id for n in ast.walk(d.value.tree) if isinstance(n, ast.Name)}
+    grouped = {o.name for o in body.group_operands}
     names = dict(choices)
     names.update({o.name: f"{o.name}_group" for o in body.group_operands})
-    channels = tuple(o for o in body.epilogue_inputs if o.name in d.value.names)
+    if linear is not None and linear[1] is None and not read & grouped:
+        # the epilogue loads the per-channel operands under their own names
+        return dict(dequant=d, group_operands=body.group_operands, dequant_mode="channel",
+                    coef_code=emit(linear[0], choices))
+    channels = tuple(o for o in body.epilogue_inputs if o.name in read)
     names.update({o.name: f"{o.name}_channel" for o in channels})
-    return dict(dequant=d, group_operands=body.group_operands, loop_channels=channels,
-                dequant_code=emit(d.value, names))
+    fields = dict(dequant=d, group_operands=body.group_operands, loop_channels=channels)
+    if linear is None:
+        return dict(fields, dequant_mode="tile", value_code=emit(d.value, names))
+    coef, offset = linear
+    return dict(fields, dequant_mode="block", coef_code=emit(coef, names),
+                offset_code="" if offset is None else emit(offset, names))
+
+
+_ONE = ast.Constant(1.0)
+
+
+def linear_in_q(node: ast.expr) -> tuple[ast.expr, ast.expr | None] | None:
+    """(coef, offset) with ``node`` = coef * q + offset, neither reading q (offset None: zero),
+    or None where ``node`` is not linear in q. Only the forms quantization formats write:
+    sums, differences, negations, products and quotients with a side free of q."""
+    if Q not in {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}:
+        return _ZERO, node
+    if isinstance(node, ast.Name):
+        return _ONE, None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = linear_in_q(node.operand)
+        if inner is None or isinstance(node.op, ast.UAdd):
+            return inner
+        return _negate(inner[0]), _negate(inner[1])
+    if not isinstance(node, ast.BinOp):
+        return None
+    left, right = linear_in_q(node.left), linear_in_q(node.right)
+    if left is None or right is None:
+        return None
+    if isinstance(node.op, (ast.Add, ast.Sub)):
+        combine = _add if isinstance(node.op, ast.Add) else _subtract
+        return combine(left[0], right[0]), combine(left[1], right[1])
+    free_left, free_right = left[0] is _ZERO, right[0] is _ZERO
+    if isinstance(node.op, ast.Mult) and (free_left or free_right):
+        factor, (coef, offset) = (node.left, right) if free_left else (node.right, left)
+        return _multiply(coef, factor), _multiply(offset, factor)
+    if isinstance(node.op, ast.Div) and free_right:
+        return _divide(left[0], node.right), _divide(left[1], node.right)
+    return None
+
+
+# a coefficient of q that is zero: the q-free parts above
+_ZERO = ast.Constant(0.0)
+
+
+def _negate(node):
+    return None if node is None else ast.UnaryOp(ast.USub(), node)
+
+
+def _add(a, b):
+    return b if a is None or a is _ZERO else a if b is None or b is _ZERO else \
+        ast.BinOp(a, ast.Add(), b)
+
+
+def _subtract(a, b):
+    if b is None or b is _ZERO:
+        return a
+    return _negate(b) if a is None or a is _ZERO else ast.BinOp(a, ast.Sub(), b)
+
+
+def _multiply(node, factor):
+    if node is None or node is _ZERO:
+        return node
+    return factor if node is _ONE else ast.BinOp(node, ast.Mult(), factor)
+
+
+def _divide(node, divisor):
+    if node is None or node is _ZERO:
+        return node
+    return ast.BinOp(node, ast.Div(), divisor)
 
 
 def scaffold(name: str) -> str:

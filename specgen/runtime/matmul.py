@@ -444,7 +444,14 @@ def _fitted_block(block: int, size) -> int:
     return next_power_of_2(size)
 
 
-def prune_configs(configs, named_args, **kwargs):
+@functools.cache
+def prune_for(min_block_k: int) -> Callable:
+    """``early_config_prune`` of kernels whose dots need longer K blocks: int8 operands (32 a
+    dot on NVIDIA GPUs), and a packed B's (a dot per place in a byte, MIN_DOT_BLOCK each)."""
+    return functools.partial(prune_configs, min_block_k=min_block_k)
+
+
+def prune_configs(configs, named_args, min_block_k: int = MIN_DOT_BLOCK, **kwargs):
     """``early_config_prune`` of the matmul kernels: fit the tiles to the problem and the device.
 
     Block sizes larger than the (power-of-two rounded) problem only add masked work, so they are
@@ -465,6 +472,7 @@ def prune_configs(configs, named_args, **kwargs):
             meta[key] = _fitted_block(meta[key], size)
         if group is not None:
             meta["BLOCK_K"] = min(meta["BLOCK_K"], group)
+        meta["BLOCK_K"] = max(meta["BLOCK_K"], min_block_k)
         point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
         if point in seen:
             continue
@@ -526,6 +534,7 @@ class OpLayout:
     quantized: bool = False
     packed: int = 1
     loop_inputs: tuple[str, ...] = ()
+    min_block_k: int = MIN_DOT_BLOCK        # the least BLOCK_K its dots take (prune_for)
     group: str | None = None
     grouped: tuple[str, ...] = ()
 
@@ -535,11 +544,13 @@ class OpLayout:
 MIN_GROUP = 32
 
 
-def check_group(op: str, name: str, value: object) -> int:
-    """The group-size argument of a quantized matmul: an int, a power of two, at least MIN_GROUP."""
-    if type(value) is not int or value < MIN_GROUP or value & (value - 1):
+def check_group(op: str, name: str, value: object, packed: int = 1) -> int:
+    """The group-size argument of a quantized matmul: an int, a power of two, at least MIN_GROUP
+    and a K block's least (MIN_DOT_BLOCK columns a place in B's bytes)."""
+    least = max(MIN_GROUP, MIN_DOT_BLOCK * packed)
+    if type(value) is not int or value < least or value & (value - 1):
         raise ValueError(f"{op}: argument '{name}' must be a power of two of at least "
-                         f"{MIN_GROUP} (K elements per group of scales), got {value!r}")
+                         f"{least} (K elements per group of scales), got {value!r}")
     return value
 
 
@@ -562,8 +573,6 @@ class LaunchPlan:
     batch_shape: tuple[int, ...]    # the batch dims the kernels walk, after folding
     sizes: tuple[int, ...]          # kernel size arguments: M, N, K (, batch, inner batch sizes)
     ab_strides: tuple[int, ...]     # A's then B's stride arguments
-    group_strides: tuple[int, ...]  # a quantized B's per-group operands' (N, G)
-    loop_strides: tuple[int, ...]   # the split kernel's K-loop operands' (its scales)
     epilogue_strides: tuple[int, ...]  # the epilogue operands' then the outputs'
     swizzle2d: bool                 # column blocks on grid axis 1 (batch then on axis 2)
     batched: bool                   # batch elements on a grid axis
@@ -572,6 +581,8 @@ class LaunchPlan:
     programs: int = 1               # the TMA kernel's grid cap: one program per multiprocessor
     # strategies to time against each other on the first eager call (auto split-K on a GPU)
     candidates: tuple[Strategy, ...] = ()
+    group_strides: tuple[int, ...] = ()     # a quantized B's per-group operands' (N, G)
+    loop_strides: tuple[int, ...] = ()      # the split kernel's K-loop operands' (its scales)
 
     @property
     def details(self) -> dict:
@@ -771,7 +782,7 @@ class Matmul(FamilyRuntime):
         group = None
         if layout.group is not None:
             value = next(v for a, v in zip(d.args, args) if a.name == layout.group)
-            group = check_group(op.name, layout.group, value)
+            group = check_group(op.name, layout.group, value, layout.packed)
         plan = launch_plan(layout, *tensors, group=group)
         # an output dtype argument (int8_linear's out_dtype), else the plan's
         dtype = next((v for a, v in zip(d.args, args) if a.kind == "dtype"), plan.dtype)

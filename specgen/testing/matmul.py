@@ -73,6 +73,11 @@ def matmul_cases(draw, info: OpInfo) -> Case:
     small = draw(st.booleans())
     if small:
         overrides["config"] = draw(st.sampled_from(SMALL_CONFIGS))
+    least = _layout(info).min_block_k
+    if small and least > 16:
+        # int8 dots take 32 columns of K; a packed B's (one per place in a byte) BLOCK_K / packed
+        overrides["config"] = dict(overrides["config"],
+                                   BLOCK_K=max(overrides["config"]["BLOCK_K"], least))
     config = overrides["config"]
     # the interpreter runs every program in numpy: small tiles get small problems (the space's
     # tiles are clamped to the problem, so large sizes stay few programs)
@@ -182,9 +187,14 @@ class Quantized:
     rounds_weight: bool = False
 
 
+def _layout(info: OpInfo):
+    """The op's launch layout (runtime/matmul.py's OpLayout)."""
+    return sys.modules[info.function.__module__].OP.description.launch
+
+
 def _quantized(info: OpInfo) -> Quantized:
-    """Read off the op's launch layout (runtime/matmul.py's OpLayout)."""
-    layout = sys.modules[info.function.__module__].OP.description.launch
+    """Read off the op's launch layout."""
+    layout = _layout(info)
     if not layout.quantized:
         return Quantized()
     return Quantized(packed=layout.packed, group=layout.group, rounds_weight=bool(layout.grouped))
