@@ -83,6 +83,6 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
                     group_size: int) -> torch.Tensor:
     """The (N, K) weight a packed int4 ``qweight`` with per-group ``scales`` and ``zeros`` stands
     for, in the scales' dtype."""
-    q = unpack_int4(qweight).to(scales.dtype)
-    expand = lambda t: t.repeat_interleave(group_size, dim=1)  # noqa: E731 (one group a column)
-    return (q - expand(zeros)) * expand(scales)
+    n, groups = scales.shape
+    q = unpack_int4(qweight).to(scales.dtype).reshape(n, groups, group_size)
+    return ((q - zeros[..., None]) * scales[..., None]).reshape(n, groups * group_size)

@@ -489,6 +489,12 @@ class MatmulPlan(CommonPlan):
         return "tl.int32" if self.integer_product else "tl.float32"
 
     @property
+    def dot_type(self) -> str:
+        """tl.dot's out_dtype argument where it is not its default float32 (an int8 product's
+        int32: Triton 3.6 does not infer it from the accumulator)."""
+        return ", out_dtype=tl.int32" if self.integer_product else ""
+
+    @property
     def min_block_k(self) -> int:
         """The least BLOCK_K the kernels' dots take: 32 for int8 operands (NVIDIA's least K of
         an 8-bit dot), MIN_BLOCK a place in a packed B's bytes (a dot each)."""
