@@ -16,7 +16,7 @@ per element packed along K, low bits first), ``value``, the weight as an express
 unpacked integer ``q`` and scale operands with dims ``N`` (one per output channel) or ``N, G``
 (one per channel and group of ``group`` K elements). The planner applies the value to each B
 tile inside the K loop, or, where it is ``q`` times per-channel factors, multiplies the
-accumulator by them after the loop (docs/spec.md, "Quantized operands").
+accumulator by them after the loop (docs/families.md, "Matmul family", quantized weights).
 """
 
 from __future__ import annotations
@@ -657,7 +657,7 @@ def names_of_kind(args: tuple, kind: str) -> tuple[str, ...]:
     return tuple(a.name for a in args if a.kind == kind)
 
 
-# where a quantized B's value is applied (docs/spec.md, "Quantized operands"):
+# where a quantized B's value is applied (docs/families.md, "Matmul family", quantized weights):
 # - channel: value = coef * q with coef per output channel: the K loop multiplies A by q, and the
 #   accumulator is multiplied by coef once, in the epilogue (the seed's per-channel case);
 # - block: value = coef * q + offset (per-group scales and zero points): each K block's product
