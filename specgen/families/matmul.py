@@ -478,7 +478,7 @@ class MatmulPlan(CommonPlan):
     dequant_mode: str = ""              # channel | block | tile
     coef_code: str = ""                 # the value as coef * q + offset (channel and block)
     offset_code: str = ""               # ("": zero)
-    value_code: str = ""                # the value itself (tile)
+    value_code: str = ""                # the value itself (tile; block for 64 rows or more)
     integer_product: bool = False       # int8 A and B: tl.dot accumulates exactly in int32
     own_dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()   # tensors not of the op's dtypes
 
@@ -662,7 +662,9 @@ def names_of_kind(args: tuple, kind: str) -> tuple[str, ...]:
 #   accumulator is multiplied by coef once, in the epilogue (the seed's per-channel case);
 # - block: value = coef * q + offset (per-group scales and zero points): each K block's product
 #   with q is scaled by the block's coef and gets offset times the block's sums of A's rows, a
-#   multiply per output element and block rather than per weight element;
+#   multiply per output element and block rather than per weight element (with 64 rows or more
+#   a block has more output elements than weight elements: the launcher then asks for tile's
+#   code, the PER_TILE constexpr);
 # - tile: any other value, computed for every weight element of each tile.
 DEQUANT_MODES = ("channel", "block", "tile")
 
@@ -685,8 +687,11 @@ def _dequant_plan(body: MatmulBody, choices: dict) -> dict:
     if linear is None:
         return dict(fields, dequant_mode="tile", value_code=emit(d.value, names))
     coef, offset = linear
+    # (the launcher takes the value per weight element where 64 rows or more make the
+    # block's scaling cost more than the elements: PER_TILE)
     return dict(fields, dequant_mode="block", coef_code=emit(coef, names),
-                offset_code="" if offset is None else emit(offset, names))
+                offset_code="" if offset is None else emit(offset, names),
+                value_code=emit(d.value, names))
 
 
 _ONE = ast.Constant(1.0)

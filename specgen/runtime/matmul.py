@@ -532,6 +532,9 @@ class OpLayout:
     # a quantized B ([dequant]; no TMA kernel): elements a stored byte holds along K; the operands the K loop reads
     # besides A and B; the group-size argument and the operands indexed by its groups (N, G)
     quantized: bool = False
+    # a value linear in q applied per K block, or per weight element for 64 rows or more
+    # (the PER_TILE constexpr)
+    per_tile_choice: bool = False
     packed: int = 1
     loop_inputs: tuple[str, ...] = ()
     min_block_k: int = MIN_DOT_BLOCK        # the least BLOCK_K its dots take (prune_for)
@@ -824,6 +827,8 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
               "EVEN_K": plan.even_k}
     if group is not None:
         common["GROUP_K"] = group
+    if layout.per_tile_choice:
+        common["PER_TILE"] = plan.m >= WGMMA_ROWS
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)
     if not strategy.split:
