@@ -3,6 +3,8 @@ position and group, the exact int32 product, bad formats refused before any laun
 [dequant] spec errors. The property suite (tests/test_ops.py) checks the three ops against the
 float64 product with the dequantized weight over drawn shapes, layouts and groups."""
 
+import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,10 +73,11 @@ def test_quantize_refuses_what_the_formats_cannot_hold():
 # --- the kernels --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("group_size, groups", [(32, 3), (64, 1)])
-def test_int4_unpacks_every_nibble_position_and_group(group_size, groups):
+@pytest.mark.parametrize("group_size, groups, rows", [(32, 3, 96), (64, 1, 64), (32, 3, 16)])
+def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows):
     # x = I: row k of the result is column k of the dequantized weight, so every element of the
-    # weight (both nibbles of every byte, every group) is read once
+    # weight (both nibbles of every byte, every group) is read once; in launches of `rows` rows
+    # (under 64 the per-block scaling, from 64 the value per weight element: PER_TILE)
     k, n = group_size * groups, 24
     generator = torch.Generator().manual_seed(groups)
     qweight = torch.randint(0, 256, (n, k // 2), generator=generator, dtype=torch.uint8)
@@ -84,7 +87,8 @@ def test_int4_unpacks_every_nibble_position_and_group(group_size, groups):
     eye = torch.eye(k, device=device())
     with override(config={"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 1,
                           "num_warps": 4, "num_stages": 2}):
-        result = generated.int4_weight_linear(eye, *args, group_size)
+        result = torch.cat([generated.int4_weight_linear(eye[start:start + rows], *args, group_size)
+                            for start in range(0, k, rows)])
     expected = quant.dequantize_int4(*args, group_size).T
     # (the K blocks' sums of x times the zero points cancel against their products with q, in
     # float32: a wrong nibble would be off by a whole scale, at least 0.5)
@@ -109,11 +113,27 @@ def test_int8_linear_accumulates_exactly_in_int32():
 def test_deterministic_algorithms_get_the_ordered_split():
     args = ("atomic", 16, 4096, 8192, 1, torch.device("cpu"), (1, 2, 4, 8))
     assert matmul_rt.strategy(*args).kind == "atomic"
+    # the setting is part of a replay's signature: a call replayed before it changes is planned
+    # again after
+    assert matmul_rt.RUNTIME.replay_state()()[1] is False
     torch.use_deterministic_algorithms(True)
     try:
         assert matmul_rt.strategy(*args).kind == "two_stage"
+        assert matmul_rt.RUNTIME.replay_state()()[1] is True
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_k_tail_past_the_dots_least_block_is_planned():
+    # int8 dots take 32 columns of K: a spec space of BLOCK_K 16 runs 32 (prune_for), so K = 48
+    # has a partial last block; the plan's even_k must judge the raised block, not the spec's
+    layout = dataclasses.replace(sys.modules["generated.int8_linear"].LAYOUT, block_ks=(16,))
+    x = torch.randint(-127, 128, (4, 48), dtype=torch.int8, device=device())
+    w = torch.randint(-127, 128, (8, 48), dtype=torch.int8, device=device())
+    x_scale, w_scale = torch.ones(4, 1, device=device()), torch.ones(8, device=device())
+    assert not matmul_rt.launch_plan(layout, x, w, x_scale, w_scale, None).even_k
+    x, w = x[:, :32], w[:, :32]
+    assert matmul_rt.launch_plan(layout, x, w, x_scale, w_scale, None).even_k
 
 
 def _int4_args(n=8, k=64, group_size=32):
@@ -174,6 +194,9 @@ DEQUANT_CASES = [
      "dequant.value", "never reads q"),
     ("a value reading A", 'value = "(q - zeros) * scales"', 'value = "(q - zeros) * scales * x"',
      "dequant.value", "reads the unpacked integer q"),
+    ("a value reading a scalar", 'value = "(q - zeros) * scales"',
+     'value = "(q - zeros) * scales * group_size"', "dequant.value",
+     "a dequant value reads q and the scale operands"),
     ("group naming a tensor", 'group = "group_size"', 'group = "scales"', "dequant.group",
      "expected the name of an int argument"),
     ("group left out", 'group = "group_size"\n', "", "dequant",
@@ -231,7 +254,7 @@ out = "acc"
     ("(q - zeros) * scales", False, "block", "scales_channel", "-zeros_channel * scales_channel"),
     ("(q - zeros) * scales", True, "block", "scales_group", "-zeros_group * scales_group"),
     ("q * scales - zeros", True, "block", "scales_group", "-zeros_group"),
-    ("-(q - 8.0) * scales", True, "block", "-1.0 * scales_group", "--8.0 * scales_group"),
+    ("-(q - 8.0) * scales", True, "block", "-scales_group", "8.0 * scales_group"),
     ("exp(q) * scales", True, "tile", "", ""),                       # not linear in q
     ("q * q * scales", False, "tile", "", ""),
 ])

@@ -15,8 +15,9 @@ A quantized B operand declares ``[dequant]``: its integer storage (its own ``dty
 per element packed along K, low bits first), ``value``, the weight as an expression over the
 unpacked integer ``q`` and scale operands with dims ``N`` (one per output channel) or ``N, G``
 (one per channel and group of ``group`` K elements). The planner applies the value to each B
-tile inside the K loop, or, where it is ``q`` times per-channel factors, multiplies the
-accumulator by them after the loop (docs/families.md, "Matmul family", quantized weights).
+tile inside the K loop, scales each K block's product where the value is linear in q, or, where
+it is ``q`` times per-channel factors, multiplies the accumulator by them after the loop
+(DEQUANT_MODES) (docs/families.md, "Matmul family", quantized weights).
 """
 
 from __future__ import annotations
@@ -140,7 +141,6 @@ class Dequant:
     multiplies by."""
 
     bits: int                       # bits per element; 8 // bits elements a stored byte, along K
-    signed: bool                    # int8 storage (8-bit elements only) rather than uint8
     group: str | None               # the int argument: K elements per column of the N, G operands
     value: Expr                     # the weight, over ``q`` and the scale operands
 
@@ -265,8 +265,7 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
     if bits not in DEQUANT_BITS:
         raise where.child("bits").error(f"expected one of {', '.join(map(str, DEQUANT_BITS))} "
                                         f"(elements packed into a byte along K), got {bits}")
-    signed = stored[0] == "int8"
-    if signed and bits != 8:
+    if stored[0] == "int8" and bits != 8:
         raise where.child("bits").error(
             f"{bits}-bit elements are unpacked unsigned: store them as uint8 and subtract a zero "
             f"point in value")
@@ -284,15 +283,17 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
                           f"name the int argument that sets the group size, group = \"...\"")
     channel = [o.name for o in epilogue_inputs if o.letters == "n" and not o.optional]
     scales = {o.name for o in group_operands} | set(channel)
-    symbols = {n: s for n, s in symbols_of(spec_args).items()
-               if n in scales or s.kind in ("scalar", "choice", "bool") and n != group}
+    # the value is a format's: the integer and its scale operands (the split-K kernel's loop
+    # takes no scalars or choices)
+    symbols = {n: s for n, s in symbols_of(spec_args).items() if n in scales}
     symbols[Q] = Symbol(Q, "value")
     reasons = {a.name: "the dequant value reads the unpacked integer q, not the operands",
                b.name: "the dequant value reads the unpacked integer q, not the operands"}
-    for o in epilogue_inputs:
-        if o.name not in symbols:
-            reasons[o.name] = ("a dequant value reads scale operands with dims [\"N\"] or "
-                               "[\"N\", \"G\"] (not optional)")
+    for arg in spec_args:
+        if arg.name not in symbols and arg.name not in reasons:
+            reasons[arg.name] = ("a dequant value reads q and the scale operands, dims [\"N\"] "
+                                 "or [\"N\", \"G\"] (not optional); scale the output in "
+                                 "[epilogue] instead")
     value = parse_expr(table.pop("value", str), where.child("value"), symbols, reasons)
     if Q not in value.names:
         raise where.child("value").error(f"{quoted(value.source)} never reads q, the stored integer")
@@ -300,7 +301,7 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
     if unread:
         raise args_where.child(unread[0]).error("a per-group operand the dequant value never reads")
     table.finish()
-    return Dequant(bits, signed, group, value)
+    return Dequant(bits, group, value)
 
 
 def _parse_promote(table: Table, a: Operand, b: Operand,
@@ -465,6 +466,7 @@ class MatmulPlan(CommonPlan):
     epilogue_inputs: tuple[Operand, ...] = ()
     outputs: tuple[OutputTensor, ...] = ()
     out_dtype: str | None = None
+    out_dtype_arg: str | None = None    # the dtype argument that sets it, where one does
     batch_rank: int = 0
     swizzle: str = "grouped"
     split_k: str = "auto"
@@ -643,9 +645,11 @@ def plan(spec: OpSpec) -> MatmulPlan:
         exprs.append(body.dequant.value)
     integer = next(a for a in spec.args if a.name == body.a.name).dtypes == ("int8",)
     # an output dtype set by a dtype argument is the call's (runtime/matmul.py reads it there)
-    out_dtype = None if body.out_dtype in names_of_kind(spec.args, "dtype") else body.out_dtype
+    out_dtype_arg = body.out_dtype if body.out_dtype in names_of_kind(spec.args, "dtype") else None
+    out_dtype = None if out_dtype_arg else body.out_dtype
     return MatmulPlan(**fields, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
-                      outputs=outputs, out_dtype=out_dtype, batch_rank=batch_rank,
+                      outputs=outputs, out_dtype=out_dtype, out_dtype_arg=out_dtype_arg,
+                      batch_rank=batch_rank,
                       swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
                       split_factors=tuple(sorted(set(t["SPLIT_K"]))), integer_product=integer,
                       own_dtypes=own,
@@ -660,11 +664,11 @@ def names_of_kind(args: tuple, kind: str) -> tuple[str, ...]:
 # where a quantized B's value is applied (docs/families.md, "Matmul family", quantized weights):
 # - channel: value = coef * q with coef per output channel: the K loop multiplies A by q, and the
 #   accumulator is multiplied by coef once, in the epilogue (the seed's per-channel case);
-# - block: value = coef * q + offset (per-group scales and zero points): each K block's product
-#   with q is scaled by the block's coef and gets offset times the block's sums of A's rows, a
-#   multiply per output element and block rather than per weight element (with 64 rows or more
-#   a block has more output elements than weight elements: the launcher then asks for tile's
-#   code, the PER_TILE constexpr);
+# - block: value = coef * q + offset (per-group scales and zero points): under 64 rows, each K
+#   block's product with q is scaled by the block's coef and gets offset times the block's sums
+#   of A's rows, a multiply per output element and block rather than per weight element; with
+#   64 rows or more a block has more output elements than weight elements, and the launcher asks
+#   for tile's code (the PER_TILE constexpr);
 # - tile: any other value, computed for every weight element of each tile.
 DEQUANT_MODES = ("channel", "block", "tile")
 
@@ -732,7 +736,13 @@ _ZERO = ast.Constant(0.0)
 
 
 def _negate(node):
-    return None if node is None else ast.UnaryOp(ast.USub(), node)
+    if node is None:
+        return None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return node.operand
+    if isinstance(node, ast.Constant):
+        return ast.Constant(-node.value)
+    return ast.UnaryOp(ast.USub(), node)
 
 
 def _add(a, b):
@@ -749,7 +759,9 @@ def _subtract(a, b):
 def _multiply(node, factor):
     if node is None or node is _ZERO:
         return node
-    return factor if node is _ONE else ast.BinOp(node, ast.Mult(), factor)
+    if isinstance(node, ast.Constant) and node.value in (1.0, -1.0):
+        return factor if node.value == 1.0 else _negate(factor)
+    return ast.BinOp(node, ast.Mult(), factor)
 
 
 def _divide(node, divisor):

@@ -420,9 +420,11 @@ def input_precision(dtype: torch.dtype) -> str:
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
-def precision_setting() -> bool:
-    """The global state matmul launches depend on (part of a replay's call signature)."""
-    return torch.backends.cuda.matmul.allow_tf32
+def precision_setting() -> tuple[bool, bool]:
+    """The global state matmul launches depend on (part of a replay's call signature): the
+    float32 precision setting, and whether deterministic algorithms are asked for (no atomic
+    split-K then)."""
+    return torch.backends.cuda.matmul.allow_tf32, torch.are_deterministic_algorithms_enabled()
 
 
 def even_k(k: int, block_ks: Sequence[int]) -> bool:
@@ -529,28 +531,20 @@ class OpLayout:
     block_ks: tuple[int, ...]
     own_dtypes: tuple[tuple[str, tuple[torch.dtype, ...]], ...] = ()   # not the op's dtypes
     integer_product: bool = False       # int8 A and B: an int32 accumulator and workspace
-    # a quantized B ([dequant]; no TMA kernel): elements a stored byte holds along K; the operands the K loop reads
-    # besides A and B; the group-size argument and the operands indexed by its groups (N, G)
+    min_block_k: int = MIN_DOT_BLOCK    # the least BLOCK_K its dots take (prune_for)
+    out_dtype_arg: str | None = None    # the dtype argument that sets the output dtype
+    # a quantized B ([dequant]; no TMA kernel)
     quantized: bool = False
-    # a value linear in q applied per K block, or per weight element for 64 rows or more
-    # (the PER_TILE constexpr)
-    per_tile_choice: bool = False
-    packed: int = 1
-    loop_inputs: tuple[str, ...] = ()
-    min_block_k: int = MIN_DOT_BLOCK        # the least BLOCK_K its dots take (prune_for)
-    group: str | None = None
-    grouped: tuple[str, ...] = ()
+    dequant_mode: str = ""              # channel | block | tile (families/matmul.py)
+    packed: int = 1                     # elements a stored byte holds along K
+    loop_inputs: tuple[str, ...] = ()   # the operands the K loop reads besides A and B
+    group: str | None = None            # the group-size argument
+    grouped: tuple[str, ...] = ()       # the operands indexed by its groups (dims N, G)
 
 
-# a quantized B's group size: a power of two (a K block lies in one group) of at least the
-# largest BLOCK_K the tests force (their small tiles)
-MIN_GROUP = 32
-
-
-def check_group(op: str, name: str, value: object, packed: int = 1) -> int:
-    """The group-size argument of a quantized matmul: an int, a power of two, at least MIN_GROUP
-    and a K block's least (MIN_DOT_BLOCK columns a place in B's bytes)."""
-    least = max(MIN_GROUP, MIN_DOT_BLOCK * packed)
+def check_group(op: str, name: str, value: object, least: int) -> int:
+    """The group-size argument of a quantized matmul: an int, a power of two (a K block lies in
+    one group: BLOCK_K is clamped to it), at least the least BLOCK_K the dots take."""
     if type(value) is not int or value < least or value & (value - 1):
         raise ValueError(f"{op}: argument '{name}' must be a power of two of at least "
                          f"{least} (K elements per group of scales), got {value!r}")
@@ -638,6 +632,7 @@ def launch_plan(op: OpLayout, *tensors: torch.Tensor | None, group: int | None =
     shared = {name: t for name, t in named.items() if name not in own}
     if shared:
         check_tensors(op.name, shared, op.dtypes)
+    # (every dtype checked above: this checks the devices)
     device = check_tensors(op.name, named, tuple({t.dtype for t in named.values()}))
     if interpreting() and named[op.a].dtype == torch.bfloat16:
         # the interpreter multiplies a bfloat16 tl.dot's raw bit patterns: errors of 1e9, silently
@@ -696,8 +691,10 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     precision = input_precision(dtype)
     # a forced mapping config brings its own BLOCK_K; a forced config number picks from the space
     block_ks = [forced.config["BLOCK_K"]] if isinstance(forced.config, Mapping) else op.block_ks
+    # as prune_configs fits them: at least the dots' least K, within one group
+    block_ks = [max(block, op.min_block_k) for block in block_ks]
     if group is not None:
-        block_ks = [min(block, group) for block in block_ks]   # as prune_configs clamps them
+        block_ks = [min(block, group) for block in block_ks]
     sizes = (space.m, space.n, space.k) + ((batch, *space.batch[1:]) if op.rank else ())
     ab = space.strides(op.a, "mk", op.batched_ab[0]) + space.strides(op.b, "kn", op.batched_ab[1])
     group_strides = sum((space.strides(name, "ng", False) for name in op.grouped), ())
@@ -785,10 +782,13 @@ class Matmul(FamilyRuntime):
         group = None
         if layout.group is not None:
             value = next(v for a, v in zip(d.args, args) if a.name == layout.group)
-            group = check_group(op.name, layout.group, value, layout.packed)
+            group = check_group(op.name, layout.group, value, layout.min_block_k)
         plan = launch_plan(layout, *tensors, group=group)
-        # an output dtype argument (int8_linear's out_dtype), else the plan's
-        dtype = next((v for a, v in zip(d.args, args) if a.kind == "dtype"), plan.dtype)
+        # an output dtype argument (int8_linear's out_dtype; None: the plan's), else the plan's
+        dtype = plan.dtype
+        if layout.out_dtype_arg is not None:
+            value = next(v for a, v in zip(d.args, args) if a.name == layout.out_dtype_arg)
+            dtype = plan.dtype if value is None else value
         outs = tuple(empty(plan.shape, dtype, tensors[0].device) for _ in d.outputs)
         if not plan.empty:
             _launch(op, plan, args, outs, group)
@@ -827,7 +827,7 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
               "EVEN_K": plan.even_k}
     if group is not None:
         common["GROUP_K"] = group
-    if layout.per_tile_choice:
+    if layout.dequant_mode == "block":
         common["PER_TILE"] = plan.m >= WGMMA_ROWS
     # autotuning depends on the plan (sizes, layout) and the operands' dtype
     tune_key = (plan, a.dtype)

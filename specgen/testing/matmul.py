@@ -170,7 +170,7 @@ def matmul_cases(draw, info: OpInfo) -> Case:
         notes.append(f"{arg.name}: {shape} {own} {layout}")
     tolerances = matmul_tolerances(k)
     if quant.rounds_weight:
-        scales = [args[name] for name, t in tensors.items() if t.dims == ("N", "G")]
+        scales = [args[name] for name in quant.scales if args[name] is not None]
         tolerances = _dequant_tolerances(tolerances, k, 8 // quant.packed, args[a_name], scales)
     return Case(args, (), overrides, describe="; ".join(notes), tolerances=tolerances)
 
@@ -178,13 +178,15 @@ def matmul_cases(draw, info: OpInfo) -> Case:
 @dataclass(frozen=True)
 class Quantized:
     """What the cases need of a quantized B: elements a stored byte packs, the group-size
-    argument, and whether the kernel rounds the dequantized weight to A's dtype (a value with
-    per-group scales, computed per tile; a per-channel factor scales the float32 accumulator
-    instead, and int8 is exact in every float dtype)."""
+    argument, whether the kernel rounds the dequantized weight to A's dtype (a value applied
+    per tile; block mode's per-block scaling cancels offset against the product instead; a
+    per-channel factor scales the float32 accumulator, and int8 is exact in every float
+    dtype), and the operands the K loop reads (its scales)."""
 
     packed: int = 1
     group: str | None = None
     rounds_weight: bool = False
+    scales: tuple[str, ...] = ()
 
 
 def _layout(info: OpInfo):
@@ -197,7 +199,8 @@ def _quantized(info: OpInfo) -> Quantized:
     layout = _layout(info)
     if not layout.quantized:
         return Quantized()
-    return Quantized(packed=layout.packed, group=layout.group, rounds_weight=bool(layout.grouped))
+    return Quantized(packed=layout.packed, group=layout.group,
+                     rounds_weight=layout.dequant_mode != "channel", scales=layout.loop_inputs)
 
 
 def _dequant_tolerances(tolerances: dict, k: int, bits: int, a: torch.Tensor,
@@ -205,7 +208,8 @@ def _dequant_tolerances(tolerances: dict, k: int, bits: int, a: torch.Tensor,
     """The bounds widened for a B dequantized per tile and rounded to A's dtype (half an ulp of
     each weight, which the float64 reference multiplies exactly): K such errors, each times an
     A element, add as a random walk. A weight is at most 2**bits - 1 steps of its scale (the
-    drawn zero points lie in the integers' range)."""
+    drawn zero points lie in the integers' range; the largest operand the value reads stands
+    for the scale)."""
     if a.numel() == 0 or not all(s.numel() for s in scales):
         return tolerances
     largest_w = (2 ** bits - 1) * max(s.abs().max().item() for s in scales)
