@@ -165,6 +165,49 @@ def test_rowwise_float64_is_computed_in_float64(strategy):
         close(g, w)
 
 
+def test_float64_mean_divides_by_a_float64_count():
+    """A float64 mean divides by its element count in float64: in float32 a count past 2**24
+    rounded (a mean of 2**24 + 1 equal values was 6e-8 off). A stride-0 view of a drawn value,
+    read in tiles of 2**20 elements, keeps the interpreter to about a second."""
+    generator = torch.Generator().manual_seed(0)
+    value = torch.randn((), generator=generator, dtype=torch.float64).to(testing.device())
+    x = value.expand(2**24 + 1)
+    with runtime.override(strategy="inner", config={"BLOCK_K": 1, "BLOCK_R": 2**20}):
+        got = generated.mean(x)
+    torch.testing.assert_close(got, torch.mean(x), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("strategy", ["single", "looped", "split"])
+def test_rowwise_float64_takes_float_arguments_whole(strategy):
+    """eps in float64 math is the float64 the caller gave, as in torch: taken as float32 it
+    moved results 1.6e-8 where a row's variance is near eps (forward and the derived backward).
+    A drawn eps, and rows of variance around it."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    eps = float(torch.empty((), dtype=torch.float64).uniform_(5e-7, 2e-6, generator=generator))
+    x, residual = (1e-3 * torch.randn(3, 40, generator=generator, dtype=torch.float64)
+                   for _ in range(2))
+    weight = torch.randn(40, generator=generator, dtype=torch.float64)
+    grad = torch.randn(3, 40, generator=generator, dtype=torch.float64)
+    x, residual, weight, grad = (t.to(device) for t in (x, residual, weight, grad))
+    x.requires_grad_()
+    F = torch.nn.functional
+
+    def close(got, want):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+
+    with runtime.override(strategy=strategy, config=0, split_chunk=16):
+        out = generated.layer_norm(x, [40], weight, eps=eps)
+        (got_grad,) = torch.autograd.grad(out, x, grad)
+        close(generated.rms_norm(x, [40], weight, eps), F.rms_norm(x, [40], weight, eps))
+        for got, want in zip(generated.add_rms_norm(x, residual, weight, eps),
+                             (x + residual, F.rms_norm(x + residual, [40], weight, eps))):
+            close(got, want)
+    want_out = F.layer_norm(x, [40], weight, eps=eps)
+    close(out, want_out)
+    close(got_grad, torch.autograd.grad(want_out, x, grad)[0])
+
+
 def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
     spec = tmp_path / "soft.toml"
     spec.write_text('[op]\nname = "soft"\nfamily = "rowwise"\ndoc = "d"\n'

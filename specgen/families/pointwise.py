@@ -118,6 +118,11 @@ class PointwisePlan(CommonPlan):
     helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
 
     @property
+    def compute_of(self) -> str:
+        """The tensor whose dtype sets the math's (COMPUTE): the first output's."""
+        return self.outputs[0].name
+
+    @property
     def tensors(self) -> tuple[Tensor, ...]:
         """Outputs first, then inputs: the order strides are passed in, and memory order is set by."""
         return self.outputs + self.inputs
