@@ -19,14 +19,27 @@ _GELU_TANH_EXP2 = tl.constexpr(-2.302208198144325)
 
 @triton.jit
 def tanh_f32(x):
-    # tanh(x) = sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|), which never overflows; near zero
-    # 1 - e cancels, so a short Taylor series takes over below |x| = 1/16
-    e = tl.exp(-2.0 * tl.abs(x))
-    large = (1.0 - e) / (1.0 + e)
-    large = tl.where(x < 0, -large, large)
-    x2 = x * x
-    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    return tl.where(tl.abs(x) < 0.0625, small, large)
+    if x.dtype == tl.float64:
+        # float64 math (a branch taken at compile time): the series below is 4e-12 off at
+        # |x| = 1/16. tanh(|x|) = -m / (2 + m) with m = expm1(z), z = -2|x|: exp(z) - 1 where
+        # that does not cancel (exp(z) <= 1/2), else Kahan's (exp(z) - 1) * z / log(exp(z)),
+        # whose quotient cancels exp's rounding; 2 ulps at most. Where exp(z) rounds to 1,
+        # tanh(x) is x (which keeps -0.0)
+        z = -2.0 * tl.abs(x)
+        u = tl.exp(z)
+        m = tl.where(u > 0.5, (u - 1.0) * (z / tl.log(u)), u - 1.0)
+        t = -m / (2.0 + m)
+        result = tl.where(u == 1.0, x, tl.where(x < 0, -t, t))
+    else:
+        # tanh(x) = sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|), which never overflows; near
+        # zero 1 - e cancels, so a short Taylor series takes over below |x| = 1/16
+        e = tl.exp(-2.0 * tl.abs(x))
+        large = (1.0 - e) / (1.0 + e)
+        large = tl.where(x < 0, -large, large)
+        x2 = x * x
+        small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+        result = tl.where(tl.abs(x) < 0.0625, small, large)
+    return result
 
 
 @triton.jit
@@ -81,6 +94,22 @@ def maximum_f32(a, b):
 def add_pairs(a0, a1, b0, b1):
     # two sums in one reduction (one round of shuffles and shared memory, not two)
     return a0 + b0, a1 + b1
+
+
+@triton.jit
+def to_compute_via(x, RESULT: tl.constexpr, COMPUTE: tl.constexpr):
+    # an input in the math's type (COMPUTE) as torch takes it: converted to the result's dtype
+    # (RESULT) first, which rounds where that is a 16-bit float and x's differs (int32 2049 beside
+    # float16 is 2048.0), or wraps where it is an integer or bool (a reduction's dtype=). To a
+    # float through COMPUTE (float32 for a 16-bit float), as torch converts an integer or a
+    # float64 to a 16-bit float: a direct conversion would round once where torch's rounds twice
+    # (compiled, an integer's two conversions fold into one, which differs from torch's only for
+    # one past 2**24 into bfloat16)
+    if x.dtype != RESULT:
+        if RESULT.is_floating():
+            x = x.to(COMPUTE)
+        x = x.to(RESULT)
+    return x.to(COMPUTE)
 
 
 # the rounding casts keep the math's type (float32, or float64 for float64 data)

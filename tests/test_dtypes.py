@@ -6,6 +6,8 @@ Every op that lists an integer dtype, on every integer and bool dtype: the resul
 The property suite draws these dtypes too (tests/test_ops.py); here each is met once.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -76,6 +78,53 @@ def test_mixed_and_zero_dim_promotion():
         testing.assert_matches(got, want.double() if want.is_floating_point() else want, "add")
     u, i = _tensor(torch.uint8), _tensor(torch.int8, seed=1)
     assert torch.equal(generated.mul(u, i), u * i) and generated.mul(u, i).dtype == torch.int16
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        runtime.interpreting(), reason="the interpreter rounds float32 to bfloat16 toward zero "
+        "(torch and the GPU round to nearest): the GPU tier runs this case")),
+])
+@pytest.mark.parametrize("name", ["add", "sub", "mul"])
+def test_inputs_are_converted_to_a_16_bit_result_first(name, dtype):
+    """Type promotion converts each input to the result's dtype before the math, and the result
+    is rounded to it before an out= of another dtype: an integer tensor, or a 0-dim integer,
+    float32 or float64 one, beside a float16 tensor rounds to float16 first (int32 2049 is
+    2048.0), where the kernels took it to float32 as it was. The reference: the inputs so
+    converted, the math in float64, one rounding to the result's dtype (what torch's float32 math
+    rounded gives, for these ops; torch's CPU mul alone reads a 0-dim second operand unrounded)."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    info = generated.REGISTRY[name]
+    half = (torch.rand(4, 37, generator=generator) * 2.5 + 0.5).to(dtype).to(device)
+    ints = torch.randint(2049, 20000, (4, 37), generator=generator).to(device)
+    calls = [(ints.int(), half), (half, ints.short()), (ints[0, 0], half),
+             (half, torch.rand((), generator=generator).to(device) + 0.5),
+             (torch.rand((), generator=generator, dtype=torch.float64).to(device) + 0.5, half)]
+    for x, y in calls:
+        result = torch.result_type(x, y)
+        want = info.reference(x.to(result).double(), y.to(result).double()).to(result)
+        got = info.function(x, y)
+        assert got.dtype == dtype and torch.equal(got, want), (name, x.dtype, x.dim(), y.dtype)
+    other = (torch.rand(4, 37, generator=generator) * 2.5 + 0.5).to(dtype).to(device)
+    out = torch.full(half.shape, math.nan, device=device)
+    info.function(half, other, out=out)
+    assert torch.equal(out, info.reference(half.double(), other.double()).to(dtype).float())
+
+
+def test_float64_into_float16_rounds_through_float32_as_torch():
+    """torch converts a float64 (or an integer) to a 16-bit float through float32, two roundings:
+    a sum's dtype=float16 cast x in one, which parts from torch's where float32 lands x on a
+    float16 midpoint (the reduce kernels' cast; the pointwise loads take the same helper).
+    Drawn values just past a midpoint, closer to it than float32 can tell."""
+    generator = torch.Generator().manual_seed(0)
+    base = (1 + torch.rand(4, 8, generator=generator, dtype=torch.float64)).half().double()
+    ulp = 2.0**-10   # float16's spacing in [1, 2); float32's is 2**-13 of it
+    past = torch.rand(4, 8, generator=generator, dtype=torch.float64) * 0.9 + 0.05
+    x = (base + ulp / 2 + ulp * 2.0**-14 * past).to(testing.device())
+    got = generated.sum(x, 1, dtype=torch.float16)
+    assert torch.equal(got, x.half().double().sum(1).half()), (got, x.half().double().sum(1))
 
 
 def test_out_of_another_dtype():
@@ -165,6 +214,49 @@ def test_rowwise_float64_is_computed_in_float64(strategy):
         close(g, w)
 
 
+def test_float64_mean_divides_by_a_float64_count():
+    """A float64 mean divides by its element count in float64: in float32 a count past 2**24
+    rounded (a mean of 2**24 + 1 equal values was 6e-8 off). A stride-0 view of a drawn value,
+    read in tiles of 2**20 elements, keeps the interpreter to about a second."""
+    generator = torch.Generator().manual_seed(0)
+    value = torch.randn((), generator=generator, dtype=torch.float64).to(testing.device())
+    x = value.expand(2**24 + 1)
+    with runtime.override(strategy="inner", config={"BLOCK_K": 1, "BLOCK_R": 2**20}):
+        got = generated.mean(x)
+    torch.testing.assert_close(got, torch.mean(x), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("strategy", ["single", "looped", "split"])
+def test_rowwise_float64_takes_float_arguments_whole(strategy):
+    """eps in float64 math is the float64 the caller gave, as in torch: taken as float32 it
+    moved results 1.6e-8 where a row's variance is near eps (forward and the derived backward).
+    A drawn eps, and rows of variance around it."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    eps = float(torch.empty((), dtype=torch.float64).uniform_(5e-7, 2e-6, generator=generator))
+    x, residual = (1e-3 * torch.randn(3, 40, generator=generator, dtype=torch.float64)
+                   for _ in range(2))
+    weight = torch.randn(40, generator=generator, dtype=torch.float64)
+    grad = torch.randn(3, 40, generator=generator, dtype=torch.float64)
+    x, residual, weight, grad = (t.to(device) for t in (x, residual, weight, grad))
+    x.requires_grad_()
+    F = torch.nn.functional
+
+    def close(got, want):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+
+    with runtime.override(strategy=strategy, config=0, split_chunk=16):
+        out = generated.layer_norm(x, [40], weight, eps=eps)
+        (got_grad,) = torch.autograd.grad(out, x, grad)
+        close(generated.rms_norm(x, [40], weight, eps), F.rms_norm(x, [40], weight, eps))
+        for got, want in zip(generated.add_rms_norm(x, residual, weight, eps),
+                             (x + residual, F.rms_norm(x + residual, [40], weight, eps))):
+            close(got, want)
+    want_out = F.layer_norm(x, [40], weight, eps=eps)
+    close(out, want_out)
+    close(got_grad, torch.autograd.grad(want_out, x, grad)[0])
+
+
 def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
     spec = tmp_path / "soft.toml"
     spec.write_text('[op]\nname = "soft"\nfamily = "rowwise"\ndoc = "d"\n'
@@ -198,3 +290,14 @@ def test_an_out_that_computes_in_another_type_than_the_result_is_refused():
     half = torch.empty(1, dtype=torch.float16, device=testing.device())
     generated.add(third, third, out=half)
     assert half.item() == torch.add(third, third).half().item()
+
+
+def test_float64_tanh_is_accurate_to_float64():
+    """tanh in float64 math (kernel_lib's tanh_f32, which the tanh op and any expression's tanh
+    call) is float64-accurate at every magnitude: the float32 formula's series was 4e-12 off
+    near |x| = 1/16."""
+    generator = torch.Generator().manual_seed(0)
+    magnitude = torch.empty(4000, dtype=torch.float64).uniform_(-20, 3.5, generator=generator).exp()
+    sign = torch.where(torch.rand(4000, generator=generator) < 0.5, -1.0, 1.0)
+    x = (sign * magnitude).to(testing.device())
+    torch.testing.assert_close(generated.tanh(x), torch.tanh(x), rtol=2e-15, atol=0)

@@ -5,6 +5,9 @@ Triton's own launcher passes float32: a kernel that did not take its float argum
 first would compute around them in float64, slower and off the eager result (H200, layer_norm
 32768x1024 bf16: 43.1 us of device time against 33.7, 904 elements an ulp off). The row-wise
 kernels are also compiled that way (tests/test_rowwise_compile.py); this reads every family's.
+An op that lists float64 takes them to its math's type instead, float64 for float64 data, and
+declares them float64, so that Triton's launcher passes them whole too (the interpreter, which
+passes a Python float as it is, cannot show a float32 parameter's rounding).
 """
 
 import ast
@@ -12,6 +15,7 @@ import inspect
 import sys
 
 import pytest
+import torch
 
 import generated
 
@@ -22,35 +26,48 @@ def _float_args(info) -> set[str]:
 
 def _entry_kernels(module) -> list[ast.FunctionDef]:
     """The jit functions launched from the host (``*_kernel``; ``*_rows`` helpers are called by
-    them, with float32 values)."""
+    them, with the values they cast)."""
     tree = ast.parse(inspect.getsource(module))
     return [node for node in tree.body
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")]
 
 
-def _is_float32_cast(statement: ast.stmt, name: str) -> bool:
-    """``name = tl.cast(name, tl.float32)`` (a Python float in the interpreter has no ``.to``)"""
-    return (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name
-            and ast.unparse(statement.value) == f"tl.cast({name}, tl.float32)")
+def _is_cast(statement: ast.stmt, name: str, float64: bool) -> bool:
+    """``name = tl.cast(name, tl.float32)`` (a Python float in the interpreter has no ``.to``),
+    or with ``float64``, ``name = tl.full([], name, tl.float64 if <tensor>_ptr.dtype.element_ty
+    == tl.float64 else tl.float32)``"""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name):
+        return False
+    value = ast.unparse(statement.value)
+    if not float64:
+        return value == f"tl.cast({name}, tl.float32)"
+    head, _, rest = value.partition(" if ")
+    return (head == f"tl.full([], {name}, tl.float64" and rest.endswith(
+        "_ptr.dtype.element_ty == tl.float64 else tl.float32)"))
 
 
 @pytest.mark.parametrize("name", sorted(generated.REGISTRY))
-def test_float_arguments_are_float32_before_any_use(name):
+def test_float_arguments_are_of_the_math_type_before_any_use(name):
     info = generated.REGISTRY[name]
     module = sys.modules[info.function.__module__]
     floats = _float_args(info)
+    float64 = torch.float64 in info.dtypes
     kernels = _entry_kernels(module)
     assert kernels, f"{name}: no *_kernel function found"
     for kernel in kernels:
-        params = {arg.arg for arg in kernel.args.args}
-        for float_arg in sorted(floats & params):
+        params = {arg.arg: arg for arg in kernel.args.args}
+        for float_arg in sorted(floats & set(params)):
+            annotation = params[float_arg].annotation
+            declared = ast.unparse(annotation) if annotation else "untyped"
+            assert (declared == "tl.float64") == float64, (
+                f"{name}: {kernel.name} declares {float_arg!r} {declared}")
             for statement in kernel.body:
                 reads = [n for n in ast.walk(statement)
                          if isinstance(n, ast.Name) and n.id == float_arg]
                 if reads:
                     # the first statement that names it must be its cast
-                    assert _is_float32_cast(statement, float_arg), (
-                        f"{name}: {kernel.name} uses {float_arg!r} before casting it to float32: "
-                        f"{ast.unparse(statement)[:120]}")
+                    assert _is_cast(statement, float_arg, float64), (
+                        f"{name}: {kernel.name} uses {float_arg!r} before casting it to its "
+                        f"math's type: {ast.unparse(statement)[:120]}")
                     break

@@ -300,6 +300,43 @@ class CommonPlan:
         return (*comments, *(f"{name} = tl.cast({name}, tl.float32)" for name in self.float_args))
 
     @property
+    def float64_math(self) -> bool:
+        """Whether the kernels may compute in float64: the spec lists float64 (a family of
+        model.FLOAT64_FAMILIES, whose plan names the tensor that sets the math's type:
+        ``compute_of``)."""
+        return "float64" in self.dtypes
+
+    def scalar_param(self, name: str) -> str:
+        """The kernel parameter of the scalar argument ``name``: a float one is declared float64
+        where the math may be (``float_lines``), so that Triton's launcher passes the Python
+        float whole, not rounded to float32 (layer_norm's eps so rounded moved float64 results
+        1.6e-8); Inductor passes float64 anyway."""
+        kind = next(a.kind for a in self.args if a.name == name)
+        return f"{name}: tl.float64" if kind == "float" and self.float64_math else name
+
+    @property
+    def float_lines(self) -> tuple[str, ...]:
+        """A kernel's first lines where the math may be float64 (``float64_math``; else
+        float32_lines): its float scalar arguments (and value ints) in the math's type, float64
+        for float64 data, at full precision, as torch's float64 ops take them; float32 otherwise,
+        as float32_lines take them. ``tl.full``, not ``tl.cast``: the interpreter would carry a
+        Python float through float32 in a cast."""
+        if not self.float64_math or not self.float_args:
+            return self.float32_lines
+        comments = ["# in the math's type: float64 for float64 data, whole (declared float64), "
+                    "else float32"]
+        if self.value_ints:
+            comments.append("# ints too: expressions compute in floats (int32 products overflow)")
+        return (*comments, *(f"{name} = tl.full([], {name}, {self.float_type})"
+                             for name in self.float_args))
+
+    @property
+    def float_type(self) -> str:
+        """Kernel source for the math's float type where it may be float64: float64 for float64
+        data (``compute_of``'s), else float32."""
+        return f"tl.float64 if {self.compute_of}_ptr.dtype.element_ty == tl.float64 else tl.float32"
+
+    @property
     def choices(self) -> tuple[ArgPlan, ...]:
         return tuple(a for a in self.args if a.kind == "choice")
 

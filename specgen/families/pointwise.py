@@ -28,6 +28,7 @@ OUTER_RANK = 6
 GENERATED_NAMES = frozenset({
     "pointwise",  # its imports
     "compute",    # the math's type (COMPUTE), beside the choices' constexprs
+    "result", "result_type",  # the result's dtype (RESULT, by name) and its type (RESULT_TYPE)
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -115,7 +116,18 @@ class PointwisePlan(CommonPlan):
     dense_configs: tuple[dict, ...] = ()
     tiled_configs: tuple[dict, ...] = ()
     outer_rank: int = OUTER_RANK
-    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
+    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the expressions call
+
+    @property
+    def library_imports(self) -> tuple[str, ...]:
+        """The specgen.kernel_lib functions the module imports: the expressions' helpers and
+        to_compute_via, which every load goes through."""
+        return tuple(sorted({*self.helpers, "to_compute_via"}))
+
+    @property
+    def compute_of(self) -> str:
+        """The tensor whose dtype sets the math's (COMPUTE): the first output's."""
+        return self.outputs[0].name
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:

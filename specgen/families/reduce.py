@@ -161,6 +161,12 @@ class ReducePlan(CommonPlan):
     helpers: tuple[str, ...] = ()   # specgen.kernel_lib functions the map and finish call
 
     @property
+    def library_imports(self) -> tuple[str, ...]:
+        """The specgen.kernel_lib functions the module imports: the map's and finish's helpers,
+        and to_compute_via, which casts x to a dtype= argument."""
+        return tuple(sorted({*self.helpers, *(("to_compute_via",) if self.dtype else ())}))
+
+    @property
     def differentiable(self) -> bool:
         return not self.index
 
@@ -182,7 +188,7 @@ class ReducePlan(CommonPlan):
     @property
     def scalar_args(self) -> str:
         """The kernel scalars appended to an argument list, each after ", "."""
-        return "".join(f", {a.name}" for a in self.kernel_scalars)
+        return "".join(f", {self.scalar_param(a.name)}" for a in self.kernel_scalars)
 
     @property
     def combine_fn(self) -> str:
@@ -206,13 +212,24 @@ class ReducePlan(CommonPlan):
                 "outer": min(c["BLOCK_K"] for c in self.outer_configs)}
 
     @property
+    def compute_of(self) -> str:
+        """The tensor whose dtype sets the math's (COMPUTE): x's for an index (argmax), else the
+        result's."""
+        return "x" if self.index else "out"
+
+    @property
     def first_lines(self) -> tuple[str, ...]:
-        """The kernel's lines after the program id: float arguments as float32, and the element
-        count as a float where the finish expression reads it (the launcher passes it as an int,
-        as every launcher passes ints alike)."""
+        """The kernel's lines after the program id: float arguments in the math's type
+        (float_lines), and the element count as a float where the finish expression reads it
+        (the launcher passes it as an int, as every launcher passes ints alike): in float64 for
+        float64 math, where float32 would round a count past 2**24 (a mean of 2**24 + 1 float64
+        ones was 1 + 6e-8)."""
         if not self.finish_reads_count:
-            return self.float32_lines
-        return (*self.float32_lines, "n_float = count * 1.0  # the element count as a float")
+            return self.float_lines
+        if not self.float64_math:
+            return (*self.float_lines, "n_float = count * 1.0  # the element count as a float")
+        return (*self.float_lines, "# the element count as a float, of the math's type",
+                f"n_float = tl.full([], count, {self.float_type})")
 
     @property
     def max_tile(self) -> int:

@@ -636,10 +636,21 @@ class RowwisePlan(CommonPlan):
 
     @property
     def value_param_lines(self) -> tuple[str, ...]:
-        """The runtime parameters every row-wise kernel starts with, one line per group: the
-        pointers, the sizes, the strides (``RowSpace.kernel_args`` order) and the scalars."""
-        return (f"{self.pointers},", "n_rows, N,", *self.size_and_stride_lines,
-                *(f"{a.name}," for a in self.kernel_scalars))
+        """The runtime parameters every row-wise kernel and rows helper starts with, one line per
+        group: the pointers, the sizes, the strides (``RowSpace.kernel_args`` order) and the
+        scalars."""
+        return (*self._tensor_param_lines, *(f"{a.name}," for a in self.kernel_scalars))
+
+    @property
+    def kernel_param_lines(self) -> tuple[str, ...]:
+        """value_param_lines as a kernel declares them: float scalars float64 where the math may
+        be (``scalar_param``; a rows helper takes them as its kernel passes them on)."""
+        return (*self._tensor_param_lines,
+                *(f"{self.scalar_param(a.name)}," for a in self.kernel_scalars))
+
+    @property
+    def _tensor_param_lines(self) -> tuple[str, ...]:
+        return (f"{self.pointers},", "n_rows, N,", *self.size_and_stride_lines)
 
     @property
     def flag_params(self) -> tuple[str, ...]:

@@ -24,7 +24,8 @@ SPECIAL_SIZES = (1, 2, 3, 5, 7, 13, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257)
 
 # |actual - expected| <= atol + rtol * |expected|, against a float64 reference. Math is float32,
 # so the bound is one rounding to the output dtype plus a few float32 ulps; float64 math is
-# float64 (the float scalars a kernel takes are float32: the suite draws them as float32 values).
+# float64, float scalars included (the row-wise cases draw them whole; scalar_value draws float32
+# values, which float32 math takes exactly too).
 # Integer and bool results are compared exactly (assert_matches), whatever their tolerance.
 TOLERANCES = {
     torch.float32: (2e-5, 1e-5),
