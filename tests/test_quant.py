@@ -263,3 +263,57 @@ def test_the_planner_applies_a_value_where_it_is_cheapest(value, grouped, mode, 
     operands or an offset: per K block; anything else: per weight element."""
     plan = FAMILIES["matmul"].plan(_parse(_dequant_spec(value, grouped)))
     assert (plan.dequant_mode, plan.coef_code, plan.offset_code) == (mode, coef, offset)
+
+
+# formats no shipped spec has: 2-bit elements through a value not linear in q (computed per weight
+# element, per-channel scales loaded before the K loop), and 1-bit ones through a linear value
+# with an offset (scaled per K block); K off the blocks, so the last block is partial
+TWO_BIT_EXP = """
+[op]
+name = "two_bit_exp_linear"
+family = "matmul"
+doc = "x @ (exp(q / 4) * scales).T, four 2-bit q a byte"
+reference = "F.linear(x, torch.exp(torch.stack([qweight & 3, (qweight >> 2) & 3, (qweight >> 4) & 3, qweight >> 6], -1).reshape(qweight.shape[0], -1).to(x.dtype) * 0.25) * scales[:, None])"
+[args]
+x = { kind = "tensor", dims = ["M", "K"] }
+qweight = { kind = "tensor", dims = ["N", "K"], dtypes = ["uint8"] }
+scales = { kind = "tensor", dims = ["N"] }
+[dequant]
+bits = 2
+value = "exp(q * 0.25) * scales"
+[epilogue]
+out = "acc"
+"""
+ONE_BIT_SIGN = """
+[op]
+name = "one_bit_sign_linear"
+family = "matmul"
+doc = "x @ ((2 q - 1) * scales).T, eight 1-bit q a byte"
+reference = "F.linear(x, (torch.stack([(qweight >> 0) & 1, (qweight >> 1) & 1, (qweight >> 2) & 1, (qweight >> 3) & 1, (qweight >> 4) & 1, (qweight >> 5) & 1, (qweight >> 6) & 1, qweight >> 7], -1).reshape(qweight.shape[0], -1).to(x.dtype) * 2.0 - 1.0) * scales[:, None])"
+[args]
+x = { kind = "tensor", dims = ["M", "K"] }
+qweight = { kind = "tensor", dims = ["N", "K"], dtypes = ["uint8"] }
+scales = { kind = "tensor", dims = ["N"] }
+[dequant]
+bits = 1
+value = "(q * 2.0 - 1.0) * scales"
+[epilogue]
+out = "acc"
+"""
+
+
+@pytest.mark.parametrize("text, mode, k", [(TWO_BIT_EXP, "tile", 200), (ONE_BIT_SIGN, "block", 272)])
+def test_authored_formats_of_other_widths(authored, text, mode, k):
+    module = authored(text)
+    assert module.LAYOUT.dequant_mode == mode
+    generator = torch.Generator().manual_seed(k)
+    packed = module.LAYOUT.packed
+    x = torch.randn(5, k, generator=generator).to(device())
+    qweight = torch.randint(0, 256, (24, k // packed), generator=generator,
+                            dtype=torch.uint8).to(device())
+    scales = (torch.rand(24, generator=generator) + 0.5).to(device())
+    for strategy in ("direct", "two_stage:2"):
+        with override(strategy=strategy):
+            result = getattr(module, module.OP.name)(x, qweight, scales)
+        expected = module.reference(x.double(), qweight, scales.double())
+        torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-4)
