@@ -175,6 +175,9 @@ def test_int8_linear_takes_its_dtypes_and_scale_shapes():
         generated.int8_linear(x, x_scale, w, w_scale.half())
     with pytest.raises(TypeError, match="argument 'out_dtype' must be a torch.dtype, got None"):
         generated.int8_linear(x, x_scale, w, w_scale, out_dtype=None)
+    with pytest.raises(ValueError, match=r"'x_scale' has shape \(3, 2\), which does not broadcast "
+                                         r"to \(2, 3\) \(\.\.\. x M\) or, of A's rank, \(\.\.\., M, 1\)"):
+        generated.int8_linear(x, x_scale[..., 0].T, w, w_scale)
 
 
 # --- the spec form ------------------------------------------------------------------------------

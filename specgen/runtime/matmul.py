@@ -246,8 +246,9 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             # (..., M, 1), of A's rank (int8_linear's per-token scales)
             tensor = tensor[..., 0]
         if broadcast_shapes(tuple(tensor.shape), target) != target:
+            column = " or, of A's rank, (..., M, 1)" if _letters(dims[name]) == ("M",) else ""
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "
-                             f"not broadcast to {target} ({' x '.join(dims[name])})")
+                             f"not broadcast to {target} ({' x '.join(dims[name])}){column}")
         views[name] = _view(tensor, dims[name], batch, m, n, keeps)
     m_operands = frozenset(name for name in views if name != b and "M" in dims[name])
     return Problem(m, n, k, batch, shape, keeps, views, m_operands)
