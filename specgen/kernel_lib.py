@@ -96,22 +96,6 @@ def add_pairs(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
 
 
-@triton.jit
-def to_compute_via(x, RESULT: tl.constexpr, COMPUTE: tl.constexpr):
-    # an input in the math's type (COMPUTE) as torch takes it: converted to the result's dtype
-    # (RESULT) first, which rounds where that is a 16-bit float and x's differs (int32 2049 beside
-    # float16 is 2048.0), or wraps where it is an integer or bool (a reduction's dtype=). To a
-    # float through COMPUTE (float32 for a 16-bit float), as torch converts an integer or a
-    # float64 to a 16-bit float: a direct conversion would round once where torch's rounds twice
-    # (compiled, an integer's two conversions fold into one, which differs from torch's only for
-    # one past 2**24 into bfloat16)
-    if x.dtype != RESULT:
-        if RESULT.is_floating():
-            x = x.to(COMPUTE)
-        x = x.to(RESULT)
-    return x.to(COMPUTE)
-
-
 # the rounding casts keep the math's type (float32, or float64 for float64 data)
 @triton.jit
 def as_float32(x):

@@ -116,13 +116,7 @@ class PointwisePlan(CommonPlan):
     dense_configs: tuple[dict, ...] = ()
     tiled_configs: tuple[dict, ...] = ()
     outer_rank: int = OUTER_RANK
-    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the expressions call
-
-    @property
-    def library_imports(self) -> tuple[str, ...]:
-        """The specgen.kernel_lib functions the module imports: the expressions' helpers and
-        to_compute_via, which every load goes through."""
-        return tuple(sorted({*self.helpers, "to_compute_via"}))
+    helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
 
     @property
     def compute_of(self) -> str:

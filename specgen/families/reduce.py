@@ -161,12 +161,6 @@ class ReducePlan(CommonPlan):
     helpers: tuple[str, ...] = ()   # specgen.kernel_lib functions the map and finish call
 
     @property
-    def library_imports(self) -> tuple[str, ...]:
-        """The specgen.kernel_lib functions the module imports: the map's and finish's helpers,
-        and to_compute_via, which casts x to a dtype= argument."""
-        return tuple(sorted({*self.helpers, *(("to_compute_via",) if self.dtype else ())}))
-
-    @property
     def differentiable(self) -> bool:
         return not self.index
 
