@@ -28,7 +28,6 @@ OUTER_RANK = 6
 GENERATED_NAMES = frozenset({
     "pointwise",  # its imports
     "compute",    # the math's type (COMPUTE), beside the choices' constexprs
-    "result", "result_type",  # the result's dtype (RESULT, by name) and its type (RESULT_TYPE)
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
