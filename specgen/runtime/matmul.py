@@ -777,19 +777,17 @@ class Matmul(FamilyRuntime):
     def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
         d = op.description
         layout: OpLayout = d.launch
-        named = {a.name: v for a, v in zip(d.args, args) if a.kind == "tensor"}
+        values = dict(zip((a.name for a in d.args), args))
         # in the layout's order (A, B, then the epilogue's), which may not be the signature's
-        tensors = [named[name] for name, _ in layout.dims]
+        tensors = [values[name] for name, _ in layout.dims]
         group = None
         if layout.group is not None:
-            value = next(v for a, v in zip(d.args, args) if a.name == layout.group)
-            group = check_group(op.name, layout.group, value, layout.min_block_k)
+            group = check_group(op.name, layout.group, values[layout.group], layout.min_block_k)
         plan = launch_plan(layout, *tensors, group=group)
         # an output dtype argument (int8_linear's out_dtype; None: the plan's), else the plan's
         dtype = plan.dtype
-        if layout.out_dtype_arg is not None:
-            value = next(v for a, v in zip(d.args, args) if a.name == layout.out_dtype_arg)
-            dtype = plan.dtype if value is None else value
+        if layout.out_dtype_arg is not None and values[layout.out_dtype_arg] is not None:
+            dtype = values[layout.out_dtype_arg]
         outs = tuple(empty(plan.shape, dtype, tensors[0].device) for _ in d.outputs)
         if not plan.empty:
             _launch(op, plan, args, outs, group)
