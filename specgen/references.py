@@ -165,3 +165,17 @@ def int8_linear(x: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
     # (aten's _to_copy rather than Tensor.to: the registered op's backward, traced by
     # AOTAutograd, may hand the dtype argument back as its ScalarType number)
     return torch.ops.aten._to_copy.default(y, dtype=out_dtype)
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride=1, padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
+    """torch's conv2d, also taking padding as the registered operator spells it out: four ints,
+    (top, bottom, left, right), which may differ ("same" with an even filter)."""
+    if isinstance(padding, (list, tuple)) and len(padding) == 4:
+        top, bottom, left, right = padding
+        if top != bottom or left != right:
+            input = torch.nn.functional.pad(input, (left, right, top, bottom))
+            padding = 0
+        else:
+            padding = (top, left)
+    return torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)

@@ -219,8 +219,8 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> MatmulBody:
 
     dequant = _parse_dequant(top, spec_args, a, b, epilogue_inputs, group_operands)
     epilogue = top.pop_table("epilogue")
-    promoted = _parse_promote(epilogue, a, b, epilogue_inputs)
-    outputs, out_dtype = _parse_epilogue(epilogue, spec_args, (a.name, b.name),
+    promoted = parse_promote(epilogue, a, b, epilogue_inputs)
+    outputs, out_dtype = parse_epilogue(epilogue, spec_args, (a.name, b.name),
                                          tuple(o.name for o in group_operands))
     schedule = top.pop_table("schedule", required=False) or Table({}, top.where.child("schedule"))
     swizzle = schedule.pop_choice("swizzle", SWIZZLES, SWIZZLES[0])
@@ -304,7 +304,7 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
     return Dequant(bits, group, value)
 
 
-def _parse_promote(table: Table, a: Operand, b: Operand,
+def parse_promote(table: Table, a: Operand, b: Operand,
                    epilogue_inputs: list[Operand]) -> tuple[str, ...]:
     """``[epilogue] promote``: epilogue operands outside the matmul torch's reference calls, as
     the residual of ``F.linear(x, weight, bias) + residual``. torch's matmuls take one dtype for
@@ -328,7 +328,7 @@ def _parse_promote(table: Table, a: Operand, b: Operand,
     return tuple(names)
 
 
-def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str],
+def parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str],
                     group_operands: tuple[str, ...] = ()):
     """``[epilogue]``: outputs in file order over ``acc``; ``dtype`` is the output dtype, or the
     name of a dtype argument that sets it (``out_dtype=torch.bfloat16``)."""
@@ -360,9 +360,18 @@ def _parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str],
 
 
 def _parse_tuning(table: Table, swizzle: str) -> dict:
-    """``[tuning]``: ``configs = [{ BLOCK_M = 128, ... }, ...]``, an explicit list, or lists of
-    ``BLOCK_M`` ... ``num_stages`` whose product is the space (neither: DEFAULT_CONFIGS);
-    ``SPLIT_K``, the factors auto split-K may pick."""
+    """``[tuning]``: the config space (``parse_config_space``); ``SPLIT_K``, the factors auto
+    split-K may pick."""
+    configs = parse_config_space(table, swizzle, DEFAULT_CONFIGS)
+    split_k = int_list(table, "SPLIT_K", DEFAULT_SPLIT_K, lambda v: v >= 1, "positive integers")
+    table.finish()
+    return {"configs": configs, "SPLIT_K": split_k}
+
+
+def parse_config_space(table: Table, swizzle: str, default: tuple[dict, ...]) -> tuple[dict, ...]:
+    """``configs = [{ BLOCK_M = 128, ... }, ...]``, an explicit list, or lists of ``BLOCK_M`` ...
+    ``num_stages`` whose product is the space (neither: ``default``). The convolution family's
+    tiles take the same keys."""
     _refuse_group_m(table, swizzle)
     raw = table.pop_any("configs")
     lists = [key for key in CONFIG_KEYS if key in table]
@@ -381,10 +390,8 @@ def _parse_tuning(table: Table, swizzle: str) -> dict:
         for config in configs:
             _check_tiles(config, table.where)
     else:
-        configs = DEFAULT_CONFIGS
-    split_k = int_list(table, "SPLIT_K", DEFAULT_SPLIT_K, lambda v: v >= 1, "positive integers")
-    table.finish()
-    return {"configs": configs, "SPLIT_K": split_k}
+        configs = default
+    return configs
 
 
 def _refuse_group_m(table: Table, swizzle: str) -> None:

@@ -41,7 +41,12 @@ from specgen.runtime.replay import Replays, key_scope, key_source
 _ANNOTATIONS = {"float": "float", "int": "int", "bool": "bool", "choice": "str",
                 "shape": "list[int]", "dtype": "torch.dtype",
                 # a reduction's dim (argmax's one int, sum's ints), None for every dim
-                "dim": "Optional[int]", "dims": "Optional[list[int]]"}
+                "dim": "Optional[int]", "dims": "Optional[list[int]]",
+                # a convolution's geometry, as the family spells it out: stride and dilation
+                # two ints, padding four, groups one
+                "pair": "list[int]", "padding": "list[int]", "groups": "int"}
+# kinds whose spelled-out value is a list, which an operator's schema takes no default for
+_LIST_KINDS = ("pair", "padding")
 _SCALARS = {"float": float, "int": int, "bool": bool}
 
 
@@ -271,7 +276,10 @@ class Op:
         ``by_reference``: its autograd differentiates the reference (else the family registers
         its own)."""
         d = self.description
-        typed = ", ".join(typed_param(a) for a in d.args)
+        # a list default is not a schema default torch.library infers: where an argument takes
+        # one, the operator takes every argument without defaults (callers pass them all)
+        defaults = not any(a.kind in _LIST_KINDS for a in d.args)
+        typed = ", ".join(typed_param(a, defaults) for a in d.args)
         results = results or len(d.outputs)
         result = ("torch.Tensor" if results == 1
                   else f"tuple[{', '.join('torch.Tensor' for _ in range(results))}]")
@@ -305,12 +313,16 @@ def _remember(filename: str, source: str) -> str:
     return filename
 
 
-def typed_param(arg: ArgInfo) -> str:
+def typed_param(arg: ArgInfo, defaults: bool = True) -> str:
     """An argument as an operator's annotated parameter (torch.library reads the schema)."""
     if arg.kind == "tensor":
-        return f"{arg.name}: Optional[torch.Tensor] = None" if arg.optional \
-            else f"{arg.name}: torch.Tensor"
+        if not arg.optional:
+            return f"{arg.name}: torch.Tensor"
+        return f"{arg.name}: Optional[torch.Tensor]" + (" = None" if defaults else "")
     annotation = _ANNOTATIONS[arg.kind]
+    if not defaults:
+        return f"{arg.name}: Optional[{annotation}]" if arg.optional \
+            else f"{arg.name}: {annotation}"
     if arg.kind in ("dim", "dims"):
         return f"{arg.name}: {annotation}" + (" = None" if arg.optional else "")
     if arg.optional:
@@ -331,7 +343,7 @@ def _tuple(names: Sequence[str]) -> str:
 
 
 # argument kinds keyed as they are (``replay.key_source``); the others (lists) by their elements
-_PLAIN_KINDS = ("float", "int", "bool", "choice", "dtype", "dim")
+_PLAIN_KINDS = ("float", "int", "bool", "choice", "dtype", "dim", "groups")
 
 
 def _public_source(d: OpDescription, family: FamilyRuntime) -> str:

@@ -16,7 +16,8 @@ class ArgInfo:
     """One argument of an op, as the property tests need it."""
 
     name: str
-    kind: str                       # tensor | float | int | bool | choice | shape | dtype
+    # tensor, float, int, bool, choice, shape, dtype, dim(s), pair, padding (conv2d), groups
+    kind: str
     default: object = None          # None: required (or an omitted optional tensor)
     optional: bool = False
     choices: tuple[str, ...] = ()

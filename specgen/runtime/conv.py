@@ -1,0 +1,397 @@
+"""Host side of the convolution family: torch's geometry arguments, shape checks, the output's
+memory format, the strategy and the launches (docs/families.md, "Convolution family").
+
+Strategies (``runtime.override(strategy=...)`` forces one):
+
+- ``gemm``: the implicit-GEMM kernel on the tensors as they are (any strides);
+- ``gemm_repack``: the same, after copying an NCHW-contiguous input, and a weight whose input
+  channels are not contiguous, to channels-last (one transpose kernel each): the kernel's loads
+  then run along contiguous channels. Auto picks it for such inputs with 16 input channels a
+  group or more; the copies are part of the op, and of its time;
+- ``depthwise``: one input channel a group (depthwise convolutions): each output channel reads
+  one input channel, a multiply-add per tap, without tl.dot (whose K would be 15/16 padding).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch._prims_common import suggest_memory_format
+
+from specgen.runtime.checks import as_int, check_tensors
+from specgen.runtime.context import interpreting, note_launch, overrides
+from specgen.runtime.launch import choose_int64, launch, plan_cache, shared_memory
+from specgen.runtime.layout import span
+from specgen.runtime.op import FamilyRuntime, Op
+from specgen.runtime.replay import empty
+
+STRATEGIES = ("gemm", "gemm_repack", "depthwise")
+# tl.dot's least block size, and the pixel run the NCHW store hint asserts (PIXEL_RUN)
+MIN_DOT_BLOCK = 16
+PIXEL_RUN = 16
+# the transpose kernel's tile (channels x pixels) and warps
+REPACK_TILE = {"BLOCK_C": 32, "BLOCK_L": 64, "num_warps": 4}
+# the depthwise kernel's tile (pixels x channels) and warps
+DEPTHWISE_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4}
+_PADDINGS = ("same", "valid")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The op's roles and geometry arguments (the generated module's literal)."""
+
+    input: str
+    weight: str
+    epilogue: tuple[tuple[str, tuple[str, ...]], ...]   # epilogue operands: (name, dims)
+    outputs: tuple[str, ...]
+    geometry: tuple[str, ...]       # the geometry arguments the op takes
+    out_dtype: torch.dtype | None   # [epilogue] dtype, else the inputs'
+    promoted: tuple[str, ...] = ()  # epilogue operands that promote with the result
+    optional: tuple[str, ...] = ()  # optional epilogue operands (a HAS_<NAME> flag each)
+    max_block_k: int = 64           # the config space's largest BLOCK_K (EVEN_C)
+
+
+# ---- geometry ------------------------------------------------------------------------------------
+
+def _ints(op: str, name: str, value: object, counts: Sequence[int]) -> list:
+    """An int or a list of ints (``counts``: the lengths taken) as a list, or TypeError."""
+    one = as_int(value, tensors=False)
+    if one is not None:
+        return [one]
+    if isinstance(value, (list, tuple, torch.Size)):
+        items = [as_int(v, tensors=False) for v in value]
+        if all(i is not None for i in items) and len(items) in counts:
+            return items
+        if all(i is not None for i in items):
+            raise ValueError(f"{op}: argument '{name}' must be one int or "
+                             f"{' or '.join(map(str, counts[1:]))} ints, got {list(value)}")
+    raise TypeError(f"{op}: argument '{name}' must be an int or a tuple of ints, got "
+                    f"{type(value).__name__} {value!r}")
+
+
+def geometry(op: str, values: dict, weight: torch.Tensor, registered: bool) -> dict:
+    """stride, padding, dilation (two ints each, padding four: top, bottom, left, right) and
+    groups, checked as torch checks them. ``registered``: the registered operator's form
+    (padding four ints), else torch's (an int, a pair, "same" or "valid")."""
+    if weight.dim() != 4:
+        raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, in_channels / "
+                         f"groups, kH, kW), got shape {tuple(weight.shape)}")
+    stride = _ints(op, "stride", values.get("stride", 1), (1, 2))
+    dilation = _ints(op, "dilation", values.get("dilation", 1), (1, 2))
+    stride, dilation = stride * (3 - len(stride)), dilation * (3 - len(dilation))
+    if any(s <= 0 for s in stride):
+        raise ValueError(f"{op}: argument 'stride' must be positive, got {stride}")
+    if any(d <= 0 for d in dilation):
+        raise ValueError(f"{op}: argument 'dilation' must be positive, got {dilation}")
+    padding = values.get("padding", 0)
+    if isinstance(padding, str):
+        if registered or padding not in _PADDINGS:
+            raise ValueError(f"{op}: argument 'padding' must be an int, a pair of ints, 'same' "
+                             f"or 'valid', got {padding!r}")
+        if padding == "valid":
+            pads = [0, 0, 0, 0]
+        else:
+            if any(s != 1 for s in stride):
+                raise ValueError(f"{op}: padding='same' is not supported for strided "
+                                 f"convolutions (stride {stride})")
+            # torch pads the extra row and column of an even filter at the bottom and right
+            pads = []
+            for d, size in zip(dilation, weight.shape[2:]):
+                total = d * (size - 1)
+                pads += [total // 2, total - total // 2]
+    else:
+        pads = _ints(op, "padding", padding, (1, 4) if registered else (1, 2))
+        if len(pads) == 1:
+            pads = pads * 4
+        elif len(pads) == 2:
+            pads = [pads[0], pads[0], pads[1], pads[1]]
+        if any(p < 0 for p in pads):
+            raise ValueError(f"{op}: argument 'padding' must not be negative, got {padding}")
+    groups = values.get("groups", 1)
+    taken = as_int(groups, tensors=False)
+    if taken is None:
+        raise TypeError(f"{op}: argument 'groups' must be an int, got {type(groups).__name__}")
+    if taken <= 0:
+        raise ValueError(f"{op}: argument 'groups' must be positive, got {taken}")
+    return {"stride": stride, "padding": pads, "dilation": dilation, "groups": taken}
+
+
+# ---- the launch plan -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """Everything a call's launches need that its sizes, strides and geometry decide."""
+
+    shape: tuple[int, ...]          # the output's (N, K, P, Q)
+    strides: tuple[int, ...]        # and its strides (torch's memory format)
+    m: int                          # output pixels: N * P * Q
+    n: int                          # output channels a group
+    c: int                          # input channels a group
+    groups: int
+    sizes: tuple[int, ...]          # the kernels' M, N, C, H, W, P, Q
+    geometry: tuple[int, ...]       # stride, padding (top, left), dilation: kernel scalars
+    strategy: str
+    repack_input: bool
+    repack_weight: bool
+    index_64: bool
+    even_c: bool
+    flat_out: bool                  # outputs' pixels one run per image (NCHW): the store hint
+    aligned_pixels: bool            # P * Q a multiple of PIXEL_RUN
+
+    def grid(self, meta: dict) -> tuple[int]:
+        tiles_m = -(-self.m // meta["BLOCK_M"])
+        return (tiles_m * -(-self.n // meta["BLOCK_N"]) * self.groups,)
+
+    def depthwise_grid(self, meta: dict) -> tuple[int, int]:
+        return (-(-self.m // meta["BLOCK_M"]), -(-self.n * self.groups // meta["BLOCK_N"]))
+
+
+def _channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    return suggest_memory_format(torch.empty_strided(shape, strides, device="meta")) \
+        == torch.channels_last
+
+
+def _nchw(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether each (batch, channel) plane is contiguous: one run of H * W elements, which the
+    transpose kernel reads along."""
+    return strides[3] == 1 and (shape[2] == 1 or strides[2] == shape[3])
+
+
+@plan_cache
+def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape: tuple,
+              w_strides: tuple, stride: tuple, pads: tuple, dilation: tuple, groups: int,
+              spans: tuple, max_block_k: int, forced: str | None, knobs: object) -> ConvPlan:
+    batch, channels, height, width = x_shape
+    out_channels, c_group, kh, kw = w_shape
+    if channels != c_group * groups:
+        raise ValueError(f"{op}: given groups={groups} and weight of shape {list(w_shape)}, "
+                         f"expected 'input' to have {c_group * groups} channels, got {channels}")
+    if out_channels % groups:
+        raise ValueError(f"{op}: given groups={groups}, expected 'weight' to have a multiple of "
+                         f"{groups} output channels, got {out_channels}")
+    padded_h, padded_w = height + pads[0] + pads[1], width + pads[2] + pads[3]
+    extent_h, extent_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
+    if extent_h > padded_h or extent_w > padded_w:
+        raise ValueError(f"{op}: the padded input is {padded_h} x {padded_w} per channel, smaller "
+                         f"than the (dilated) kernel, {extent_h} x {extent_w}")
+    out_h = (padded_h - extent_h) // stride[0] + 1
+    out_w = (padded_w - extent_w) // stride[1] + 1
+    shape = (batch, out_channels, out_h, out_w)
+    # torch's memory format: channels-last where the input or the weight is
+    if _channels_last(x_shape, x_strides) or _channels_last(w_shape, w_strides):
+        strides = (out_h * out_w * out_channels, 1, out_w * out_channels, out_channels)
+    else:
+        strides = (out_channels * out_h * out_w, out_h * out_w, out_w, 1)
+    n = out_channels // groups
+    strategy = forced or ("depthwise" if c_group == 1 else
+                          "gemm_repack" if c_group >= MIN_DOT_BLOCK and x_strides[1] != 1
+                          and _nchw(x_shape, x_strides) else "gemm")
+    repack_input = strategy == "gemm_repack" and _nchw(x_shape, x_strides) and batch <= 65535
+    repack_weight = strategy == "gemm_repack" and _nchw(w_shape, w_strides) \
+        and w_strides[1] != 1 and out_channels <= 65535
+    m = batch * out_h * out_w
+    index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels), 1 << 16)
+    flat_out = strides[2] == out_w
+    return ConvPlan(shape=shape, strides=strides, m=m, n=n, c=c_group, groups=groups,
+                    sizes=(m, n, c_group, height, width, out_h, out_w),
+                    geometry=(stride[0], stride[1], pads[0], pads[2], dilation[0], dilation[1]),
+                    strategy=strategy, repack_input=repack_input, repack_weight=repack_weight,
+                    index_64=index_64, even_c=c_group % max_block_k == 0, flat_out=flat_out,
+                    aligned_pixels=(out_h * out_w) % PIXEL_RUN == 0)
+
+
+# ---- configs -------------------------------------------------------------------------------------
+
+def _fitted(block: int, size: int) -> int:
+    if size >= block:
+        return block
+    if size <= MIN_DOT_BLOCK:
+        return MIN_DOT_BLOCK
+    return 1 << (size - 1).bit_length()
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """``early_config_prune``: blocks clamped to the problem (a group of 32 channels takes
+    32-channel blocks) and the configs that become equal merged; configs whose pipelined tiles
+    exceed the shared memory dropped unless nothing else is left."""
+    import triton
+    m, n, c = named_args["M"], named_args["N"], named_args["C"]
+    x = next(v for v in named_args.values() if hasattr(v, "element_size"))
+    limit = shared_memory(x.device)
+    fitted, seen = [], set()
+    for config in configs:
+        meta = dict(config.kwargs)
+        for key, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", c)):
+            meta[key] = _fitted(meta[key], size)
+        point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
+        if point not in seen:
+            seen.add(point)
+            fitted.append(triton.Config(meta, num_warps=config.num_warps,
+                                        num_stages=config.num_stages))
+
+    def fits(config) -> bool:
+        meta = config.kwargs
+        smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * x.element_size() * \
+            config.num_stages
+        return smem <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps) <= 128
+    return [c for c in fitted if fits(c)] or fitted[:1]
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: float32 follows torch's cuDNN setting (TF32 by default for
+    convolutions, unlike matmuls), ieee under the interpreter."""
+    if dtype != torch.float32:
+        return "tf32"
+    if interpreting():
+        return "ieee"
+    return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
+
+
+def precision_setting() -> bool:
+    return torch.backends.cudnn.allow_tf32
+
+
+# ---- the family runtime --------------------------------------------------------------------------
+
+class Conv(FamilyRuntime):
+    """2-D convolutions with fused epilogues. Kernels: ``gemm`` (the implicit GEMM), ``depthwise``
+    and ``repack`` (a (B, C, L) -> (B, L, C) transpose)."""
+
+    doc_note = "computed by one fused kernel (after a channels-last copy of an NCHW input)."
+
+    def replay_state(self) -> Callable[[], object]:
+        return precision_setting
+
+    def spell_out(self, op: Op, args: tuple) -> tuple:
+        layout: Launch = op.description.launch
+        if not layout.geometry:
+            return args
+        names = [a.name for a in op.description.args]
+        values = dict(zip(names, args))
+        spelled = geometry(op.name, values, values[layout.weight], registered=False)
+        return tuple(spelled[name] if name in layout.geometry else value
+                     for name, value in zip(names, args))
+
+    def run(self, op: Op, args: tuple) -> Any:
+        d = op.description
+        layout: Launch = d.launch
+        values = dict(zip((a.name for a in d.args), args))
+        x, w = values[layout.input], values[layout.weight]
+        epilogue = {name: values[name] for name, _ in layout.epilogue}
+        tensors = {layout.input: x, layout.weight: w,
+                   **{n: t for n, t in epilogue.items() if t is not None}}
+        device = check_tensors(op.name, tensors, d.dtypes)
+        _check_dtypes(op.name, tensors, layout.promoted)
+        geo = geometry(op.name, values, w, registered=True)
+        if x.dim() not in (3, 4):
+            raise ValueError(f"{op.name}: argument '{layout.input}' must be 3-D (C, H, W) or 4-D "
+                             f"(N, C, H, W), got shape {tuple(x.shape)}")
+        unbatched = x.dim() == 3
+        x4 = x.unsqueeze(0) if unbatched else x
+        spans = {layout.input: span(tuple(x4.shape), tuple(x4.stride())),
+                 layout.weight: span(tuple(w.shape), tuple(w.stride()))}
+        knobs = overrides()
+        forced = knobs.strategy
+        if forced is not None and forced not in STRATEGIES:
+            raise ValueError(f"{op.name}: unknown strategy {forced!r}; expected one of "
+                             f"{', '.join(STRATEGIES)}")
+        if forced == "depthwise" and w.shape[1] != 1:
+            forced = None
+        plan = conv_plan(op.name, d.indexing, tuple(x4.shape), tuple(x4.stride()),
+                         tuple(w.shape), tuple(w.stride()), tuple(geo["stride"]),
+                         tuple(geo["padding"]), tuple(geo["dilation"]), geo["groups"],
+                         tuple(sorted(spans.items())), layout.max_block_k, forced,
+                         (knobs.indexing,))
+        views = {}
+        for name, dims in layout.epilogue:
+            t = epilogue[name]
+            if t is None:
+                views[name] = None
+            elif dims == ("K",):
+                if t.dim() != 1 or t.shape[0] != plan.shape[1]:
+                    raise ValueError(f"{op.name}: argument '{name}' must have shape "
+                                     f"({plan.shape[1]},), one value per output channel, got "
+                                     f"{tuple(t.shape)}")
+                views[name] = t
+            else:
+                target = plan.shape[1:] if unbatched else plan.shape
+                try:
+                    expanded = t.expand(target)
+                except RuntimeError:
+                    raise ValueError(f"{op.name}: argument '{name}' of shape {tuple(t.shape)} "
+                                     f"does not broadcast to the output's {tuple(target)}") from None
+                views[name] = expanded.unsqueeze(0) if unbatched else expanded
+        dtype = layout.out_dtype or x.dtype
+        promoted = [views[n] for n in layout.promoted if views[n] is not None]
+        if promoted:
+            dtype = functools.reduce(torch.promote_types, (t.dtype for t in promoted), dtype)
+        outs = tuple(empty(plan.shape, dtype, device, plan.strides) for _ in d.outputs)
+        if 0 not in plan.shape:
+            _launch(op, plan, x4, w, views, outs, args)
+        if unbatched:
+            outs = tuple(o.squeeze(0) for o in outs)
+        return outs[0] if len(outs) == 1 else outs
+
+
+def _check_dtypes(op: str, tensors: dict, promoted: Sequence[str]) -> None:
+    """torch's conv2d takes one dtype for its input, weight and bias."""
+    (first_name, first), *rest = [(n, t) for n, t in tensors.items() if n not in promoted]
+    for name, t in rest:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}, but '{first_name}' "
+                            f"has {first.dtype}; the convolution's operands must have one dtype")
+
+
+def _repacked(op: Op, tensor: torch.Tensor, index_64: bool) -> torch.Tensor:
+    """``tensor`` (B, C, H, W) with contiguous planes, copied to channels-last by the transpose
+    kernel."""
+    b, c, h, w = tensor.shape
+    out = empty((b, h, w, c), tensor.dtype, tensor.device).permute(0, 3, 1, 2)
+    tile = REPACK_TILE
+    launch(op.kernels["repack"], (-(-h * w // tile["BLOCK_L"]), -(-c // tile["BLOCK_C"]), b),
+           tensor, out, c, h * w, tensor.stride(0), tensor.stride(1), INDEX_64=index_64, **tile)
+    return out
+
+
+def _launch(op: Op, plan: ConvPlan, x: torch.Tensor, w: torch.Tensor, views: dict,
+            outs: tuple, args: tuple) -> None:
+    d = op.description
+    layout: Launch = d.launch
+    note_launch(op.name, plan.strategy, plan.index_64, repack_input=plan.repack_input,
+                repack_weight=plan.repack_weight)
+    if plan.repack_input:
+        x = _repacked(op, x, plan.index_64)
+    if plan.repack_weight:
+        w = _repacked(op, w, plan.index_64)
+    epilogue = [views[name] for name, _ in layout.epilogue]
+    strides = []
+    for (name, dims), t in zip(layout.epilogue, epilogue):
+        count = len(dims)
+        strides += [0] * count if t is None else list(t.stride())
+    for o in outs:
+        strides += list(o.stride())
+    scalars = [args[i] for i in d.scalar_positions]
+    flags = d.choices_of(args)
+    # an omitted optional operand: its kernel flag is off
+    flags.update({f"HAS_{name.upper()}": views[name] is not None for name in layout.optional})
+    common = dict(R=w.shape[2], S=w.shape[3], INDEX_64=plan.index_64)
+    tensors = (x, w, *(t if t is not None else x for t in epilogue), *outs)
+    sizes_strides = (*plan.sizes, *x.stride(), *w.stride(), *strides, *plan.geometry, *scalars)
+    tune_key = (plan, x.dtype)
+    if plan.strategy == "depthwise":
+        # the depthwise kernel's N counts every output channel, its C those of a group
+        m, n, c, *rest = plan.sizes
+        sizes_strides = (m, n * plan.groups, n, *rest, *sizes_strides[len(plan.sizes):])
+        launch(op.kernels["depthwise"], plan.depthwise_grid, *tensors, *sizes_strides, **flags,
+               **common, FLAT_OUT=plan.flat_out, ALIGNED_PIXELS=plan.aligned_pixels,
+               **DEPTHWISE_TILE)
+        return
+    launch(op.kernels["gemm"], plan.grid, *tensors, *sizes_strides, **flags, **common,
+           EVEN_C=plan.even_c, FLAT_OUT=plan.flat_out, ALIGNED_PIXELS=plan.aligned_pixels,
+           INPUT_PRECISION=input_precision(x.dtype), tune_key=tune_key)
+
+
+RUNTIME = Conv()
