@@ -68,7 +68,9 @@ GENERATED_NAMES = frozenset({
     "in_h", "in_w", "input_rows", "out_h", "out_w", "pixel", "programs_in_group", "r", "s", "step",
     "tap", "tiles", "tiles_m", "tiles_n", "conv_group", "h_start", "w_start", "taps",
     "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "batch", "height",
-    "width", "channels", "out_channels",
+    "width", "channels", "out_channels", "out_row", "out_col", "out_pixels",
+    # the channels-last repack kernel's
+    "bid", "dst_ptr", "pixels", "src_ptr", "src_stride_b", "src_stride_c",
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_")
 # what the template appends to a tensor's or output's name
@@ -153,7 +155,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ConvBody:
     if INPUT_DIMS not in found or WEIGHT_DIMS not in found:
         raise args_where.error('a convolution needs an input with dims ["N", "C", "H", "W"] and '
                                'a weight with dims ["K", "C", "R", "S"]')
-    conv = top.pop_table("conv")
+    conv = top.pop_table("conv", required=False) or Table({}, top.where.child("conv"))
     geometry = _parse_geometry(conv, spec_args)
     conv.finish()
     epilogue = top.pop_table("epilogue")

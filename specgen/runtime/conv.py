@@ -14,7 +14,6 @@ Strategies (``runtime.override(strategy=...)`` forces one):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -74,8 +73,8 @@ def _ints(op: str, name: str, value: object, counts: Sequence[int]) -> list:
 
 def geometry(op: str, values: dict, weight: torch.Tensor, registered: bool) -> dict:
     """stride, padding, dilation (two ints each, padding four: top, bottom, left, right) and
-    groups, checked as torch checks them. ``registered``: the registered operator's form
-    (padding four ints), else torch's (an int, a pair, "same" or "valid")."""
+    groups, checked as torch checks them. ``registered``: the registered operator's forms (ints),
+    else torch's too (padding "same" or "valid")."""
     if weight.dim() != 4:
         raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, in_channels / "
                          f"groups, kH, kW), got shape {tuple(weight.shape)}")
@@ -103,7 +102,9 @@ def geometry(op: str, values: dict, weight: torch.Tensor, registered: bool) -> d
                 total = d * (size - 1)
                 pads += [total // 2, total - total // 2]
     else:
-        pads = _ints(op, "padding", padding, (1, 4) if registered else (1, 2))
+        # torch's forms, and the four pads they are spelled out as (which the registered
+        # operator takes, and the public function again where autograd calls it with them)
+        pads = _ints(op, "padding", padding, (1, 2, 4))
         if len(pads) == 1:
             pads = pads * 4
         elif len(pads) == 2:
@@ -194,7 +195,8 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         and w_strides[1] != 1 and out_channels <= 65535
     m = batch * out_h * out_w
     index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels), 1 << 16)
-    flat_out = strides[2] == out_w
+    # each image's pixels one run per channel (an NCHW output, or one of one channel)
+    flat_out = strides[3] == 1 and strides[2] == out_w
     return ConvPlan(shape=shape, strides=strides, m=m, n=n, c=c_group, groups=groups,
                     sizes=(m, n, c_group, height, width, out_h, out_w),
                     geometry=(stride[0], stride[1], pads[0], pads[2], dilation[0], dilation[1]),
@@ -290,8 +292,10 @@ class Conv(FamilyRuntime):
             raise ValueError(f"{op.name}: argument '{layout.input}' must be 3-D (C, H, W) or 4-D "
                              f"(N, C, H, W), got shape {tuple(x.shape)}")
         unbatched = x.dim() == 3
-        x4 = x.unsqueeze(0) if unbatched else x
-        spans = {layout.input: span(tuple(x4.shape), tuple(x4.stride())),
+        # the kernels index every tensor as 4-D: an unbatched one has one batch element (its
+        # stride unused); they take the call's tensors themselves, which replays require
+        x_shape, x_strides = _four_d(x)
+        spans = {layout.input: span(x_shape, x_strides),
                  layout.weight: span(tuple(w.shape), tuple(w.stride()))}
         knobs = overrides()
         forced = knobs.strategy
@@ -300,40 +304,53 @@ class Conv(FamilyRuntime):
                              f"{', '.join(STRATEGIES)}")
         if forced == "depthwise" and w.shape[1] != 1:
             forced = None
-        plan = conv_plan(op.name, d.indexing, tuple(x4.shape), tuple(x4.stride()),
-                         tuple(w.shape), tuple(w.stride()), tuple(geo["stride"]),
-                         tuple(geo["padding"]), tuple(geo["dilation"]), geo["groups"],
-                         tuple(sorted(spans.items())), layout.max_block_k, forced,
-                         (knobs.indexing,))
-        views = {}
+        plan = conv_plan(op.name, d.indexing, x_shape, x_strides, tuple(w.shape),
+                         tuple(w.stride()), tuple(geo["stride"]), tuple(geo["padding"]),
+                         tuple(geo["dilation"]), geo["groups"], tuple(sorted(spans.items())),
+                         layout.max_block_k, forced, (knobs.indexing,))
+        shape = plan.shape[1:] if unbatched else plan.shape
+        strides = plan.strides[1:] if unbatched else plan.strides
+        operands = {}
         for name, dims in layout.epilogue:
             t = epilogue[name]
             if t is None:
-                views[name] = None
+                operands[name] = None
             elif dims == ("K",):
                 if t.dim() != 1 or t.shape[0] != plan.shape[1]:
                     raise ValueError(f"{op.name}: argument '{name}' must have shape "
                                      f"({plan.shape[1]},), one value per output channel, got "
                                      f"{tuple(t.shape)}")
-                views[name] = t
+                operands[name] = (t, tuple(t.stride()))
             else:
-                target = plan.shape[1:] if unbatched else plan.shape
-                try:
-                    expanded = t.expand(target)
-                except RuntimeError:
-                    raise ValueError(f"{op.name}: argument '{name}' of shape {tuple(t.shape)} "
-                                     f"does not broadcast to the output's {tuple(target)}") from None
-                views[name] = expanded.unsqueeze(0) if unbatched else expanded
+                operands[name] = (t, _broadcast_strides(op.name, name, t, shape))
         dtype = layout.out_dtype or x.dtype
-        promoted = [views[n] for n in layout.promoted if views[n] is not None]
-        if promoted:
-            dtype = functools.reduce(torch.promote_types, (t.dtype for t in promoted), dtype)
-        outs = tuple(empty(plan.shape, dtype, device, plan.strides) for _ in d.outputs)
+        for name in layout.promoted:
+            if epilogue[name] is not None:
+                dtype = torch.promote_types(dtype, epilogue[name].dtype)
+        outs = tuple(empty(shape, dtype, device, strides) for _ in d.outputs)
         if 0 not in plan.shape:
-            _launch(op, plan, x4, w, views, outs, args)
-        if unbatched:
-            outs = tuple(o.squeeze(0) for o in outs)
+            _launch(op, plan, (x, x_strides), w, operands, outs, args)
         return outs[0] if len(outs) == 1 else outs
+
+
+def _four_d(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A 3-D (unbatched) or 4-D tensor's sizes and strides as 4-D ones."""
+    if t.dim() == 3:
+        return (1, *t.shape), (0, *t.stride())
+    return tuple(t.shape), tuple(t.stride())
+
+
+def _broadcast_strides(op: str, name: str, t: torch.Tensor, shape: tuple) -> tuple[int, ...]:
+    """The 4-D strides reading ``t`` broadcast to the output's ``shape`` (stride 0 along a
+    broadcast dim), or ValueError."""
+    if t.dim() > len(shape) or any(size not in (1, full) for size, full
+                                   in zip(reversed(t.shape), reversed(shape))):
+        raise ValueError(f"{op}: argument '{name}' of shape {tuple(t.shape)} does not broadcast "
+                         f"to the output's {tuple(shape)}")
+    lead = len(shape) - t.dim()
+    strides = (0,) * lead + tuple(st if size == full else 0 for size, st, full
+                                  in zip(t.shape, t.stride(), shape[lead:]))
+    return (0,) * (4 - len(strides)) + strides
 
 
 def _check_dtypes(op: str, tensors: dict, promoted: Sequence[str]) -> None:
@@ -345,53 +362,60 @@ def _check_dtypes(op: str, tensors: dict, promoted: Sequence[str]) -> None:
                             f"has {first.dtype}; the convolution's operands must have one dtype")
 
 
-def _repacked(op: Op, tensor: torch.Tensor, index_64: bool) -> torch.Tensor:
-    """``tensor`` (B, C, H, W) with contiguous planes, copied to channels-last by the transpose
-    kernel."""
-    b, c, h, w = tensor.shape
-    out = empty((b, h, w, c), tensor.dtype, tensor.device).permute(0, 3, 1, 2)
+def _repacked(op: Op, tensor: torch.Tensor, shape: tuple, strides: tuple,
+              index_64: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``tensor`` of 4-D ``shape`` and ``strides`` (B, C, H, W) with contiguous planes, copied
+    by the transpose kernel to a (B, H, W, C) allocation; with its strides as (B, C, H, W)."""
+    b, c, h, w = shape
+    out = empty((b, h, w, c), tensor.dtype, tensor.device)
     tile = REPACK_TILE
     launch(op.kernels["repack"], (-(-h * w // tile["BLOCK_L"]), -(-c // tile["BLOCK_C"]), b),
-           tensor, out, c, h * w, tensor.stride(0), tensor.stride(1), INDEX_64=index_64, **tile)
-    return out
+           tensor, out, c, h * w, strides[0], strides[1], INDEX_64=index_64, **tile)
+    return out, (h * w * c, 1, w * c, c)
 
 
-def _launch(op: Op, plan: ConvPlan, x: torch.Tensor, w: torch.Tensor, views: dict,
-            outs: tuple, args: tuple) -> None:
+def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, outs: tuple,
+            args: tuple) -> None:
     d = op.description
     layout: Launch = d.launch
     note_launch(op.name, plan.strategy, plan.index_64, repack_input=plan.repack_input,
                 repack_weight=plan.repack_weight)
+    x, x_strides = x
+    w_shape, w_strides = tuple(w.shape), tuple(w.stride())
     if plan.repack_input:
-        x = _repacked(op, x, plan.index_64)
+        x, x_strides = _repacked(op, x, _four_d(x)[0], x_strides, plan.index_64)
     if plan.repack_weight:
-        w = _repacked(op, w, plan.index_64)
-    epilogue = [views[name] for name, _ in layout.epilogue]
-    strides = []
-    for (name, dims), t in zip(layout.epilogue, epilogue):
-        count = len(dims)
-        strides += [0] * count if t is None else list(t.stride())
+        w, w_strides = _repacked(op, w, w_shape, w_strides, plan.index_64)
+    tensors, strides = [], []
+    for (name, dims) in layout.epilogue:
+        entry = operands[name]
+        # an omitted optional operand: its flag is off, and the kernel never reads the pointer
+        tensors.append(x if entry is None else entry[0])
+        strides += [0] * len(dims) if entry is None else list(entry[1])
     for o in outs:
-        strides += list(o.stride())
+        tensors.append(o)
+        strides += list(_four_d(o)[1])
     scalars = [args[i] for i in d.scalar_positions]
     flags = d.choices_of(args)
     # an omitted optional operand: its kernel flag is off
-    flags.update({f"HAS_{name.upper()}": views[name] is not None for name in layout.optional})
-    common = dict(R=w.shape[2], S=w.shape[3], INDEX_64=plan.index_64)
-    tensors = (x, w, *(t if t is not None else x for t in epilogue), *outs)
-    sizes_strides = (*plan.sizes, *x.stride(), *w.stride(), *strides, *plan.geometry, *scalars)
-    tune_key = (plan, x.dtype)
+    flags.update({f"HAS_{name.upper()}": operands[name] is not None for name in layout.optional})
+    # the filter's size is a constexpr: under torch.compile with dynamic shapes, a guard
+    common = dict(R=int(w_shape[2]), S=int(w_shape[3]), INDEX_64=plan.index_64,
+                  FLAT_OUT=plan.flat_out,
+                  ALIGNED_PIXELS=plan.aligned_pixels)
+    sizes = plan.sizes
     if plan.strategy == "depthwise":
         # the depthwise kernel's N counts every output channel, its C those of a group
-        m, n, c, *rest = plan.sizes
-        sizes_strides = (m, n * plan.groups, n, *rest, *sizes_strides[len(plan.sizes):])
-        launch(op.kernels["depthwise"], plan.depthwise_grid, *tensors, *sizes_strides, **flags,
-               **common, FLAT_OUT=plan.flat_out, ALIGNED_PIXELS=plan.aligned_pixels,
+        m, n, c, *rest = sizes
+        sizes = (m, n * plan.groups, n, *rest)
+    arguments = (x, w, *tensors, *sizes, *x_strides, *w_strides, *strides, *plan.geometry,
+                 *scalars)
+    if plan.strategy == "depthwise":
+        launch(op.kernels["depthwise"], plan.depthwise_grid, *arguments, **flags, **common,
                **DEPTHWISE_TILE)
         return
-    launch(op.kernels["gemm"], plan.grid, *tensors, *sizes_strides, **flags, **common,
-           EVEN_C=plan.even_c, FLAT_OUT=plan.flat_out, ALIGNED_PIXELS=plan.aligned_pixels,
-           INPUT_PRECISION=input_precision(x.dtype), tune_key=tune_key)
+    launch(op.kernels["gemm"], plan.grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
+           INPUT_PRECISION=input_precision(x.dtype), tune_key=(plan, x.dtype))
 
 
 RUNTIME = Conv()

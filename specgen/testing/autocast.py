@@ -27,6 +27,8 @@ TORCH_POLICY = {
     # weight-only quantized linears: their references end in F.linear, which autocast casts (the
     # integer weight is left as it is; int8_linear, all integers and float32 scales, is not cast)
     "int8_weight_linear": "lower", "int4_weight_linear": "lower",
+    # convolutions: torch autocasts conv2d, and the fused one's reference starts with it
+    "conv2d": "lower", "conv2d_bias_silu": "lower",
 }
 # rms_norm joined torch's float32 list after torch 2.11: its policy is the running torch's
 if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):

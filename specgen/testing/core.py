@@ -229,6 +229,9 @@ class Case:
     # input moved by a few ulps of its dtype), and the worst bounds the element. Torch's error at
     # the drawn input alone is the luck of its rounding there
     nearby: int = 0
+    # arguments for the registered operator (``torch.ops.specgen``) where they must differ from
+    # ``args``: a convolution's padding="same", which the operator takes as four ints
+    op_args: dict[str, Any] | None = None
 
     def call(self, info: OpInfo, **extra) -> Any:
         return info.function(**self.args, **extra)

@@ -59,7 +59,9 @@ def check_grad(info: OpInfo, case: Case, seed: int, path: str = "function") -> N
     with override(**case.overrides, poison=True):
         with Observe() if path == "traced" else nullcontext():
             # the registered op may return more (cross_entropy's saved statistics) after them
-            results = outputs(call(**{**case.args, **ours}))[:len(info.outputs)]
+            # (the registered operator takes its own forms of some arguments: Case.op_args)
+            args = case.op_args if path == "op" and case.op_args else case.args
+            results = outputs(call(**{**args, **ours}))[:len(info.outputs)]
         differentiable = [o for o in results if o.is_floating_point()]
         if not differentiable:
             # an index result (argmax) is not differentiable: torch gives it no grad_fn either

@@ -1,0 +1,214 @@
+"""Convolutions: torch's geometry arguments (checked before any launch, spelled out for the
+registered operator), the strategies and what the launcher picks, the output's memory format,
+and the [conv] spec errors. The property suite (tests/test_ops.py) checks conv2d and
+conv2d_bias_silu against float64 F.conv2d over drawn geometry, groups, layouts and configs."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import generated
+from specgen.errors import SpecError
+from specgen.model import Source
+from specgen.parse import parse_spec
+from specgen.runtime import conv as conv_rt
+from specgen.runtime import override
+from specgen.runtime.context import record_launches
+from specgen.testing.core import device
+
+REPO = Path(__file__).resolve().parents[1]
+CONV_SPEC = (REPO / "specs" / "conv2d.toml").read_text()
+SILU_SPEC = (REPO / "specs" / "conv2d_bias_silu.toml").read_text()
+
+
+def _randn(*shape, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator).to(device())
+
+
+@pytest.fixture(autouse=True)
+def ieee_float32():
+    """float32 convolutions in IEEE float32, not TF32 (torch's cuDNN default, which the kernels
+    follow): the checks below hold them to 1e-4."""
+    kept = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = kept
+
+
+def _close(got, want):
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-4)
+
+
+# --- geometry ------------------------------------------------------------------------------------
+
+GEOMETRY = [
+    dict(padding="same"),                                # an odd filter: even pads
+    dict(padding="same", dilation=(1, 2)),
+    dict(padding="valid", stride=(2, 1)),
+    dict(padding=(2, 0), stride=3, dilation=2),
+]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRY, ids=[str(g) for g in GEOMETRY])
+def test_geometry_as_torch(geometry):
+    x, w, b = _randn(2, 5, 9, 11), _randn(4, 5, 3, 2, seed=1), _randn(4, seed=2)
+    want = F.conv2d(x.double(), w.double(), b.double(), **geometry)
+    got = generated.conv2d(x, w, b, **geometry)
+    assert got.shape == want.shape
+    _close(got, want)
+
+
+def test_registered_operator_takes_four_pads():
+    """"same" with an even filter pads one more row and column at the bottom and right, as
+    torch does: the operator takes the four pads the public function spells out."""
+    x, w = _randn(1, 3, 7, 6), _randn(2, 3, 4, 2, seed=1)
+    want = F.conv2d(x.double(), w.double(), padding="same")
+    got = torch.ops.specgen.conv2d(x, w, None, [1, 1], [1, 2, 0, 1], [1, 1], 1)
+    _close(got, want)
+    _close(generated.conv2d(x, w, padding="same"), want)
+
+
+BAD_GEOMETRY = [
+    (dict(padding="full"), ValueError, "argument 'padding' must be an int, a pair of ints"),
+    (dict(padding="same", stride=2), ValueError, "padding='same' is not supported for strided"),
+    (dict(padding=-1), ValueError, "argument 'padding' must not be negative"),
+    (dict(padding=(1, 2, 3)), ValueError, "argument 'padding' must be one int or 2 or 4 ints"),
+    (dict(stride=0), ValueError, "argument 'stride' must be positive"),
+    (dict(stride=1.5), TypeError, "argument 'stride' must be an int or a tuple of ints"),
+    (dict(dilation=(1, 0)), ValueError, "argument 'dilation' must be positive"),
+    (dict(groups=0), ValueError, "argument 'groups' must be positive"),
+    (dict(groups=2), ValueError, "expected 'input' to have 6 channels, got 3"),
+]
+
+
+@pytest.mark.parametrize("geometry, kind, words", BAD_GEOMETRY,
+                         ids=[str(g[0]) for g in BAD_GEOMETRY])
+def test_bad_geometry_named_before_any_launch(geometry, kind, words):
+    x, w = _randn(1, 3, 6, 6), _randn(4, 3, 3, 3, seed=1)
+    with record_launches() as log, pytest.raises(kind, match=words.replace("(", r"\(")):
+        generated.conv2d(x, w, **geometry)
+    assert not log
+
+
+BAD_TENSORS = [
+    ("a 5-D input", lambda: (_randn(1, 1, 3, 6, 6), _randn(4, 3, 3, 3), None),
+     "argument 'input' must be 3-D"),
+    ("a 3-D weight", lambda: (_randn(1, 3, 6, 6), _randn(4, 3, 3), None),
+     "argument 'weight' must be 4-D"),
+    ("a filter larger than the padded input", lambda: (_randn(1, 3, 2, 6), _randn(4, 3, 3, 3), None),
+     "smaller than the \\(dilated\\) kernel"),
+    ("a bias of the wrong size", lambda: (_randn(1, 3, 6, 6), _randn(4, 3, 3, 3), _randn(5)),
+     "argument 'bias' must have shape \\(4,\\)"),
+    ("operands of two dtypes", lambda: (_randn(1, 3, 6, 6), _randn(4, 3, 3, 3).half(), None),
+     "argument 'weight' has dtype torch.float16"),
+]
+
+
+@pytest.mark.parametrize("what, make, words", BAD_TENSORS, ids=[c[0] for c in BAD_TENSORS])
+def test_bad_tensors_named_before_any_launch(what, make, words):
+    x, w, b = make()
+    with record_launches() as log, pytest.raises((ValueError, TypeError), match=words):
+        generated.conv2d(x, w, b)
+    assert not log
+
+
+# --- strategies and layouts ----------------------------------------------------------------------
+
+def _strategy(x, w, **geometry):
+    with record_launches() as log:
+        generated.conv2d(x, w, **geometry)
+    return log[-1].kernel, log[-1].details
+
+
+def test_launcher_picks_by_layout_and_groups():
+    w = _randn(16, 16, 3, 3)
+    nchw = _randn(2, 16, 5, 5)
+    assert _strategy(nchw, w) == ("gemm_repack", {"repack_input": True, "repack_weight": True})
+    channels_last = nchw.to(memory_format=torch.channels_last)
+    assert _strategy(channels_last, w.to(memory_format=torch.channels_last))[0] == "gemm"
+    # one input channel a group: the depthwise kernel
+    assert _strategy(nchw, _randn(32, 1, 3, 3), groups=16)[0] == "depthwise"
+    # few channels: a repack would not pay
+    assert _strategy(_randn(2, 3, 5, 5), _randn(8, 3, 3, 3))[0] == "gemm"
+
+
+@pytest.mark.parametrize("strategy", conv_rt.STRATEGIES)
+@pytest.mark.parametrize("indexing", ["int32", "int64"])
+def test_every_strategy_matches(strategy, indexing):
+    groups = 4 if strategy == "depthwise" else 2
+    x = _randn(2, 4, 6, 7)
+    w = _randn(8, 4 // groups, 3, 2, seed=1)
+    b = _randn(8, seed=2)
+    want = F.conv2d(x.double(), w.double(), b.double(), padding=1, groups=groups)
+    with override(strategy=strategy, indexing=indexing):
+        _close(generated.conv2d(x, w, b, padding=1, groups=groups), want)
+
+
+@pytest.mark.parametrize("input_last, weight_last", [(False, False), (True, False), (False, True)])
+def test_output_memory_format_is_torchs(input_last, weight_last):
+    x, w = _randn(2, 4, 5, 5), _randn(6, 4, 3, 3, seed=1)
+    if input_last:
+        x = x.to(memory_format=torch.channels_last)
+    if weight_last:
+        w = w.to(memory_format=torch.channels_last)
+    got = generated.conv2d(x, w)
+    want = F.conv2d(x, w)
+    assert got.stride() == want.stride()
+
+
+def test_fused_epilogue_matches_conv_bias_silu():
+    x, w, b = _randn(2, 8, 6, 6), _randn(5, 8, 3, 3, seed=1), _randn(5, seed=2)
+    want = F.silu(F.conv2d(x.double(), w.double(), b.double(), stride=2, padding=1))
+    _close(generated.conv2d_bias_silu(x, w, b, 2, 1), want)
+
+
+# --- spec errors ---------------------------------------------------------------------------------
+
+def _parse(text: str):
+    return parse_spec(text, Source("specs/c.toml", "0" * 64, text))
+
+
+SPEC_CASES = [
+    ("a weight without dims", 'weight = { kind = "tensor", dims = ["K", "C", "R", "S"] }',
+     'weight = { kind = "tensor", dims = ["K", "C"] }', "args.weight.dims", "expected one of"),
+    ("an optional weight", 'weight = { kind = "tensor", dims = ["K", "C", "R", "S"] }',
+     'weight = { kind = "tensor", dims = ["K", "C", "R", "S"], optional = true }',
+     "args.weight.optional", "cannot be optional"),
+    ("an unknown geometry argument", 'args = ["stride", "padding"]',
+     'args = ["stride", "pad"]', "conv.args", "'pad' is not a geometry argument"),
+    ("geometry out of order", 'args = ["stride", "padding"]', 'args = ["padding", "stride"]',
+     "conv.args", "expected torch's order"),
+    ("a geometry argument the reference ignores", 'args = ["stride", "padding"]',
+     'args = ["stride", "padding", "groups"]', "op.reference",
+     "argument 'groups' ([conv] args) is not used by the reference"),
+    ("a reference naming one the op lacks", "bias, stride, padding))",
+     "bias, stride, padding, dilation))", "op.reference",
+     "'dilation' is not an argument of the op"),
+    ("the input read in the epilogue", 'out = "silu(acc + bias)"', 'out = "silu(acc + input)"',
+     "epilogue.out", "enter the epilogue only through acc"),
+]
+
+
+@pytest.mark.parametrize("what, old, new, key, words", SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
+def test_conv_spec_errors_are_located(what, old, new, key, words):
+    # conv2d's bias is optional: an optional weight before it is the family's error
+    base = CONV_SPEC if what == "an optional weight" else SILU_SPEC
+    assert old in base, f"test table out of date: {old!r}"
+    with pytest.raises(SpecError) as err:
+        spec = _parse(base.replace(old, new, 1))
+        # the reference's geometry names are checked when the op is planned
+        from specgen.families import FAMILIES
+        FAMILIES["conv"].plan(spec)
+    message = str(err.value)
+    assert message.startswith(f"specs/c.toml: [{key}]"), message
+    assert words in message, message
+
+
+def test_conv2d_spec_plans():
+    from specgen.families import FAMILIES
+    plan = FAMILIES["conv"].plan(_parse(CONV_SPEC))
+    assert plan.geometry == ("stride", "padding", "dilation", "groups")
+    assert [a.name for a in plan.args][-4:] == ["stride", "padding", "dilation", "groups"]
