@@ -123,15 +123,28 @@ def _strategy(x, w, **geometry):
     return log[-1].kernel, log[-1].details
 
 
+def _has_tma():
+    return device() == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+
+
 def test_launcher_picks_by_layout_and_groups():
     w = _randn(16, 16, 3, 3)
     nchw = _randn(2, 16, 5, 5)
+    # an NCHW input and weight copied to channels-last for the GEMM kernel's loads
     assert _strategy(nchw, w) == ("gemm_repack", {"repack_input": True, "repack_weight": True})
     channels_last = nchw.to(memory_format=torch.channels_last)
     assert _strategy(channels_last, w.to(memory_format=torch.channels_last))[0] == "gemm"
+    # a 1 x 1 filter reads each input element once: no copy
+    assert _strategy(nchw, _randn(8, 16, 1, 1)) == ("gemm", {"repack_input": False,
+                                                            "repack_weight": False})
+    # from 128 channels, Hopper's TMA kernel where it can take the call (stride 1, one group)
+    wide = _randn(1, 128, 4, 4).to(memory_format=torch.channels_last)
+    w_wide = _randn(16, 128, 3, 3).to(memory_format=torch.channels_last)
+    assert _strategy(wide, w_wide)[0] == ("tma" if _has_tma() else "gemm")
+    assert _strategy(wide, w_wide, stride=2)[0] == "gemm"
     # one input channel a group: the depthwise kernel
     assert _strategy(nchw, _randn(32, 1, 3, 3), groups=16)[0] == "depthwise"
-    # few channels: a repack would not pay
+    # few channels: a copy would not pay
     assert _strategy(_randn(2, 3, 5, 5), _randn(8, 3, 3, 3))[0] == "gemm"
 
 

@@ -56,6 +56,7 @@ DEFAULT_CONFIGS = (
     _config(128, 64, 64, warps=4, stages=4),
     _config(128, 128, 32, warps=4, stages=4),
     _config(256, 64, 64, warps=8, stages=3),
+    _config(256, 128, 64, warps=8, stages=3),
     _config(64, 128, 64, warps=4, stages=4),
     _config(128, 256, 64, warps=8, stages=3),
     _config(64, 64, 64, warps=4, stages=3),
@@ -69,6 +70,7 @@ GENERATED_NAMES = frozenset({
     "tap", "tiles", "tiles_m", "tiles_n", "conv_group", "h_start", "w_start", "taps",
     "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "batch", "height",
     "width", "channels", "out_channels", "out_row", "out_col", "out_pixels",
+    "tiles_h", "tiles_w", "patch", "image", "row0", "col0", "tap_stride",  # the TMA kernel's
     # the channels-last repack kernel's
     "bid", "dst_ptr", "pixels", "src_ptr", "src_stride_b", "src_stride_c",
 })

@@ -22,15 +22,21 @@ from torch._prims_common import suggest_memory_format
 
 from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import interpreting, note_launch, overrides
-from specgen.runtime.launch import choose_int64, launch, plan_cache, shared_memory
+from specgen.runtime.launch import (choose_int64, launch, multiprocessors, plan_cache,
+                                   shared_memory)
+from specgen.runtime.matmul import TMA_ALIGN, has_tma, tma_aligned
 from specgen.runtime.layout import span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
 
-STRATEGIES = ("gemm", "gemm_repack", "depthwise")
-# tl.dot's least block size, and the pixel run the NCHW store hint asserts (PIXEL_RUN)
+STRATEGIES = ("gemm", "gemm_repack", "tma", "depthwise")
+# tl.dot's least block size
 MIN_DOT_BLOCK = 16
-PIXEL_RUN = 16
+# input channels a group from which auto takes the TMA kernel (where it can)
+TMA_CHANNELS = 128
+# the TMA kernel's widest channel block: Triton 3.6 computes wrong results with 256 (every
+# shape tried on an H100), so the space's 256-wide configs run 128 wide there
+TMA_MAX_BLOCK_N = 128
 # the transpose kernel's tile (channels x pixels) and warps
 REPACK_TILE = {"BLOCK_C": 32, "BLOCK_L": 64, "num_warps": 4}
 # the depthwise kernel's tile (pixels x channels) and warps
@@ -134,17 +140,27 @@ class ConvPlan:
     groups: int
     sizes: tuple[int, ...]          # the kernels' M, N, C, H, W, P, Q
     geometry: tuple[int, ...]       # stride, padding (top, left), dilation: kernel scalars
-    strategy: str
+    strategy: str                   # what the launch notes: the kernel, gemm_repack after copies
+    kernel: str                     # gemm, tma or depthwise
     repack_input: bool
     repack_weight: bool
     index_64: bool
     even_c: bool
-    flat_out: bool                  # outputs' pixels one run per image (NCHW): the store hint
-    aligned_pixels: bool            # P * Q a multiple of PIXEL_RUN
+    flat_out: bool                  # outputs' pixels one run per image (NCHW)
+    pixel_run: int                  # the store hint: runs of this many contiguous pixels
+    tile_w: int                     # the TMA kernel's patch width
+    sms: int                        # multiprocessors: the TMA kernel's grid
 
     def grid(self, meta: dict) -> tuple[int]:
         tiles_m = -(-self.m // meta["BLOCK_M"])
         return (tiles_m * -(-self.n // meta["BLOCK_N"]) * self.groups,)
+
+    def tma_grid(self, meta: dict) -> tuple[int]:
+        """One program per multiprocessor (or per tile, where fewer)."""
+        _, _, out_h, out_w = self.shape
+        tile_h = meta["BLOCK_M"] // self.tile_w
+        patches = -(-out_h // tile_h) * -(-out_w // self.tile_w)
+        return (min(self.shape[0] * patches * -(-self.n // meta["BLOCK_N"]), self.sms),)
 
     def depthwise_grid(self, meta: dict) -> tuple[int, int]:
         return (-(-self.m // meta["BLOCK_M"]), -(-self.n * self.groups // meta["BLOCK_N"]))
@@ -164,7 +180,8 @@ def _nchw(shape: Sequence[int], strides: Sequence[int]) -> bool:
 @plan_cache
 def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape: tuple,
               w_strides: tuple, stride: tuple, pads: tuple, dilation: tuple, groups: int,
-              spans: tuple, max_block_k: int, forced: str | None, knobs: object) -> ConvPlan:
+              spans: tuple, max_block_k: int, forced: str | None, element_size: int,
+              device: str, knobs: object) -> ConvPlan:
     batch, channels, height, width = x_shape
     out_channels, c_group, kh, kw = w_shape
     if channels != c_group * groups:
@@ -187,22 +204,67 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     else:
         strides = (out_channels * out_h * out_w, out_h * out_w, out_w, 1)
     n = out_channels // groups
-    strategy = forced or ("depthwise" if c_group == 1 else
-                          "gemm_repack" if c_group >= MIN_DOT_BLOCK and x_strides[1] != 1
-                          and _nchw(x_shape, x_strides) else "gemm")
-    repack_input = strategy == "gemm_repack" and _nchw(x_shape, x_strides) and batch <= 65535
-    repack_weight = strategy == "gemm_repack" and _nchw(w_shape, w_strides) \
-        and w_strides[1] != 1 and out_channels <= 65535
     m = batch * out_h * out_w
     index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels), 1 << 16)
+    nchw_input = x_strides[1] != 1 and _nchw(x_shape, x_strides)
+    if forced is None:
+        # measured on an H100 (docs/performance.md, 000v): the TMA kernel wins from 128 input
+        # channels a group (a long K loop), loses below (the pointer kernel's 64-channel 3 x 3:
+        # 31.8 us against 36.3); the channels-last copy pays for 3 x 3 filters, not for 1 x 1
+        # ones, which read each input element once (49 us direct against 59)
+        forced = ("depthwise" if c_group == 1 else "tma" if c_group >= TMA_CHANNELS
+                  else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
+                  else "gemm")
+    # an NCHW input (and weight) copied to channels-last first, for the GEMM kernels' loads
+    repack = forced in ("gemm_repack", "tma") and (forced == "gemm_repack" or c_group >= MIN_DOT_BLOCK)
+    repack_input = repack and nchw_input and batch <= 65535
+    repack_weight = repack and _nchw(w_shape, w_strides) and w_strides[1] != 1 \
+        and out_channels <= 65535
+    x_after = (height * width * channels, 1, width * channels, channels) if repack_input \
+        else x_strides
+    w_after = (kh * kw * c_group, 1, kw * c_group, c_group) if repack_weight else w_strides
+    kernel = "depthwise" if forced == "depthwise" else "gemm"
+    if forced == "tma" and tma_describable(x_after, w_shape, w_after, stride, groups,
+                                           element_size, index_64, device):
+        kernel = "tma"
     # each image's pixels one run per channel (an NCHW output, or one of one channel)
     flat_out = strides[3] == 1 and strides[2] == out_w
+    tile_w = min((16, 8), key=lambda t: (-(-out_w // t) * t, -t))
+    if kernel == "tma":
+        # runs of a patch row, each starting on a multiple of the run
+        run = next((r for r in (16, 8) if tile_w % r == 0 and out_w % r == 0), 1)
+    else:
+        run = next((r for r in (16, 8) if (out_h * out_w) % r == 0), 1)
+    strategy = kernel if kernel != "gemm" else ("gemm_repack" if repack_input or repack_weight
+                                                else "gemm")
     return ConvPlan(shape=shape, strides=strides, m=m, n=n, c=c_group, groups=groups,
                     sizes=(m, n, c_group, height, width, out_h, out_w),
                     geometry=(stride[0], stride[1], pads[0], pads[2], dilation[0], dilation[1]),
-                    strategy=strategy, repack_input=repack_input, repack_weight=repack_weight,
-                    index_64=index_64, even_c=c_group % max_block_k == 0, flat_out=flat_out,
-                    aligned_pixels=(out_h * out_w) % PIXEL_RUN == 0)
+                    strategy=strategy, kernel=kernel, repack_input=repack_input,
+                    repack_weight=repack_weight, index_64=index_64,
+                    even_c=c_group % max_block_k == 0, flat_out=flat_out,
+                    pixel_run=run if flat_out else 1, tile_w=tile_w,
+                    sms=multiprocessors(torch.device(device)) if kernel == "tma" else 0)
+
+
+def tma_describable(x_strides: tuple, w_shape: tuple, w_strides: tuple, stride: tuple,
+                    groups: int, element_size: int, index_64: bool, device: str) -> bool:
+    """Whether the TMA kernel can take the call: stride 1 and one group (its input tile is a
+    shifted patch), on Hopper or later, int32 offsets, and tensors TMA descriptors describe:
+    channels contiguous, the weight's taps one stride apart, other strides positive multiples of
+    16 bytes (the base addresses are checked per call: ``tma_aligned``)."""
+    if device != "cuda" or interpreting() or not has_tma(torch.cuda.current_device()):
+        return False
+    if stride != (1, 1) or groups != 1 or index_64 or x_strides[1] != 1 or w_strides[1] != 1:
+        return False
+    kh, kw = w_shape[2:]
+    if kh > 1 and kw > 1 and w_strides[2] != kw * w_strides[3]:
+        return False
+    # the kernel steps over taps by the weight's column stride, or its row stride for 1-wide
+    # filters (any aligned value for a 1 x 1 filter, which has one tap)
+    tap = w_strides[3] if kw > 1 else w_strides[2]
+    kept = (x_strides[0], x_strides[2], x_strides[3], w_strides[0], tap)
+    return all(v > 0 and v * element_size % TMA_ALIGN == 0 for v in kept)
 
 
 # ---- configs -------------------------------------------------------------------------------------
@@ -240,6 +302,14 @@ def prune_configs(configs, named_args, **kwargs):
             config.num_stages
         return smem <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps) <= 128
     return [c for c in fitted if fits(c)] or fitted[:1]
+
+
+def prune_tma_configs(configs, named_args, **kwargs):
+    """``prune_configs``, with channel blocks at most TMA_MAX_BLOCK_N."""
+    import triton
+    capped = [triton.Config({**c.kwargs, "BLOCK_N": min(c.kwargs["BLOCK_N"], TMA_MAX_BLOCK_N)},
+                            num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+    return prune_configs(capped, named_args, **kwargs)
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -307,7 +377,8 @@ class Conv(FamilyRuntime):
         plan = conv_plan(op.name, d.indexing, x_shape, x_strides, tuple(w.shape),
                          tuple(w.stride()), tuple(geo["stride"]), tuple(geo["padding"]),
                          tuple(geo["dilation"]), geo["groups"], tuple(sorted(spans.items())),
-                         layout.max_block_k, forced, (knobs.indexing,))
+                         layout.max_block_k, forced, x.element_size(), device.type,
+                         (knobs.indexing,))
         shape = plan.shape[1:] if unbatched else plan.shape
         strides = plan.strides[1:] if unbatched else plan.strides
         operands = {}
@@ -401,21 +472,25 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
     flags.update({f"HAS_{name.upper()}": operands[name] is not None for name in layout.optional})
     # the filter's size is a constexpr: under torch.compile with dynamic shapes, a guard
     common = dict(R=int(w_shape[2]), S=int(w_shape[3]), INDEX_64=plan.index_64,
-                  FLAT_OUT=plan.flat_out,
-                  ALIGNED_PIXELS=plan.aligned_pixels)
+                  FLAT_OUT=plan.flat_out, PIXEL_RUN=plan.pixel_run)
     sizes = plan.sizes
-    if plan.strategy == "depthwise":
+    if plan.kernel == "depthwise":
         # the depthwise kernel's N counts every output channel, its C those of a group
         m, n, c, *rest = sizes
         sizes = (m, n * plan.groups, n, *rest)
     arguments = (x, w, *tensors, *sizes, *x_strides, *w_strides, *strides, *plan.geometry,
                  *scalars)
-    if plan.strategy == "depthwise":
+    if plan.kernel == "depthwise":
         launch(op.kernels["depthwise"], plan.depthwise_grid, *arguments, **flags, **common,
                **DEPTHWISE_TILE)
         return
+    precision = input_precision(x.dtype)
+    if plan.kernel == "tma" and tma_aligned(x, w):
+        launch(op.kernels["tma"], plan.tma_grid, *arguments, **flags, **common,
+               TILE_W=plan.tile_w, INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
+        return
     launch(op.kernels["gemm"], plan.grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
-           INPUT_PRECISION=input_precision(x.dtype), tune_key=(plan, x.dtype))
+           INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
 
 
 RUNTIME = Conv()

@@ -71,7 +71,7 @@ def conv_cases(draw, info: OpInfo) -> Case:
     c_group = 1 if depthwise else draw(st.integers(1, 20 if small else 70))
     k_group = draw(st.integers(1, 3)) if depthwise else draw(st.integers(1, 20 if small else 70))
     kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
-    stride = draw(st.sampled_from([1, 2, 3, (1, 2), (2, 1)])) if "stride" in kinds else 1
+    stride = draw(st.sampled_from([1, 1, 2, 3, (1, 2), (2, 1)])) if "stride" in kinds else 1
     dilation = draw(st.sampled_from([1, 2, (1, 2), (2, 1)])) if "dilation" in kinds else 1
     padding: Any = 0
     if "padding" in kinds:
@@ -88,7 +88,9 @@ def conv_cases(draw, info: OpInfo) -> Case:
     batch = draw(st.integers(0 if draw(st.integers(0, 7)) == 0 else 1, 2 if small else 4))
     channels = c_group * groups
     out_channels = k_group * groups
-    strategy = draw(st.sampled_from([None, "gemm", "gemm_repack"]
+    # "tma" where the TMA kernel can take the call (stride 1, one group, Hopper: the GPU tier),
+    # else the GEMM kernel after the same copies
+    strategy = draw(st.sampled_from([None, "gemm", "gemm_repack", "tma"]
                                     + (["depthwise"] if c_group == 1 else [])))
     if strategy is not None:
         overrides["strategy"] = strategy
@@ -134,8 +136,12 @@ def conv_cases(draw, info: OpInfo) -> Case:
             op_args[name] = (pads if name == "padding" else
                              list(_pair(value)) if name in ("stride", "dilation") else value)
     tf32 = dtype == torch.float32 and not interpreting() and torch.backends.cudnn.allow_tf32
+    # the gradients sum other terms: the input's over K/groups x R x S, the weight's over
+    # N x P x Q (torch's convolution backward, rounded to the dtype)
+    sums = max(c_group * kh * kw, k_group * kh * kw, max(batch, 1) * out_h * out_w)
     return Case(args, (), overrides, describe="; ".join(notes),
-                tolerances=matmul_tolerances(c_group * kh * kw, tf32=tf32), op_args=op_args)
+                tolerances=matmul_tolerances(c_group * kh * kw, tf32=tf32),
+                grad_tolerances=matmul_tolerances(sums, tf32=tf32), op_args=op_args)
 
 
 def conv_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
