@@ -99,7 +99,7 @@ BAD_TENSORS = [
     ("a 3-D weight", lambda: (_randn(1, 3, 6, 6), _randn(4, 3, 3), None),
      "argument 'weight' must be 4-D"),
     ("a filter larger than the padded input", lambda: (_randn(1, 3, 2, 6), _randn(4, 3, 3, 3), None),
-     "smaller than the \\(dilated\\) kernel"),
+     "smaller than the 'weight' filter's 3 x 3"),
     ("a bias of the wrong size", lambda: (_randn(1, 3, 6, 6), _randn(4, 3, 3, 3), _randn(5)),
      "argument 'bias' must have shape \\(4,\\)"),
     ("operands of two dtypes", lambda: (_randn(1, 3, 6, 6), _randn(4, 3, 3, 3).half(), None),
@@ -158,6 +158,36 @@ def test_every_strategy_matches(strategy, indexing):
     want = F.conv2d(x.double(), w.double(), b.double(), padding=1, groups=groups)
     with override(strategy=strategy, indexing=indexing):
         _close(generated.conv2d(x, w, b, padding=1, groups=groups), want)
+
+
+def _index_bits(x, w, b=None, **geometry):
+    with record_launches() as log:
+        generated.conv2d(x, w, b, **geometry)
+    return log[-1].index_bits
+
+
+def test_index_width_counts_every_tensor_and_copy():
+    """int64 offsets where any tensor a kernel reads spans past 2**31 elements: the bias (a
+    view far into its storage), and the channels-last copy of an expanded NCHW input, which is
+    dense however small the input's storage (meta tensors: no memory, no launch)."""
+    x = torch.empty(3, 2, 4, 4, device="meta")
+    w = torch.empty(3, 2, 1, 1, device="meta")
+    assert _index_bits(x, w) == 32
+    far_bias = torch.empty_strided((3,), (2**30,), device="meta")
+    assert _index_bits(x, w, far_bias) == 64
+    # one 16 x 128 x 128 image repeated 2**15 times: an output of 2**29 elements, a copy of 2**33
+    image = torch.empty(1, 16, 128, 128, device="meta").expand(2**15, 16, 128, 128)
+    one_filter = torch.empty(1, 16, 3, 3, device="meta")
+    with override(strategy="gemm"):
+        assert _index_bits(image, one_filter, padding=1) == 32
+    assert _index_bits(image, one_filter, padding=1) == 64
+
+
+def test_empty_images_and_filters_refused_as_torch():
+    with pytest.raises(ValueError, match="argument 'input' is 0 x 5 per channel"):
+        generated.conv2d(_randn(2, 3, 0, 5), _randn(4, 3, 1, 1), padding=1)
+    with pytest.raises(ValueError, match="argument 'weight' has no output channels"):
+        generated.conv2d(_randn(2, 3, 5, 5), _randn(0, 3, 3, 3))
 
 
 @pytest.mark.parametrize("input_last, weight_last", [(False, False), (True, False), (False, True)])

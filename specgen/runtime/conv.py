@@ -190,11 +190,18 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     if out_channels % groups:
         raise ValueError(f"{op}: given groups={groups}, expected 'weight' to have a multiple of "
                          f"{groups} output channels, got {out_channels}")
+    if out_channels == 0:
+        raise ValueError(f"{op}: argument 'weight' has no output channels (shape "
+                         f"{list(w_shape)}), which torch refuses too")
+    if height == 0 or width == 0:
+        raise ValueError(f"{op}: argument 'input' is {height} x {width} per channel; torch takes "
+                         f"an empty batch or channel dim, not an empty image")
     padded_h, padded_w = height + pads[0] + pads[1], width + pads[2] + pads[3]
     extent_h, extent_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
     if extent_h > padded_h or extent_w > padded_w:
-        raise ValueError(f"{op}: the padded input is {padded_h} x {padded_w} per channel, smaller "
-                         f"than the (dilated) kernel, {extent_h} x {extent_w}")
+        raise ValueError(f"{op}: argument 'input' is {padded_h} x {padded_w} per channel with "
+                         f"its padding, smaller than the 'weight' filter's {extent_h} x "
+                         f"{extent_w} (with its dilation)")
     out_h = (padded_h - extent_h) // stride[0] + 1
     out_w = (padded_w - extent_w) // stride[1] + 1
     shape = (batch, out_channels, out_h, out_w)
@@ -205,7 +212,6 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         strides = (out_channels * out_h * out_w, out_h * out_w, out_w, 1)
     n = out_channels // groups
     m = batch * out_h * out_w
-    index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels), 1 << 16)
     nchw_input = x_strides[1] != 1 and _nchw(x_shape, x_strides)
     if forced is None:
         # measured on an H100 (docs/performance.md, 000v): the TMA kernel wins from 128 input
@@ -216,10 +222,16 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
                   else "gemm")
     # an NCHW input (and weight) copied to channels-last first, for the GEMM kernels' loads
-    repack = forced in ("gemm_repack", "tma") and (forced == "gemm_repack" or c_group >= MIN_DOT_BLOCK)
+    # (not for the TMA kernel's 1 x 1 filters: the copy does not pay there)
+    repack = forced == "gemm_repack" or (forced == "tma" and c_group >= MIN_DOT_BLOCK
+                                         and kh * kw > 1)
     repack_input = repack and nchw_input and batch <= 65535
     repack_weight = repack and _nchw(w_shape, w_strides) and w_strides[1] != 1 \
         and out_channels <= 65535
+    # the copies are dense (a stride-0 input's too): their sizes count for the index width
+    copies = {"input copy": batch * channels * height * width if repack_input else 0,
+              "weight copy": out_channels * c_group * kh * kw if repack_weight else 0}
+    index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels, **copies), 1 << 16)
     x_after = (height * width * channels, 1, width * channels, channels) if repack_input \
         else x_strides
     w_after = (kh * kw * c_group, 1, kw * c_group, c_group) if repack_weight else w_strides
@@ -253,7 +265,8 @@ def tma_describable(x_strides: tuple, w_shape: tuple, w_strides: tuple, stride: 
     shifted patch), on Hopper or later, int32 offsets, and tensors TMA descriptors describe:
     channels contiguous, the weight's taps one stride apart, other strides positive multiples of
     16 bytes (the base addresses are checked per call: ``tma_aligned``)."""
-    if device != "cuda" or interpreting() or not has_tma(torch.cuda.current_device()):
+    where = torch.device(device)
+    if where.type != "cuda" or interpreting() or not has_tma(where.index or 0):
         return False
     if stride != (1, 1) or groups != 1 or index_64 or x_strides[1] != 1 or w_strides[1] != 1:
         return False
@@ -261,8 +274,8 @@ def tma_describable(x_strides: tuple, w_shape: tuple, w_strides: tuple, stride: 
     if kh > 1 and kw > 1 and w_strides[2] != kw * w_strides[3]:
         return False
     # the kernel steps over taps by the weight's column stride, or its row stride for 1-wide
-    # filters (any aligned value for a 1 x 1 filter, which has one tap)
-    tap = w_strides[3] if kw > 1 else w_strides[2]
+    # filters (for a 1 x 1 filter, which has one tap, by C: any aligned value)
+    tap = w_strides[3] if kw > 1 else w_strides[2] if kh > 1 else w_shape[1]
     kept = (x_strides[0], x_strides[2], x_strides[3], w_strides[0], tap)
     return all(v > 0 and v * element_size % TMA_ALIGN == 0 for v in kept)
 
@@ -365,8 +378,10 @@ class Conv(FamilyRuntime):
         # the kernels index every tensor as 4-D: an unbatched one has one batch element (its
         # stride unused); they take the call's tensors themselves, which replays require
         x_shape, x_strides = _four_d(x)
-        spans = {layout.input: span(x_shape, x_strides),
-                 layout.weight: span(tuple(w.shape), tuple(w.stride()))}
+        # every tensor a kernel reads decides the index width (a bias or residual may be a
+        # view reaching far into its storage)
+        spans = {name: span(tuple(t.shape), tuple(t.stride())) for name, t in tensors.items()}
+        spans[layout.input] = span(x_shape, x_strides)
         knobs = overrides()
         forced = knobs.strategy
         if forced is not None and forced not in STRATEGIES:
@@ -377,7 +392,7 @@ class Conv(FamilyRuntime):
         plan = conv_plan(op.name, d.indexing, x_shape, x_strides, tuple(w.shape),
                          tuple(w.stride()), tuple(geo["stride"]), tuple(geo["padding"]),
                          tuple(geo["dilation"]), geo["groups"], tuple(sorted(spans.items())),
-                         layout.max_block_k, forced, x.element_size(), device.type,
+                         layout.max_block_k, forced, x.element_size(), str(device),
                          (knobs.indexing,))
         shape = plan.shape[1:] if unbatched else plan.shape
         strides = plan.strides[1:] if unbatched else plan.strides
@@ -449,14 +464,20 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
             args: tuple) -> None:
     d = op.description
     layout: Launch = d.launch
-    note_launch(op.name, plan.strategy, plan.index_64, repack_input=plan.repack_input,
-                repack_weight=plan.repack_weight)
     x, x_strides = x
     w_shape, w_strides = tuple(w.shape), tuple(w.stride())
     if plan.repack_input:
         x, x_strides = _repacked(op, x, _four_d(x)[0], x_strides, plan.index_64)
     if plan.repack_weight:
         w, w_strides = _repacked(op, w, w_shape, w_strides, plan.index_64)
+    # a TMA descriptor's base must be 16-byte aligned: a call's property (a slice may start
+    # anywhere); the pointer kernel takes the others
+    kernel, strategy = plan.kernel, plan.strategy
+    if kernel == "tma" and not tma_aligned(x, w):
+        kernel = "gemm"
+        strategy = "gemm_repack" if plan.repack_input or plan.repack_weight else "gemm"
+    note_launch(op.name, strategy, plan.index_64, repack_input=plan.repack_input,
+                repack_weight=plan.repack_weight)
     tensors, strides = [], []
     for (name, dims) in layout.epilogue:
         entry = operands[name]
@@ -474,18 +495,18 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
     common = dict(R=int(w_shape[2]), S=int(w_shape[3]), INDEX_64=plan.index_64,
                   FLAT_OUT=plan.flat_out, PIXEL_RUN=plan.pixel_run)
     sizes = plan.sizes
-    if plan.kernel == "depthwise":
+    if kernel == "depthwise":
         # the depthwise kernel's N counts every output channel, its C those of a group
         m, n, c, *rest = sizes
         sizes = (m, n * plan.groups, n, *rest)
     arguments = (x, w, *tensors, *sizes, *x_strides, *w_strides, *strides, *plan.geometry,
                  *scalars)
-    if plan.kernel == "depthwise":
+    if kernel == "depthwise":
         launch(op.kernels["depthwise"], plan.depthwise_grid, *arguments, **flags, **common,
                **DEPTHWISE_TILE)
         return
     precision = input_precision(x.dtype)
-    if plan.kernel == "tma" and tma_aligned(x, w):
+    if kernel == "tma":
         launch(op.kernels["tma"], plan.tma_grid, *arguments, **flags, **common,
                TILE_W=plan.tile_w, INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
         return
