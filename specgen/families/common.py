@@ -362,3 +362,43 @@ def common_plan(spec: OpSpec, output_names: tuple[str, ...],
         indexing=spec.indexing, args=arg_plans(spec), arg_infos=arg_info_code(spec, promoted),
         output_names=output_names, autocast=spec.autocast,
         autocast_follows=spec.autocast_follows, uncast=promoted)
+
+
+# ---- the GEMM-like families' (matmul, conv) operands, outputs and configs ----------------------
+
+@dataclass(frozen=True)
+class TensorRole:
+    """A tensor argument in the role its dims give it (each family's Operand adds what its
+    kernels read of it)."""
+
+    name: str
+    dims: tuple[str, ...]
+    optional: bool = False
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+    @property
+    def flag(self) -> str:
+        """The kernels' constexpr saying whether an optional operand was given."""
+        return f"HAS_{self.name.upper()}"
+
+
+@dataclass(frozen=True)
+class EpilogueOutput:
+    """An output of an epilogue: its name and the code computing it from ``acc``."""
+
+    name: str
+    code: str
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+
+def tile_config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> dict:
+    """A GEMM tile config: BLOCK_M x BLOCK_N outputs, BLOCK_K a step, GROUP_M rows of tiles in
+    the grouped ordering, the warps and pipeline stages."""
+    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group, "num_warps": warps,
+            "num_stages": stages}

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import emit, helpers
-from specgen.families.common import ArgPlan, CommonPlan, common_plan
+from specgen.families.common import (ArgPlan, CommonPlan, EpilogueOutput, TensorRole,
+                                     common_plan, tile_config)
 from specgen.families.contract import Family
 from specgen.families.matmul import parse_config_space, parse_epilogue, parse_promote
 from specgen.model import OpSpec, TensorArg
@@ -42,24 +43,20 @@ GEOMETRY = {"stride": ("pair", 1), "padding": ("padding", 0), "dilation": ("pair
 SWIZZLES = ("grouped", "none")
 
 
-def _config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> dict:
-    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group, "num_warps": warps,
-            "num_stages": stages}
-
 
 # The default config space (BLOCK_M output pixels x BLOCK_N output channels, BLOCK_K input
 # channels a step); the first is what the interpreter runs unless a test forces another. Blocks
 # are clamped to the problem at launch (runtime/conv.py, prune_configs): a group of 32 channels
 # runs every config with 32-channel blocks.
 DEFAULT_CONFIGS = (
-    _config(128, 128, 64, warps=8, stages=3),
-    _config(128, 64, 64, warps=4, stages=4),
-    _config(128, 128, 32, warps=4, stages=4),
-    _config(256, 64, 64, warps=8, stages=3),
-    _config(256, 128, 64, warps=8, stages=3),
-    _config(64, 128, 64, warps=4, stages=4),
-    _config(128, 256, 64, warps=8, stages=3),
-    _config(64, 64, 64, warps=4, stages=3),
+    tile_config(128, 128, 64, warps=8, stages=3),
+    tile_config(128, 64, 64, warps=4, stages=4),
+    tile_config(128, 128, 32, warps=4, stages=4),
+    tile_config(256, 64, 64, warps=8, stages=3),
+    tile_config(256, 128, 64, warps=8, stages=3),
+    tile_config(64, 128, 64, warps=4, stages=4),
+    tile_config(128, 256, 64, warps=8, stages=3),
+    tile_config(64, 64, 64, warps=4, stages=3),
 )
 # names the generated module binds for itself (tests/test_spec_errors.py checks the set against
 # what the template binds)
@@ -80,20 +77,8 @@ DERIVED_SUFFIXES = ("ptr", "tile", "base", "stride", "ptrs")
 
 
 @dataclass(frozen=True)
-class Operand:
+class Operand(TensorRole):
     """A tensor argument in the role its dims give it."""
-
-    name: str
-    dims: tuple[str, ...]
-    optional: bool = False
-
-    @property
-    def ptr(self) -> str:
-        return f"{self.name}_ptr"
-
-    @property
-    def flag(self) -> str:
-        return f"HAS_{self.name.upper()}"
 
     @property
     def per_channel(self) -> bool:
@@ -200,14 +185,7 @@ def _parse_geometry(conv: Table, spec_args: tuple) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class OutputTensor:
-    name: str
-    code: str
-
-    @property
-    def ptr(self) -> str:
-        return f"{self.name}_ptr"
-
+class OutputTensor(EpilogueOutput):
     @property
     def stride_names(self) -> tuple[str, ...]:
         return tuple(f"{self.name}_stride_{d}" for d in "nkpq")

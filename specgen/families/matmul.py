@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
+from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOutput,
+                                     TensorRole, check_name, common_plan, int_list, symbols_of,
+                                     tile_config)
 from specgen.families.contract import Family
-from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, check_name, common_plan,
-                                     int_list, symbols_of)
 from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
 from specgen.table import Table, check_type, parse_list
 
@@ -68,10 +69,6 @@ Q = "q"
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
-def _config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> dict:
-    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group, "num_warps": warps,
-            "num_stages": stages}
-
 
 # The default config space, an explicit list (a product of lists would either miss these or
 # explode). The first is what the interpreter runs unless a test forces another. Blocks are
@@ -80,22 +77,22 @@ def _config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> 
 DEFAULT_CONFIGS = (
     # large problems, one program per SM: the Hopper bf16/fp16 tiles closest to cuBLAS; GROUP_M
     # 16 won mm and linear_gelu at 4096^3 and 8192^3 on an H200, 8 won linear at 8192^3
-    _config(128, 256, 64, warps=8, stages=3),
-    _config(128, 256, 64, warps=8, stages=3, group=16),
-    _config(256, 128, 64, warps=8, stages=3),
-    _config(128, 128, 64, warps=8, stages=4),
+    tile_config(128, 256, 64, warps=8, stages=3),
+    tile_config(128, 256, 64, warps=8, stages=3, group=16),
+    tile_config(256, 128, 64, warps=8, stages=3),
+    tile_config(128, 128, 64, warps=8, stages=4),
     # 96 KB of shared memory: two programs per SM, so one's epilogue overlaps the other's K loop
-    _config(128, 128, 64, warps=4, stages=3),
+    tile_config(128, 128, 64, warps=4, stages=3),
     # too few 128 x 128 tiles to fill the GPU, or float32 inputs (twice the shared memory);
     # 128 x 64 (the slowest at large sizes) left out
-    _config(64, 128, 64, warps=4, stages=4),
+    tile_config(64, 128, 64, warps=4, stages=4),
     # small M (decode): B streams through, long K blocks keep more of it in flight; 16 x 32
     # tiles give a 4096-column output 128 programs, which may stream B without split-K
     # (16 x 32 x 256 won 16 x 4096 x 4096 on an H200)
-    _config(16, 64, 128, warps=4, stages=4),
-    _config(16, 128, 128, warps=4, stages=4),
-    _config(16, 32, 128, warps=4, stages=4),
-    _config(16, 32, 256, warps=4, stages=4),
+    tile_config(16, 64, 128, warps=4, stages=4),
+    tile_config(16, 128, 128, warps=4, stages=4),
+    tile_config(16, 32, 128, warps=4, stages=4),
+    tile_config(16, 32, 256, warps=4, stages=4),
 )
 # the product form: what a key left out takes
 PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),
@@ -107,12 +104,8 @@ MIN_BLOCK = 16
 
 
 @dataclass(frozen=True)
-class Operand:
+class Operand(TensorRole):
     """A tensor argument in the role its dims give it."""
-
-    name: str
-    dims: tuple[str, ...]
-    optional: bool = False
 
     @property
     def batched(self) -> bool:
@@ -125,14 +118,6 @@ class Operand:
         if dims == ["N", "K"]:
             return "kn"   # a linear weight: the kernel reads it transposed through its strides
         return "".join(d.lower() for d in dims)
-
-    @property
-    def ptr(self) -> str:
-        return f"{self.name}_ptr"
-
-    @property
-    def flag(self) -> str:
-        return f"HAS_{self.name.upper()}"
 
 
 @dataclass(frozen=True)
@@ -453,14 +438,7 @@ def _check_value(key: str, value: int, where: Where) -> int:
 
 
 @dataclass(frozen=True)
-class OutputTensor:
-    name: str
-    code: str
-
-    @property
-    def ptr(self) -> str:
-        return f"{self.name}_ptr"
-
+class OutputTensor(EpilogueOutput):
     @property
     def letters(self) -> str:
         return "mn"
