@@ -213,10 +213,6 @@ class ConvPlan(CommonPlan):
         return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
 
     @property
-    def epilogue_strides(self) -> str:
-        return ", ".join(s for t in (*self.epilogue_inputs, *self.outputs) for s in t.stride_names)
-
-    @property
     def epilogue_dims(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         return tuple((o.name, o.dims) for o in self.epilogue_inputs)
 

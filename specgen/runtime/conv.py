@@ -51,7 +51,6 @@ class Launch:
     input: str
     weight: str
     epilogue: tuple[tuple[str, tuple[str, ...]], ...]   # epilogue operands: (name, dims)
-    outputs: tuple[str, ...]
     geometry: tuple[str, ...]       # the geometry arguments the op takes
     out_dtype: torch.dtype | None   # [epilogue] dtype, else the inputs'
     promoted: tuple[str, ...] = ()  # epilogue operands that promote with the result
@@ -136,7 +135,6 @@ class ConvPlan:
     strides: tuple[int, ...]        # and its strides (torch's memory format)
     m: int                          # output pixels: N * P * Q
     n: int                          # output channels a group
-    c: int                          # input channels a group
     groups: int
     sizes: tuple[int, ...]          # the kernels' M, N, C, H, W, P, Q
     geometry: tuple[int, ...]       # stride, padding (top, left), dilation: kernel scalars
@@ -249,7 +247,7 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         run = next((r for r in (16, 8) if (out_h * out_w) % r == 0), 1)
     strategy = kernel if kernel != "gemm" else ("gemm_repack" if repack_input or repack_weight
                                                 else "gemm")
-    return ConvPlan(shape=shape, strides=strides, m=m, n=n, c=c_group, groups=groups,
+    return ConvPlan(shape=shape, strides=strides, m=m, n=n, groups=groups,
                     sizes=(m, n, c_group, height, width, out_h, out_w),
                     geometry=(stride[0], stride[1], pads[0], pads[2], dilation[0], dilation[1]),
                     strategy=strategy, kernel=kernel, repack_input=repack_input,
