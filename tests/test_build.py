@@ -364,8 +364,17 @@ RENAMED_REDUCE = {'"torch.sum(x * x, dim=dim, keepdim=keepdim)"':
                   '"torch.sum(t * t, dim=dim, keepdim=keepdim, dtype=dt)"',
                   'x = "tensor"': 't = "tensor"\ndt = { kind = "dtype", optional = true }',
                   'map = "x * x"': 'map = "t * t"'}
+# a fused convolution with an output-shaped operand (the shipped specs have none): a residual
+# broadcast to the output, read in the epilogue
+CONV_RESIDUAL = {"ref.conv2d(input, weight, bias, stride, padding))":
+                 "ref.conv2d(input, weight, bias, stride, padding) + residual)",
+                 'bias = { kind = "tensor", dims = ["K"], optional = true }':
+                 'residual = { kind = "tensor", dims = ["N", "K", "P", "Q"] }\n'
+                 'bias = { kind = "tensor", dims = ["K"], optional = true }',
+                 'out = "relu(acc + bias)"': 'out = "relu(acc + bias + residual)"'}
 SCAFFOLDS = [pytest.param(f, {}, id=f) for f in sorted(FAMILIES)] + [
-    pytest.param("reduce", RENAMED_REDUCE, id="reduce_renamed")]
+    pytest.param("reduce", RENAMED_REDUCE, id="reduce_renamed"),
+    pytest.param("conv", CONV_RESIDUAL, id="conv_residual")]
 
 
 @pytest.mark.parametrize("family, edits", SCAFFOLDS)
