@@ -24,14 +24,13 @@ from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import interpreting, note_launch, overrides
 from specgen.runtime.launch import (choose_int64, launch, multiprocessors, plan_cache,
                                    shared_memory)
-from specgen.runtime.matmul import TMA_ALIGN, has_tma, tma_aligned
+from specgen.runtime.matmul import (MIN_DOT_BLOCK, TMA_ALIGN, fit_tiles, has_tma, input_precision,
+                                   tile_fits, tma_aligned)
 from specgen.runtime.layout import span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
 
 STRATEGIES = ("gemm", "gemm_repack", "tma", "depthwise")
-# tl.dot's least block size
-MIN_DOT_BLOCK = 16
 # input channels a group from which auto takes the TMA kernel (where it can)
 TMA_CHANNELS = 128
 # the TMA kernel's widest channel block: Triton 3.6 computes wrong results with 256 (every
@@ -280,57 +279,29 @@ def tma_describable(x_strides: tuple, w_shape: tuple, w_strides: tuple, stride: 
 
 # ---- configs -------------------------------------------------------------------------------------
 
-def _fitted(block: int, size: int) -> int:
-    if size >= block:
-        return block
-    if size <= MIN_DOT_BLOCK:
-        return MIN_DOT_BLOCK
-    return 1 << (size - 1).bit_length()
-
-
 def prune_configs(configs, named_args, **kwargs):
     """``early_config_prune``: blocks clamped to the problem (a group of 32 channels takes
     32-channel blocks) and the configs that become equal merged; configs whose pipelined tiles
-    exceed the shared memory dropped unless nothing else is left."""
-    import triton
-    m, n, c = named_args["M"], named_args["N"], named_args["C"]
-    x = next(v for v in named_args.values() if hasattr(v, "element_size"))
-    limit = shared_memory(x.device)
-    fitted, seen = [], set()
-    for config in configs:
-        meta = dict(config.kwargs)
-        for key, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", c)):
-            meta[key] = _fitted(meta[key], size)
-        point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
-        if point not in seen:
-            seen.add(point)
-            fitted.append(triton.Config(meta, num_warps=config.num_warps,
-                                        num_stages=config.num_stages))
-
-    def fits(config) -> bool:
-        meta = config.kwargs
-        smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * x.element_size() * \
-            config.num_stages
-        return smem <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps) <= 128
-    return [c for c in fitted if fits(c)] or fitted[:1]
+    exceed the shared memory dropped unless nothing else is left (the matmul family's rules)."""
+    return _pruned(configs, named_args)
 
 
 def prune_tma_configs(configs, named_args, **kwargs):
     """``prune_configs``, with channel blocks at most TMA_MAX_BLOCK_N."""
-    import triton
-    capped = [triton.Config({**c.kwargs, "BLOCK_N": min(c.kwargs["BLOCK_N"], TMA_MAX_BLOCK_N)},
-                            num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
-    return prune_configs(capped, named_args, **kwargs)
+    return _pruned(configs, named_args, max_block_n=TMA_MAX_BLOCK_N)
 
 
-def input_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input_precision: float32 follows torch's cuDNN setting (TF32 by default for
-    convolutions, unlike matmuls), ieee under the interpreter."""
-    if dtype != torch.float32:
-        return "tf32"
-    if interpreting():
-        return "ieee"
-    return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
+def _pruned(configs, named_args, max_block_n: int | None = None) -> list:
+    x = next(v for v in named_args.values() if hasattr(v, "element_size"))
+
+    def cap(meta: dict) -> None:
+        if max_block_n is not None:
+            meta["BLOCK_N"] = min(meta["BLOCK_N"], max_block_n)
+
+    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": named_args["C"]}
+    fitted = fit_tiles(configs, sizes, cap)
+    limit = shared_memory(x.device)
+    return [c for c in fitted if tile_fits(c, x.element_size(), limit)] or fitted[:1]
 
 
 def precision_setting() -> bool:
@@ -503,7 +474,8 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
         launch(op.kernels["depthwise"], plan.depthwise_grid, *arguments, **flags, **common,
                **DEPTHWISE_TILE)
         return
-    precision = input_precision(x.dtype)
+    # float32 follows torch's cuDNN setting (TF32 by default for convolutions, unlike matmuls)
+    precision = input_precision(x.dtype, torch.backends.cudnn.allow_tf32)
     if kernel == "tma":
         launch(op.kernels["tma"], plan.tma_grid, *arguments, **flags, **common,
                TILE_W=plan.tile_w, INPUT_PRECISION=precision, tune_key=(plan, x.dtype))

@@ -409,16 +409,18 @@ def tma_aligned(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def input_precision(dtype: torch.dtype) -> str:
+def input_precision(dtype: torch.dtype, allow_tf32: bool | None = None) -> str:
     """tl.dot's input_precision, a string constexpr (never None: torch.compile re-emits constexpr
-    arguments as source). float32 follows torch's matmul precision setting (tf32 or ieee; ieee
-    under the interpreter). 16-bit operands get "tf32", what Triton's default (None) means on
+    arguments as source). float32 follows ``allow_tf32``, by default torch's matmul precision
+    setting (tf32 or ieee; ieee under the interpreter; convolutions pass cuDNN's). 16-bit operands get "tf32", what Triton's default (None) means on
     NVIDIA and what every tuned Triton matmul compiles with: the setting only concerns float32."""
     if dtype != torch.float32:
         return "tf32"
     if interpreting():
         return "ieee"
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    if allow_tf32 is None:
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if allow_tf32 else "ieee"
 
 
 def precision_setting() -> tuple[bool, bool]:
@@ -468,30 +470,45 @@ def prune_configs(configs, named_args, min_block_k: int = MIN_DOT_BLOCK, **kwarg
     limit = shared_memory(a.device)
     # a quantized B's K blocks each lie in one group of scales
     group = kwargs.get("GROUP_K")
-    fitted, seen = [], set()
-    for config in configs:
-        meta = dict(config.kwargs)
-        for key, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
-            meta[key] = _fitted_block(meta[key], size)
+
+    def adjust(meta: dict) -> None:
         if group is not None:
             meta["BLOCK_K"] = min(meta["BLOCK_K"], group)
         meta["BLOCK_K"] = max(meta["BLOCK_K"], min_block_k)
+
+    fitted = fit_tiles(configs, {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, adjust)
+    rows = min(WGMMA_ROWS, next_power_of_2(m))
+    fitting = [c for c in fitted if tile_fits(c, a.element_size(), limit)]
+    return [c for c in fitting if c.kwargs["BLOCK_M"] >= rows] or fitting or fitted[:1]
+
+
+def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] | None = None
+              ) -> list[triton.Config]:
+    """``configs`` with each block clamped to its problem size (``sizes``: block key -> size;
+    ``_fitted_block``), then ``adjust``ed, the configs that became equal merged (the matmul and
+    convolution families' pruning)."""
+    fitted, seen = [], set()
+    for config in configs:
+        meta = dict(config.kwargs)
+        for key, size in sizes.items():
+            meta[key] = _fitted_block(meta[key], size)
+        if adjust is not None:
+            adjust(meta)
         point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
         if point in seen:
             continue
         seen.add(point)
         fitted.append(triton.Config(meta, num_warps=config.num_warps, num_stages=config.num_stages))
+    return fitted
 
-    def fits(config) -> bool:
-        meta = config.kwargs
-        smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * a.element_size() * \
-            config.num_stages
-        registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
-        return smem <= limit and registers <= 128
 
-    rows = min(WGMMA_ROWS, next_power_of_2(m))
-    fitting = [c for c in fitted if fits(c)]
-    return [c for c in fitting if c.kwargs["BLOCK_M"] >= rows] or fitting or fitted[:1]
+def tile_fits(config: triton.Config, element_size: int, shared_limit: int) -> bool:
+    """Whether a config's pipelined A and B tiles fit the shared memory and its float32
+    accumulator the registers (at most 128 a thread)."""
+    meta = config.kwargs
+    smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * element_size * config.num_stages
+    registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
+    return smem <= shared_limit and registers <= 128
 
 
 def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device,
