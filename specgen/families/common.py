@@ -397,6 +397,25 @@ class EpilogueOutput:
         return f"{self.name}_ptr"
 
 
+class EpiloguePlan:
+    """What the plans of the GEMM-like families (matmul, conv) derive alike from their
+    ``epilogue_inputs``, ``outputs`` and ``configs``."""
+
+    @property
+    def optional_inputs(self) -> tuple:
+        return tuple(o for o in self.epilogue_inputs if o.optional)
+
+    @property
+    def epilogue_params(self) -> str:
+        """The epilogue's pointer parameters: its input tensors', then the outputs'."""
+        return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
+
+    @property
+    def block_ks(self) -> tuple[int, ...]:
+        """Every BLOCK_K of the config space, ascending."""
+        return tuple(sorted({c["BLOCK_K"] for c in self.configs}))
+
+
 def tile_config(m: int, n: int, k: int, warps: int, stages: int, group: int = 8) -> dict:
     """A GEMM tile config: BLOCK_M x BLOCK_N outputs, BLOCK_K a step, GROUP_M rows of tiles in
     the grouped ordering, the warps and pipeline stages."""

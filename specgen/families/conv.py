@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from specgen.errors import Where
 from specgen.expr import emit, helpers
-from specgen.families.common import (ArgPlan, CommonPlan, EpilogueOutput, TensorRole,
-                                     common_plan, tile_config)
+from specgen.families.common import (ArgPlan, CommonPlan, EpilogueOutput, EpiloguePlan,
+                                     TensorRole, common_plan, tile_config)
 from specgen.families.contract import Family
 from specgen.families.matmul import parse_config_space, parse_epilogue, parse_promote
 from specgen.model import OpSpec, TensorArg
@@ -192,7 +192,7 @@ class OutputTensor(EpilogueOutput):
 
 
 @dataclass(frozen=True)
-class ConvPlan(CommonPlan):
+class ConvPlan(CommonPlan, EpiloguePlan):
     input: Operand = None
     weight: Operand = None
     epilogue_inputs: tuple[Operand, ...] = ()
@@ -204,15 +204,6 @@ class ConvPlan(CommonPlan):
     helpers: tuple[str, ...] = ()
 
     @property
-    def optional_inputs(self) -> tuple[Operand, ...]:
-        return tuple(o for o in self.epilogue_inputs if o.optional)
-
-    @property
-    def epilogue_params(self) -> str:
-        """The epilogue's pointer parameters: its input tensors', then the outputs'."""
-        return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
-
-    @property
     def epilogue_dims(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         return tuple((o.name, o.dims) for o in self.epilogue_inputs)
 
@@ -220,9 +211,6 @@ class ConvPlan(CommonPlan):
     def optional_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.optional_inputs)
 
-    @property
-    def block_ks(self) -> tuple[int, ...]:
-        return tuple(sorted({c["BLOCK_K"] for c in self.configs}))
 
 
 def plan(spec: OpSpec) -> ConvPlan:

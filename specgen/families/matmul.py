@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from specgen.errors import Where
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOutput,
-                                     TensorRole, check_name, common_plan, int_list, symbols_of,
-                                     tile_config)
+                                     EpiloguePlan, TensorRole, check_name, common_plan, int_list,
+                                     symbols_of, tile_config)
 from specgen.families.contract import Family
 from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
 from specgen.table import Table, check_type, parse_list
@@ -445,7 +445,7 @@ class OutputTensor(EpilogueOutput):
 
 
 @dataclass(frozen=True)
-class MatmulPlan(CommonPlan):
+class MatmulPlan(CommonPlan, EpiloguePlan):
     a: Operand = None
     b: Operand = None
     epilogue_inputs: tuple[Operand, ...] = ()
@@ -592,22 +592,6 @@ class MatmulPlan(CommonPlan):
     @property
     def inputs(self) -> tuple[Operand, ...]:
         return (self.a, self.b, *self.group_operands, *self.epilogue_inputs)
-
-    @property
-    def optional_inputs(self) -> tuple[Operand, ...]:
-        return tuple(o for o in self.epilogue_inputs if o.optional)
-
-    @property
-    def epilogue_params(self) -> str:
-        """The epilogue's pointer parameters: its input tensors', then the outputs'."""
-        return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
-
-    @property
-    def block_ks(self) -> tuple[int, ...]:
-        return tuple(sorted({c["BLOCK_K"] for c in self.configs}))
-
-
-
 
 
 def plan(spec: OpSpec) -> MatmulPlan:
