@@ -148,16 +148,23 @@ def test_launcher_picks_by_layout_and_groups():
     assert _strategy(_randn(2, 3, 5, 5), _randn(8, 3, 3, 3))[0] == "gemm"
 
 
+# "tma" runs the TMA kernel on Hopper with int32 offsets (the call here is one it takes: stride
+# 1, one group, channels-last); under the interpreter, and with int64 offsets, the call takes the
+# pointer kernel, which this checks then
 @pytest.mark.parametrize("strategy", conv_rt.STRATEGIES)
 @pytest.mark.parametrize("indexing", ["int32", "int64"])
 def test_every_strategy_matches(strategy, indexing):
-    groups = 4 if strategy == "depthwise" else 2
+    groups = {"depthwise": 4, "tma": 1}.get(strategy, 2)
     x = _randn(2, 4, 6, 7)
     w = _randn(8, 4 // groups, 3, 2, seed=1)
     b = _randn(8, seed=2)
+    if strategy == "tma":
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
     want = F.conv2d(x.double(), w.double(), b.double(), padding=1, groups=groups)
-    with override(strategy=strategy, indexing=indexing):
+    with override(strategy=strategy, indexing=indexing), record_launches() as log:
         _close(generated.conv2d(x, w, b, padding=1, groups=groups), want)
+    if strategy == "tma":
+        assert log[-1].kernel == ("tma" if _has_tma() and indexing == "int32" else "gemm")
 
 
 def _index_bits(x, w, b=None, **geometry):
