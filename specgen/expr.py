@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from specgen.errors import Where
 
@@ -287,6 +287,45 @@ def helpers(expr: Expr) -> set[str]:
     """The ``specgen.kernel_lib`` functions ``expr``'s emitted code calls."""
     called = {node.func.id for node in ast.walk(expr.tree) if isinstance(node, ast.Call)}
     return {FUNCTIONS[name][1] for name in called if not FUNCTIONS[name][1].startswith("tl.")}
+
+
+# where an operand meets the others as torch's type promotion converts it: to the node's dtype
+_PROMOTING_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div)
+_PROMOTING_UNARY = (ast.USub, ast.UAdd)
+
+
+def promoted_names(exprs: Sequence[tuple[str, Expr]]) -> frozenset[str]:
+    """The names read only through ``+ - * /`` and unary signs on their way to the results of
+    ``exprs`` (``(name, expr)`` in order; a later expression may read an earlier one's name).
+
+    Torch converts an operand to the promoted dtype where it meets the other operand of such an
+    op (int32 2049 + float16 0.5: 2048 + 0.5); an input on such a path alone meets only
+    operands of the result's dtype, so converting it to that dtype at its load is what torch
+    does. An input under any other function (``gelu(a) * b``) is computed in its own dtype first,
+    as torch computes ``gelu`` of a float32 ``a``, and stays as it was loaded."""
+    arithmetic: dict[str, bool] = {}
+
+    def walk(node: ast.AST, on_path: bool) -> None:
+        if isinstance(node, ast.Name):
+            arithmetic[node.id] = arithmetic.get(node.id, True) and on_path
+        elif isinstance(node, ast.BinOp):
+            keep = on_path and isinstance(node.op, _PROMOTING_BINOPS)
+            walk(node.left, keep)
+            walk(node.right, keep)
+        elif isinstance(node, ast.UnaryOp):
+            walk(node.operand, on_path and isinstance(node.op, _PROMOTING_UNARY))
+        else:
+            for child in ast.iter_child_nodes(node):
+                walk(child, False)
+
+    for _, expr in exprs:
+        walk(expr.tree, True)
+    # an earlier result read off the path takes its own inputs off it (latest first: a chain)
+    for name, expr in reversed(exprs):
+        if not arithmetic.get(name, True):
+            for read in expr.names:
+                arithmetic[read] = False
+    return frozenset(name for name, on_path in arithmetic.items() if on_path)
 
 
 def emit(expr: Expr | ast.expr, names: Mapping[str, str], integers: bool = False) -> str:

@@ -6,6 +6,8 @@ Every op that lists an integer dtype, on every integer and bool dtype: the resul
 The property suite draws these dtypes too (tests/test_ops.py); here each is met once.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -76,6 +78,70 @@ def test_mixed_and_zero_dim_promotion():
         testing.assert_matches(got, want.double() if want.is_floating_point() else want, "add")
     u, i = _tensor(torch.uint8), _tensor(torch.int8, seed=1)
     assert torch.equal(generated.mul(u, i), u * i) and generated.mul(u, i).dtype == torch.int16
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        runtime.interpreting(), reason="the interpreter rounds float32 to bfloat16 toward zero "
+        "(torch and the GPU round to nearest): the GPU tier runs this case")),
+])
+@pytest.mark.parametrize("name", ["add", "sub", "mul"])
+def test_inputs_are_converted_to_a_16_bit_result_first(name, dtype):
+    """Type promotion converts each input to the result's dtype before the math, and the result
+    is rounded to it before an out= of another dtype: an integer tensor, or a 0-dim integer,
+    float32 or float64 one, beside a float16 tensor rounds to float16 first (int32 2049 is
+    2048.0), where the kernels took it to float32 as it was. The reference: the inputs so
+    converted, the math in float64, one rounding to the result's dtype (what torch's float32 math
+    rounded gives, for these ops; torch's CPU mul alone reads a 0-dim second operand unrounded)."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    info = generated.REGISTRY[name]
+    half = (torch.rand(4, 37, generator=generator) * 2.5 + 0.5).to(dtype).to(device)
+    ints = torch.randint(2049, 20000, (4, 37), generator=generator).to(device)
+    calls = [(ints.int(), half), (half, ints.short()), (ints[0, 0], half),
+             (half, torch.rand((), generator=generator).to(device) + 0.5),
+             (torch.rand((), generator=generator, dtype=torch.float64).to(device) + 0.5, half)]
+    for x, y in calls:
+        result = torch.result_type(x, y)
+        want = info.reference(x.to(result).double(), y.to(result).double()).to(result)
+        got = info.function(x, y)
+        assert got.dtype == dtype and torch.equal(got, want), (name, x.dtype, x.dim(), y.dtype)
+    other = (torch.rand(4, 37, generator=generator) * 2.5 + 0.5).to(dtype).to(device)
+    out = torch.full(half.shape, math.nan, device=device)
+    info.function(half, other, out=out)
+    assert torch.equal(out, info.reference(half.double(), other.double()).to(dtype).float())
+
+
+def test_an_input_under_a_function_keeps_its_dtype():
+    """Only an input read through + - * / alone is converted to the result's dtype first: torch
+    computes gelu of a 0-dim float32 ``a`` in float32 and converts the product's other side
+    only. Converting ``a`` to float16 first moved geglu's result by up to 2% where gelu is
+    steep relative to its value (a near -2.7); the kernel now rounds once, at the store."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    b = (torch.rand(64, generator=generator) + 0.5).half().to(device)
+    for value in (-2.71, -1.3, 0.7):
+        a = torch.tensor(value, device=device)
+        got = generated.geglu(a, b)
+        want = torch.nn.functional.gelu(a.double(), approximate="tanh") * b.double()
+        assert got.dtype == torch.float16
+        # one rounding to float16 (half an ulp: 2**-11 relative), not a rounded input's error
+        assert ((got.double() - want) / want).abs().max() <= 2.0**-11 * 1.001, value
+
+
+def test_float64_into_float16_rounds_through_float32_as_torch():
+    """torch converts a float64 (or an integer) to a 16-bit float through float32, two roundings:
+    a sum's dtype=float16 cast x in one, which parts from torch's where float32 lands x on a
+    float16 midpoint (the reduce kernels' cast; the pointwise loads take the same helper).
+    Drawn values just past a midpoint, closer to it than float32 can tell."""
+    generator = torch.Generator().manual_seed(0)
+    base = (1 + torch.rand(4, 8, generator=generator, dtype=torch.float64)).half().double()
+    ulp = 2.0**-10   # float16's spacing in [1, 2); float32's is 2**-13 of it
+    past = torch.rand(4, 8, generator=generator, dtype=torch.float64) * 0.9 + 0.05
+    x = (base + ulp / 2 + ulp * 2.0**-14 * past).to(testing.device())
+    got = generated.sum(x, 1, dtype=torch.float16)
+    assert torch.equal(got, x.half().double().sum(1).half()), (got, x.half().double().sum(1))
 
 
 def test_out_of_another_dtype():

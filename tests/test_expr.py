@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from specgen.errors import SpecError, Where
-from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.expr import Symbol, emit, helpers, parse_expr, promoted_names
 from specgen.families import pointwise
 from specgen.parse import load_spec
 
@@ -76,3 +76,32 @@ def test_pointwise_plan_decisions():
     assert plan.max_tile == max([c["BLOCK"] for c in plan.dense_configs] +
                                 [c["TILE_M"] * c["TILE_N"] for c in plan.tiled_configs])
     assert [t.name for t in plan.tensors] == ["out", "x"], "outputs first: they set memory order"
+
+
+@pytest.mark.parametrize("outputs, promoted", [
+    # torch converts an operand where it meets the other of + - * /: at its load, on such a path
+    ([("out", "x + y * eps")], {"x", "y", "eps"}),
+    ([("out", "-(x - y) / 2")], {"x", "y"}),
+    # under any other function the input is computed in its own dtype first (gelu of a float32)
+    ([("out", "gelu_tanh(x) * y")], {"y"}),
+    ([("out", "x * sigmoid(x)")], set()),
+    ([("out", "x ** 2 + y")], {"y"}),
+    ([("out", "where(x > 0, x, y)")], set()),
+    # an earlier result read off the path takes its inputs off it; read on it, keeps them
+    ([("h", "x + y"), ("out", "exp(h)")], set()),
+    ([("h", "x + y"), ("g", "h * 2"), ("out", "tanh(g)")], set()),
+    ([("h", "x + y"), ("out", "h * eps")], {"x", "y", "eps"}),
+])
+def test_promoted_names_are_those_read_only_through_arithmetic(outputs, promoted):
+    symbols = dict(SYMBOLS)
+    exprs = []
+    for name, source in outputs:
+        exprs.append((name, parse_expr(source, Where("t.toml", ("compute", name)), symbols)))
+        symbols[name] = Symbol(name, "value")
+    got = promoted_names(exprs)
+    assert got - {name for name, _ in outputs} == promoted - {name for name, _ in outputs}
+
+
+def test_pointwise_plan_converts_only_promoted_inputs():
+    plan = pointwise.plan(load_spec(REPO / "specs" / "geglu.toml", REPO))
+    assert [(t.name, t.promoted) for t in plan.inputs] == [("a", False), ("b", True)]

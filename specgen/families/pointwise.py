@@ -7,9 +7,9 @@ Spec tables: ``[compute]`` (one output per key, in order; later outputs may read
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from specgen.expr import Symbol, emit, helpers, parse_expr
+from specgen.expr import Symbol, emit, helpers, parse_expr, promoted_names
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      symbols_of, tile_pairs, warps_list, wrap)
@@ -28,6 +28,7 @@ OUTER_RANK = 6
 GENERATED_NAMES = frozenset({
     "pointwise",  # its imports
     "compute",    # the math's type (COMPUTE), beside the choices' constexprs
+    "result", "result_type",  # the result's dtype (RESULT, by name) and its type (RESULT_TYPE)
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -88,6 +89,9 @@ def parse_outputs(compute: Table, spec_args: tuple) -> tuple[Output, ...]:
 @dataclass(frozen=True)
 class Tensor:
     name: str
+    # converted to a 16-bit result's dtype on load, as torch's promotion converts it: read only
+    # through + - * / (expr.promoted_names)
+    promoted: bool = field(default=False, kw_only=True)
 
     @property
     def ptr(self) -> str:
@@ -166,7 +170,9 @@ def plan(spec: OpSpec) -> PointwisePlan:
     tiled = tuple({"TILE_M": m, "TILE_N": n, "num_warps": w}
                   for (m, n), w in itertools.product(body.tiles, body.num_warps))
     common = common_plan(spec, tuple(o.name for o in body.outputs))
-    return PointwisePlan(**common.__dict__, inputs=tuple(Tensor(t.name) for t in spec.tensors),
+    promoted = promoted_names([(o.name, o.expr) for o in body.outputs])
+    inputs = tuple(Tensor(t.name, promoted=t.name in promoted) for t in spec.tensors)
+    return PointwisePlan(**common.__dict__, inputs=inputs,
                          outputs=outputs, launch=body.launch, dense_configs=dense,
                          tiled_configs=tiled,
                          helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))

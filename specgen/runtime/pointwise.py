@@ -120,7 +120,7 @@ class Pointwise(FamilyRuntime):
         inputs, shape, device = _checked(op, args)
         dtype = call_dtype(op, args, inputs)
         outs = tuple(empty_output(shape, dtype, device, inputs) for _ in op.description.outputs)
-        _launch(op, args, inputs, outs)
+        _launch(op, args, inputs, outs, dtype)
         return outs[0] if len(outs) == 1 else outs
 
     def run_out(self, op: Op, outs: tuple, args: tuple) -> None:
@@ -132,7 +132,7 @@ class Pointwise(FamilyRuntime):
             _check_out_dtype(op.name, name, out.dtype, dtype, outs[0].dtype)
         if len(outs) > 1:
             check_outs_disjoint(op.name, dict(zip(op.description.outputs, outs)))
-        _launch(op, args, inputs, outs)
+        _launch(op, args, inputs, outs, dtype)
 
 
 RUNTIME = Pointwise()
@@ -184,7 +184,11 @@ def _checked(op: Op, args: tuple) -> tuple[list[torch.Tensor], tuple[int, ...], 
     return list(tensors.values()), broadcast_shape(op.name, tensors), device
 
 
-def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple) -> None:
+def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple,
+            result: torch.dtype) -> None:
+    """Launches the kernel over ``outs`` (outputs first, then inputs); ``result``: the result's
+    dtype, which an out= may differ from, passed by name (RESULT): the kernels convert inputs to
+    it before the math and round outputs to it before their store, as torch does."""
     d = op.description
     spec: Launch = d.launch
     plan = plan_launch(op.name, d.indexing, (*d.outputs, *d.tensor_names), [*outs, *inputs],
@@ -195,7 +199,8 @@ def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple) -> Non
     scalars = [args[i] for i in d.scalar_positions]
     dtypes = tuple(t.dtype for t in (*inputs, *outs))
     launch(op.kernels["dense" if plan.dense else "tiled"], plan.grid, *inputs, *outs, *plan.args,
-           *scalars, **d.choices_of(args), INDEX_64=plan.index_64, tune_key=(plan, dtypes))
+           *scalars, **d.choices_of(args), RESULT=str(result).removeprefix("torch."),
+           INDEX_64=plan.index_64, tune_key=(plan, dtypes))
 
 
 __all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "call_dtype", "empty_output", "output_strides",
