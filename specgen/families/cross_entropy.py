@@ -78,6 +78,11 @@ class CrossEntropyPlan(CommonPlan):
         return ()  # ignore_index is compared with the int64 targets
 
     @property
+    def compute_of(self) -> str:
+        """The tensor whose dtype sets the math's (float64 for float64, else float32)."""
+        return "logits"
+
+    @property
     def max_block(self) -> int:
         return max(c["BLOCK_V"] for c in self.configs)
 

@@ -331,17 +331,19 @@ def _forward(op: Op, logits, target, weight, ignore_index, reduction, label_smoo
     checked inputs: no value-dependent host work, so that repeated eager calls can replay it."""
     device = logits.device
     n_rows, n_classes = logits.shape
-    lse = empty((n_rows,), torch.float32, device)
-    row_loss = empty((n_rows,), logits.dtype if reduction == "none" else torch.float32, device)
+    # what the kernels keep is in their math's type: float32, float64 for float64 logits
+    math = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    lse = empty((n_rows,), math, device)
+    row_loss = empty((n_rows,), logits.dtype if reduction == "none" else math, device)
     if n_rows == 0:
         # torch's loss over no rows: an empty "none", NaN for "mean", 0 for "sum"
         loss = row_loss if reduction == "none" else full(
             (), float("nan") if reduction == "mean" else 0.0, logits.dtype, device)
-        return loss, lse, full((), 1.0, torch.float32, device)
+        return loss, lse, full((), 1.0, math, device)
     # the forward kernel writes the denominator (1, or the finish kernel's weight sum)
-    denom = empty((), torch.float32, device)
+    denom = empty((), math, device)
     loss = row_loss if reduction == "none" else empty((), logits.dtype, device)
-    row_weight = empty((n_rows,), torch.float32, device)
+    row_weight = empty((n_rows,), math, device)
     plan = plan_rows(op.name, op.description.indexing, op.description.launch.max_tile, n_rows,
                      {"logits": logits, "target": target, "weight": weight})
     note_launch(op.name, "forward", plan.index_64)
