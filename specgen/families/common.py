@@ -321,13 +321,18 @@ class CommonPlan:
         for float64 data, at full precision, as torch's float64 ops take them; float32 otherwise,
         as float32_lines take them. ``tl.full``, not ``tl.cast``: the interpreter would carry a
         Python float through float32 in a cast."""
+        return self.float_lines_in(self.float_type)
+
+    def float_lines_in(self, math_type: str) -> tuple[str, ...]:
+        """``float_lines`` with the math's type given as kernel source (``math_type``: a
+        constexpr the kernel has set, where its pointers differ from ``compute_of``'s)."""
         if not self.float64_math or not self.float_args:
             return self.float32_lines
         comments = ["# in the math's type: float64 for float64 data, whole (declared float64), "
                     "else float32"]
         if self.value_ints:
             comments.append("# ints too: expressions compute in floats (int32 products overflow)")
-        return (*comments, *(f"{name} = tl.full([], {name}, {self.float_type})"
+        return (*comments, *(f"{name} = tl.full([], {name}, {math_type})"
                              for name in self.float_args))
 
     @property

@@ -473,7 +473,7 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
 
     @property
     def acc_type(self) -> str:
-        return "tl.int32" if self.integer_product else "tl.float32"
+        return "tl.int32" if self.integer_product else "ACC"
 
     @property
     def dot_type(self) -> str:

@@ -414,6 +414,8 @@ def input_precision(dtype: torch.dtype, allow_tf32: bool | None = None) -> str:
     arguments as source). float32 follows ``allow_tf32``, by default torch's matmul precision
     setting (tf32 or ieee; ieee under the interpreter; convolutions pass cuDNN's). 16-bit operands get "tf32", what Triton's default (None) means on
     NVIDIA and what every tuned Triton matmul compiles with: the setting only concerns float32."""
+    if dtype == torch.float64:
+        return "ieee"
     if dtype != torch.float32:
         return "tf32"
     if interpreting():
@@ -504,18 +506,21 @@ def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] 
 
 def tile_fits(config: triton.Config, element_size: int, shared_limit: int) -> bool:
     """Whether a config's pipelined A and B tiles fit the shared memory and its float32
-    accumulator the registers (at most 128 a thread)."""
+    accumulator the registers (at most 128 a thread; a float64 one, of float64 operands, takes
+    two a value)."""
     meta = config.kwargs
     smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * element_size * config.num_stages
-    registers = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
+    words = 2 if element_size == 8 else 1
+    registers = meta["BLOCK_M"] * meta["BLOCK_N"] * words // (32 * config.num_warps)
     return smem <= shared_limit and registers <= 128
 
 
 def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device,
-              integer: bool = False) -> torch.Tensor:
-    """Float32 partial sums of a split-K launch (int32 ones of an int8 product, exact): one
-    slice per split (two_stage), or one slice that every split adds into atomically (zeroed)."""
-    dtype = torch.int32 if integer else torch.float32
+              integer: bool = False, float64: bool = False) -> torch.Tensor:
+    """Float32 partial sums of a split-K launch (int32 ones of an int8 product, exact; float64
+    ones of float64 operands): one slice per split (two_stage), or one slice that every split
+    adds into atomically (zeroed)."""
+    dtype = torch.int32 if integer else torch.float64 if float64 else torch.float32
     if strategy.kind == "atomic":
         return zeros((batch, 1, m, n), dtype, device)
     return empty((batch, strategy.factor, m, n), dtype, device)
@@ -694,8 +699,10 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     space = prob.space(op.name, {name: stand_in for name in op.outputs}, op.rank)
     batch = space.batch_count
     forced = overrides()
-    # a quantized B is unpacked in registers after a plain load, never through a descriptor
-    tma = None if op.quantized else tma_layout(space, op.a, op.b, dtype.itemsize)
+    # a quantized B is unpacked in registers after a plain load, never through a descriptor;
+    # float64 has no wgmma form: its dots are the pointer kernel's mma.sync (m8n8k4 f64)
+    tma = None if op.quantized or dtype == torch.float64 else \
+        tma_layout(space, op.a, op.b, dtype.itemsize)
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors,
                          tma is not None)
     spans = dict(present)
@@ -859,8 +866,10 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         else:
             launch(kernels["tile"], plan.grid, *tile_args, **flags, **common, tune_key=tune_key)
         return
-    # float32 partial sums: one slice per split (two-stage), or one zeroed slice (atomic)
-    space = workspace(strategy, plan.batch, plan.m, plan.n, a.device, layout.integer_product)
+    # partial sums in the math's type: one slice per split (two-stage), or one zeroed slice
+    # (atomic)
+    space = workspace(strategy, plan.batch, plan.m, plan.n, a.device, layout.integer_product,
+                      a.dtype == torch.float64)
     loop_inputs = [named[name] for name in layout.loop_inputs]
     launch(kernels["split"], plan.grid, a, b, *loop_inputs, space, *plan.sizes, *plan.ab_strides,
            *plan.loop_strides, SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic",

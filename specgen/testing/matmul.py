@@ -43,7 +43,8 @@ SMALL_CONFIGS = (
 
 
 def matmul_tolerances(k: int, tf32: bool = False) -> dict[torch.dtype, tuple[float, float]]:
-    """(rtol, atol) per output dtype for a K-term float32 accumulation of products up to 9.
+    """(rtol, atol) per output dtype for a K-term float32 (float64) accumulation of products up
+    to 9.
 
     The reference sees the same rounded inputs in float64, so the error is the float32 sums
     (worst case growing with K) plus one rounding to the output dtype. TF32 rounds each input to
@@ -55,6 +56,8 @@ def matmul_tolerances(k: int, tf32: bool = False) -> dict[torch.dtype, tuple[flo
         torch.float32: (1e-5 if not tf32 else 2e-3, accumulate + 1e-5),
         torch.float16: (1e-3, accumulate + 1e-4),
         torch.bfloat16: (8e-3, accumulate + 1e-3),
+        # float64 operands accumulate in float64 (no TF32)
+        torch.float64: (1e-12, 4e-15 * k + 1e-13),
     }
 
 
@@ -169,6 +172,10 @@ def matmul_cases(draw, info: OpInfo) -> Case:
                                      seed=seed + i)
         notes.append(f"{arg.name}: {shape} {own} {layout}")
     tolerances = matmul_tolerances(k)
+    if dtype != torch.float64:
+        # a float64 operand of the epilogue promotes the result to float64, but the product is
+        # float32's sums (torch's too): the bound of the operands' dtype
+        tolerances[torch.float64] = tolerances[dtype]
     if quant.rounds_weight:
         scales = [args[name] for name in quant.scales if args[name] is not None]
         tolerances = _dequant_tolerances(tolerances, k, 8 // quant.packed, args[a_name], scales)
