@@ -261,9 +261,10 @@ def tma_describable(x_strides: tuple, w_shape: tuple, w_strides: tuple, stride: 
     """Whether the TMA kernel can take the call: stride 1 and one group (its input tile is a
     shifted patch), on Hopper or later, int32 offsets, and tensors TMA descriptors describe:
     channels contiguous, the weight's taps one stride apart, other strides positive multiples of
-    16 bytes (the base addresses are checked per call: ``tma_aligned``)."""
+    16 bytes (the base addresses are checked per call: ``tma_aligned``); not float64, which has
+    no wgmma form (the pointer kernel's dots are mma.sync m8n8k4 f64)."""
     where = torch.device(device)
-    if where.type != "cuda" or interpreting() or not has_tma(where.index or 0):
+    if where.type != "cuda" or interpreting() or not has_tma(where.index or 0) or element_size == 8:
         return False
     if stride != (1, 1) or groups != 1 or index_64 or x_strides[1] != 1 or w_strides[1] != 1:
         return False
