@@ -231,6 +231,77 @@ def test_rowwise_float64_is_computed_in_float64(strategy):
         close(g, w)
 
 
+@pytest.mark.parametrize("strategy", [None, "direct", "two_stage:3", "atomic:2"])
+def test_matmul_float64_is_computed_in_float64(strategy):
+    """float64 operands multiply and accumulate in float64 in every matmul strategy: values of
+    1 + 1e-9 noise, whose products float32 would keep to 7 digits; alpha, beta and a float64
+    residual enter float64 math whole, and a float64 residual beside float32 operands promotes
+    the epilogue to float64 (as torch's F.linear(x, w) + residual)."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+
+    def near_one(*shape, dtype=torch.float64):
+        values = 1 + 1e-9 * torch.randn(*shape, generator=generator, dtype=torch.float64)
+        return values.to(dtype).to(device)
+
+    def close(got, want, rtol=1e-13):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+
+    a, b, c = near_one(33, 70), near_one(70, 45), near_one(33, 45)
+    with runtime.override(strategy=strategy):
+        close(generated.mm(a, b), a @ b)
+        close(generated.addmm(c, a, b, beta=1 / 3, alpha=1 + 1e-10),
+              torch.addmm(c, a, b, beta=1 / 3, alpha=1 + 1e-10))
+        x, y = near_one(3, 20, 70), near_one(3, 70, 9)
+        close(generated.bmm(x, y), torch.bmm(x, y))
+        w, bias = near_one(45, 70), near_one(45)
+        close(generated.linear_gelu(a, w, bias),
+              torch.nn.functional.gelu(torch.nn.functional.linear(a, w, bias), approximate="tanh"))
+        # float32 operands of small integers (their product exact in float32, torch's and ours)
+        # and a float64 residual of 1e-9s, which the sum in float32 would lose: added in float64
+        a32, w32, bias32 = (torch.randint(-4, 5, shape, generator=generator).float().to(device)
+                            for shape in ((33, 70), (45, 70), (45,)))
+        residual = 1e-9 * near_one(33, 45)
+        product = torch.nn.functional.linear(a32, w32, bias32)
+        close(generated.linear_residual(a32, w32, bias32, residual), product + residual)
+
+
+def test_conv_and_cross_entropy_float64_are_computed_in_float64():
+    """conv2d (its pointer, channels-last-copy and depthwise kernels) and cross_entropy with
+    float64 tensors compute in float64: values whose float32 math would be 1e-7 off."""
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+
+    def noise(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=generator, dtype=torch.float64)).to(device)
+
+    def close(got, want):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+
+    x, w, bias = 1 + noise(2, 6, 9, 11, scale=1e-9), noise(8, 3, 3, 3), noise(8)
+    for strategy in ("gemm", "gemm_repack", "tma"):
+        with runtime.override(strategy=strategy):
+            close(generated.conv2d(x, w, bias, padding=1, groups=2),
+                  torch.nn.functional.conv2d(x, w, bias, padding=1, groups=2))
+    depthwise = noise(6, 1, 3, 3)
+    close(generated.conv2d(x, depthwise, None, padding=1, groups=6),
+          torch.nn.functional.conv2d(x, depthwise, None, padding=1, groups=6))
+    w6 = noise(8, 6, 3, 3)
+    close(generated.conv2d_bias_silu(x, w6, bias, padding=1),
+          torch.nn.functional.silu(torch.nn.functional.conv2d(x, w6, bias, padding=1)))
+    logits = (30 + noise(7, 300, scale=1e-6)).requires_grad_()
+    target = torch.randint(0, 300, (7,), generator=generator).to(device)
+    weight = 1 + noise(300, scale=0.1)
+    for kwargs in ({}, {"weight": weight, "label_smoothing": 0.1}, {"reduction": "none"}):
+        loss = generated.cross_entropy(logits, target, **kwargs)
+        want = torch.nn.functional.cross_entropy(logits, target, **kwargs)
+        close(loss, want)
+        grad_out = torch.ones_like(want)
+        close(*(torch.autograd.grad(l, logits, grad_out)[0] for l in (loss, want)))
+
+
 def test_float64_mean_divides_by_a_float64_count():
     """A float64 mean divides by its element count in float64: in float32 a count past 2**24
     rounded (a mean of 2**24 + 1 equal values was 6e-8 off). A stride-0 view of a drawn value,
