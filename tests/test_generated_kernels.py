@@ -35,13 +35,16 @@ def _entry_kernels(module) -> list[ast.FunctionDef]:
 def _is_cast(statement: ast.stmt, name: str, float64: bool) -> bool:
     """``name = tl.cast(name, tl.float32)`` (a Python float in the interpreter has no ``.to``),
     or with ``float64``, ``name = tl.full([], name, tl.float64 if <tensor>_ptr.dtype.element_ty
-    == tl.float64 else tl.float32)``"""
+    == tl.float64 else tl.float32)``, or ``tl.full([], name, MATH)`` where the kernel has set
+    MATH that way (the matmul and convolution kernels: their epilogue's type, from the output)"""
     if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
             and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name):
         return False
     value = ast.unparse(statement.value)
     if not float64:
         return value == f"tl.cast({name}, tl.float32)"
+    if value == f"tl.full([], {name}, MATH)":
+        return True
     head, _, rest = value.partition(" if ")
     return (head == f"tl.full([], {name}, tl.float64" and rest.endswith(
         "_ptr.dtype.element_ty == tl.float64 else tl.float32)"))

@@ -477,9 +477,9 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
 
     @property
     def dot_type(self) -> str:
-        """tl.dot's out_dtype argument where it is not its default float32 (an int8 product's
-        int32: Triton 3.6 does not infer it from the accumulator)."""
-        return ", out_dtype=tl.int32" if self.integer_product else ""
+        """tl.dot's out_dtype argument: the accumulator's type (an int8 product's int32, float64
+        operands' float64): Triton 3.6 does not infer it from the accumulator."""
+        return ", out_dtype=tl.int32" if self.integer_product else ", out_dtype=ACC"
 
     @property
     def min_block_k(self) -> int:
