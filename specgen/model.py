@@ -15,7 +15,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32")
 INTEGER_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64")
 INTEGER_FAMILIES = ("pointwise", "reduce")
-FLOAT64_FAMILIES = INTEGER_FAMILIES + ("rowwise",)
+FLOAT64_FAMILIES = INTEGER_FAMILIES + ("rowwise", "attention")
 INDEXING = ("auto", "int32", "int64")
 # what torch.autocast does to an op's inputs (specgen/runtime/autocast.py): nothing, as for
 # add or amax; the autocast dtype, as for torch's matmuls; float32, as for its norms and losses

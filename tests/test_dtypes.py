@@ -284,8 +284,8 @@ def test_integer_dtypes_only_in_the_pointwise_and_reduce_families(tmp_path):
         parse.load_spec(spec, tmp_path)
     # float64 too (a matmul spec), until the other families' kernels compute in it
     spec.write_text(spec.read_text().replace('"int32"', '"float64"').replace('"rowwise"', '"matmul"'))
-    with pytest.raises(SpecError, match=r"dtype 'float64': only the pointwise, reduce and rowwise "
-                                        r"families compute in float64"):
+    with pytest.raises(SpecError, match=r"dtype 'float64': only the pointwise, reduce, rowwise and "
+                                        r"attention families compute in float64"):
         parse.load_spec(spec, tmp_path)
 
 

@@ -3,8 +3,8 @@
 on the GPU, layouts (the ``(B, L, H, E).transpose(1, 2)`` view, permuted, sliced, offset), bool
 and float attention masks that broadcast, causal calls and the spec's own scalars.
 
-The interpreter computes a bfloat16 ``tl.dot`` wrongly, so the CPU tier draws float16 and
-float32; the GPU tier draws bfloat16 too.
+The interpreter computes a bfloat16 ``tl.dot`` wrongly, so the CPU tier draws float16, float32
+and float64; the GPU tier draws bfloat16 too.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ from hypothesis import strategies as st
 
 from specgen.families.attention import ROLES
 from specgen.runtime import OpInfo, interpreting
-from specgen.testing.core import (Case, Layout, broadcast_operand, device, knobs, layouts,
-                                  make_tensor, scalar_value, sizes)
+from specgen.testing.core import (FLOAT_RANGE, Case, Layout, broadcast_operand, device, knobs,
+                                  layouts, make_tensor, scalar_value, sizes)
 from specgen.testing.samples import Make, default
 
 # |actual - expected| <= atol + rtol * |expected|. The softmax weights are rounded to the inputs'
 # dtype before they meet the values (as every flash kernel does): up to one rounding of each
-# weight, times values up to 3 in magnitude, plus the output's own rounding
+# weight, times values up to 3 in magnitude, plus the output's own rounding. float64 computes in
+# float64 throughout (its weights are not rounded): float32 math would be 1e-7 off
 TOLERANCES = {
     torch.float32: (2e-5, 3e-5),
     torch.float16: (2e-3, 3e-3),
     torch.bfloat16: (1e-2, 2.5e-2),
+    torch.float64: (1e-10, 1e-11),
 }
 # the gradients, atol relative to each gradient's largest element (at least 1): the backward
 # rounds each probability and each score's gradient to the inputs' dtype before they meet the
@@ -42,6 +44,7 @@ GRAD_TOLERANCES = {
     torch.float32: (5e-5, 5e-5),
     torch.float16: (5e-3, 1.5e-2),
     torch.bfloat16: (4e-2, 1e-1),
+    torch.float64: (1e-10, 1e-11),
 }
 # small tiles reach several query and key blocks, partial ones and the bounds of a mask on the
 # interpreter's small inputs
@@ -131,7 +134,12 @@ def attention_cases(draw, info: OpInfo) -> Case:
         elif name == "enable_gqa":
             args[name] = gqa
         elif name == "scale":
-            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=32)))
+            # float64 math takes a scale whole (float32 math, rounded to float32)
+            width = 64 if dtype == torch.float64 else 32
+            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=width)))
+        elif arg.kind == "float" and dtype == torch.float64:
+            # at full precision: float64 math takes a float argument whole, as torch's does
+            args[name] = draw(st.floats(*(arg.range or FLOAT_RANGE)))
         else:
             args[name] = scalar_value(draw, arg)
         if arg.kind == "tensor" and args[name] is not None:
