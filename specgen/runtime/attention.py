@@ -47,23 +47,24 @@ MAX_BLOCK = 256
 FALLBACK_CONFIGS = ((64, 32, 2), (64, 32, 1), (32, 16, 1))
 # float64 (8-byte elements, two registers each): tiles of its own, per pass and by the head dims'
 # tile (the larger of BLOCK_E and BLOCK_EV, at most the key), in place of the space's, which are
-# sized for 16-bit inputs and spill float64 accumulators by kilobytes (ptxas for sm_90, Triton
-# 3.8, E 64: the forward's 64 x 64 on 4 warps 4896 bytes, on 8 warps 1772; the key pass's 32 x
-# 32 on 4 warps 728). Each is (held, streamed, warps, stages): the rows a program holds and the
-# keys it streams (the key pass: the keys it holds, the rows it streams). ptxas spilled none of
-# them but the key pass's past E 64, which holds four tiles of keys (K, V, dK, dV): 20 bytes at
-# E 128, 56 at E 256 (on 16 warps and one stage; 8 warps spilled 660). The first that fits the
+# sized for 16-bit inputs and spill float64 accumulators by kilobytes (ptxas for sm_90, E 64:
+# the forward's 64 x 64 on 4 warps 4896 bytes, on 8 warps 1772). Each is (held, streamed, warps,
+# stages): the rows a program holds and the keys it streams (the key pass: the keys it holds,
+# the rows it streams). Chosen with ptxas -v for sm_90 under Triton 3.6 (the GPU machines', whose
+# float64 dots are FMA loops) and 3.8 (mma.sync m8n8k4 f64): none spills under 3.6; under 3.8
+# the key pass, which holds four tiles of keys (K, V, dK, dV), spills 20 bytes at E 128 and 660
+# at E 256 (16 warps spilled less there under 3.8, kilobytes under 3.6). The first that fits the
 # shared memory runs untuned
 FLOAT64_CONFIGS = {
-    "forward": {64: ((64, 32, 8, 2), (32, 32, 4, 2)),
+    "forward": {64: ((32, 32, 4, 2), (32, 32, 8, 2)),
                 128: ((32, 32, 8, 2), (16, 32, 4, 2)),
-                256: ((16, 16, 4, 2),)},
+                256: ((16, 16, 8, 2),)},
     "query": {64: ((32, 32, 8, 2), (32, 32, 4, 2)),
               128: ((32, 32, 8, 2), (16, 32, 4, 2)),
               256: ((16, 16, 8, 2),)},
     "key": {64: ((32, 16, 8, 2),),
             128: ((16, 16, 8, 2),),
-            256: ((16, 16, 16, 1),)},
+            256: ((16, 16, 8, 2),)},
 }
 # split-KV (flash decoding): programs per multiprocessor to aim for, the fewest keys a split
 # takes, and the most splits a row block may have

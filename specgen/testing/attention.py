@@ -229,3 +229,65 @@ def attention_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
             a.name == role["attn_mask"] and v is not None for a, v in zip(info.args, args))
         backward.append((make.r(*out.shape), out, lse, *args, masked))
     return {info.name: calls, f"{info.name}_backward": backward}
+
+
+def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
+    """Compiles every kernel of a generated attention module for float64 inputs to a CUDA binary,
+    without a GPU, on the first of ``FLOAT64_CONFIGS``' tiles for its pass at head dim ``dim``
+    (a causal call with a float mask and its gradient, split keys), and raises where the
+    compiled kernel computes anything in float32.
+
+    The interpreter runs kernels as Python: it lets a loop-carried value change type (a float32
+    accumulator that a float64 dot makes float64), which the compiler refuses, and cannot show a
+    float32 intermediate. Needs Triton's NVIDIA backend (ptxas ships with it) and no
+    TRITON_INTERPRET. Returns one line per kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specgen.runtime.attention import FLOAT64_CONFIGS
+
+    floats = {arg.name for arg in module.DESCRIPTION.args if arg.kind == "float"}
+    # each kernel's tiles: its pass's, as (held, streamed)
+    roles = {"forward": ("forward", "BLOCK_M", "BLOCK_N"),
+             "merge": ("forward", "BLOCK_M", "BLOCK_N"),
+             "backward_query": ("query", "BLOCK_M", "BLOCK_N"),
+             "backward_key": ("key", "BLOCK_N", "BLOCK_M")}
+    bound = min(b for b in FLOAT64_CONFIGS["forward"] if dim <= b)
+    block = max(16, 1 << (dim - 1).bit_length())
+    done = []
+    for role, kernel in module.KERNELS.items():
+        fn = kernel
+        while not isinstance(fn, triton.runtime.JITFunction):
+            fn = fn.fn
+        space, held, streamed = roles[role]
+        rows, keys, warps, stages = FLOAT64_CONFIGS[space][bound][0]
+        if role == "merge":
+            warps, stages = 4, 1
+        constexprs = {"E": dim, "EV": dim, "BLOCK_E": block, "BLOCK_EV": block, held: rows,
+                      streamed: keys, "INDEX_64": False, "INPUT_PRECISION": "ieee",
+                      "MASK_KIND": 2, "MASK_GRAD": True, "SPLIT": True, "PACKED": False,
+                      "NUM_SPLITS": 4, "IS_CAUSAL": True}
+        signature, constants = {}, {}
+        for i, (arg, param) in enumerate(zip(fn.arg_names, fn.params)):
+            if param.is_constexpr:
+                signature[arg] = "constexpr"
+                constants[(i,)] = constexprs.get(arg, False)
+            elif arg.endswith("_ptr"):
+                # the cache lengths are int32; every other tensor (the mask, statistics,
+                # workspaces and gradient buffers included) float64
+                per_batch = any(arg == f"{a.name}_ptr" and a.dims == ("B",)
+                                for a in module.DESCRIPTION.args if a.kind == "tensor")
+                signature[arg] = "*i32" if per_batch else "*fp64"
+            elif arg in floats or arg == "scale":
+                signature[arg] = "fp64"
+            else:
+                signature[arg] = "i32"
+        binary = triton.compile(ASTSource(fn, signature, constants),
+                                target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": warps, "num_stages": stages})
+        narrow = [line.strip() for line in binary.asm["ttgir"].splitlines() if "f32" in line]
+        if narrow:
+            raise AssertionError(f"{module.__name__} {role}: float32 in float64 math: {narrow[:3]}")
+        done.append(f"{role} {rows}x{keys}")
+    return done
