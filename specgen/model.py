@@ -7,15 +7,13 @@ from typing import Union
 
 from specgen.expr import Expr
 
-# a spec's dtypes: the 16- and 32-bit floating ones (every family; the default), float64, which
-# the pointwise, reduce and row-wise families take (their kernels compute in float64 for it), and
-# the integer ones and bool, which only the pointwise and reduce families take (an integer
+# a spec's dtypes: the floating ones (every family computes float64 in float64; the default),
+# and the integer ones and bool, which only the pointwise and reduce families take (an integer
 # result's own type; docs/op-contract.md, "Dtypes")
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-DEFAULT_DTYPES = ("float16", "bfloat16", "float32")
+DEFAULT_DTYPES = DTYPES
 INTEGER_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64")
 INTEGER_FAMILIES = ("pointwise", "reduce")
-FLOAT64_FAMILIES = INTEGER_FAMILIES + ("rowwise", "cross_entropy", "matmul", "conv")
 INDEXING = ("auto", "int32", "int64")
 # what torch.autocast does to an op's inputs (specgen/runtime/autocast.py): nothing, as for
 # add or amax; the autocast dtype, as for torch's matmuls; float32, as for its norms and losses

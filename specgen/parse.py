@@ -18,7 +18,7 @@ from specgen.errors import Where, describe
 from specgen.families import FAMILIES
 from specgen.families.common import check_generated_names, check_name
 from specgen.families.contract import resolve
-from specgen.model import (AUTOCAST, DEFAULT_DTYPES, DTYPES, FLOAT64_FAMILIES, INDEXING, INTEGER_DTYPES,
+from specgen.model import (AUTOCAST, DEFAULT_DTYPES, DTYPES, INDEXING, INTEGER_DTYPES,
                            INTEGER_FAMILIES, Arg, ChoiceArg, OpSpec, ScalarArg, Source, TensorArg)
 from specgen.table import Table, parse_list
 
@@ -131,15 +131,12 @@ def _parse_dtypes(op: Table, family: str) -> tuple[str, ...]:
         return DEFAULT_DTYPES
     where = op.where.child("dtypes")
     dtypes = parse_list(raw, str, where)
-    known = DTYPES + INTEGER_DTYPES if family in INTEGER_FAMILIES else \
-        DTYPES if family in FLOAT64_FAMILIES else DEFAULT_DTYPES
+    known = DTYPES + INTEGER_DTYPES if family in INTEGER_FAMILIES else DTYPES
     for dtype in dtypes:
-        if dtype in INTEGER_DTYPES + ("float64",) and dtype not in known:
-            what, families = ("compute in float64", FLOAT64_FAMILIES) if dtype == "float64" else \
-                ("take integer and bool tensors", INTEGER_FAMILIES)
-            listed = ", ".join(families[:-1]) + " and " + families[-1]
-            raise where.error(f"dtype '{dtype}': only the {listed} families {what}; "
-                              f"expected one of: {', '.join(known)}")
+        if dtype in INTEGER_DTYPES and dtype not in known:
+            listed = " and ".join(INTEGER_FAMILIES)
+            raise where.error(f"dtype '{dtype}': only the {listed} families take integer and bool "
+                              f"tensors; expected one of: {', '.join(known)}")
         if dtype not in known:
             raise where.error(f"unknown dtype '{dtype}'; expected one of: {', '.join(known)}")
     return tuple(dict.fromkeys(dtypes))

@@ -5,6 +5,7 @@ errors bad calls and bad specs get before any launch."""
 import ast
 import itertools
 import math
+import sys
 
 import numpy
 import pytest
@@ -18,6 +19,7 @@ from specgen.families import attention as family
 from specgen.model import Source
 from specgen.parse import parse_spec
 from specgen.runtime import attention as runtime
+from specgen.runtime import override
 from specgen.testing import device
 
 
@@ -416,3 +418,125 @@ def test_a_score_without_a_derivative_is_a_spec_error(monkeypatch):
     monkeypatch.setattr(derive, "partial", refuse)
     with pytest.raises(SpecError, match=r"specs/variant.toml.*attention\.score.*newfn\(\)"):
         _spec('score = "s * 2.0"')
+
+
+# ---- float64: computed in float64, as torch's math backend computes it ----------------------------
+
+SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+def _randn64(*shapes, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=generator, dtype=torch.float64).to(device())
+            for shape in shapes]
+
+
+def _float64_exact(got, want, float32_result):
+    """``got`` (our float64 result) within 1e-12 of torch's float64 ``want``, where the same
+    call in float32 (``float32_result``) is more than 1e-7 off: float32 math, or a float32
+    statistic or scale anywhere, would fail this."""
+    assert got.dtype == torch.float64
+    float32_error = (float32_result.double() - want).abs().max().item()
+    assert float32_error > 1e-7, float32_error
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("masked", [False, True])
+def test_float64_attention_is_computed_in_float64(masked, splits):
+    # grouped heads, a float mask (or the causal one), a scale that float32 cannot hold, split
+    # keys merged (flash decoding's workspaces): the output and each row's logsumexp
+    module = __import__("generated.scaled_dot_product_attention", fromlist=["OP"])
+    q, k, v, mask = _randn64((2, 4, 9, 16), (2, 2, 37, 16), (2, 2, 37, 8), (9, 37), seed=11)
+    mask = mask if masked else None
+    scale = 0.3
+    args = (q, k, v, mask, 0.0, not masked, scale, True)
+    with override(strategy=f"split:{splits}", config=SMALL_TILES):
+        out, lse = runtime.forward(module.OP, args)
+        public = generated.scaled_dot_product_attention(*args)
+    assert torch.equal(out, public)
+    want = ref.scaled_dot_product_attention(*args)
+    narrow = [t.float() if t is not None else None for t in (q, k, v, mask)]
+    _float64_exact(out, want, ref.scaled_dot_product_attention(*narrow, *args[4:]))
+    scores = q @ k.repeat_interleave(2, dim=1).mT * scale
+    if masked:
+        scores = scores + mask
+    else:
+        scores = scores.masked_fill(torch.ones(9, 37, dtype=torch.bool, device=q.device)
+                                    .triu(1), float("-inf"))
+    assert lse.dtype == torch.float64
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_float64_decoding_is_computed_in_float64(splits):
+    # a KV cache of grouped heads (their query heads packed into one program), split keys
+    # merged, a batch element with no keys; the default scale 1 / sqrt(E) whole
+    q, k, v = _randn64((3, 4, 2, 16), (3, 2, 50, 16), (3, 2, 50, 16), seed=12)
+    lengths = torch.tensor([50, 0, 23], dtype=torch.int32, device=q.device)
+    with override(strategy=f"split:{splits}", config=SMALL_TILES):
+        out = generated.decode_attention(q, k, v, lengths, enable_gqa=True)
+    want = ref.decode_attention(q, k, v, lengths, None, True)
+    narrow = ref.decode_attention(q.float(), k.float(), v.float(), lengths, None, True)
+    _float64_exact(out, want, narrow)
+    assert (out[1] == 0).all()
+
+
+def test_float64_takes_tiles_of_its_own(monkeypatch):
+    # float64 elements take two registers each: the spaces' tiles (sized for 16-bit inputs)
+    # spill. A float64 call tunes over FLOAT64_CONFIGS, by pass and head dims, every one of
+    # which fits an H100's shared memory; so a frozen table's entries (tuned in bfloat16: a
+    # launch takes only an entry whose config its prune keeps) cannot start a float64 launch
+    # on tiles that spill. 16-bit and float32 calls keep the space's
+    monkeypatch.setattr(runtime, "shared_memory", lambda device: 232448)
+    module = sys.modules["generated.scaled_dot_product_attention"]
+    double, half = torch.empty(1, dtype=torch.float64), torch.empty(1, dtype=torch.bfloat16)
+    for suffix, prune, role, held, streamed in (
+            ("kernel", runtime.prune_configs, "forward", "BLOCK_M", "BLOCK_N"),
+            ("backward_query", runtime.prune_query_pass_configs, "query", "BLOCK_M", "BLOCK_N"),
+            ("backward_key", runtime.prune_key_pass_configs, "key", "BLOCK_N", "BLOCK_M")):
+        kernel = getattr(module, f"_scaled_dot_product_attention_{suffix}")
+        space = [(c.kwargs[held], c.kwargs[streamed], c.num_warps, c.num_stages)
+                 for c in kernel.configs]
+        for dim, bound in ((16, 64), (64, 64), (80, 128), (128, 128), (256, 256)):
+            block = max(16, 1 << (dim - 1).bit_length())
+            kept = prune(kernel.configs, {"q": double}, BLOCK_E=block, BLOCK_EV=16)
+            tiles = [(c.kwargs[held], c.kwargs[streamed], c.num_warps, c.num_stages)
+                     for c in kept]
+            assert tiles == list(runtime.FLOAT64_CONFIGS[role][bound]), (role, dim)
+            assert not set(tiles) & set(space), (role, dim)
+        # (every config of the space fits at E 64 in bfloat16)
+        kept = prune(kernel.configs, {"q": half}, BLOCK_E=64, BLOCK_EV=64)
+        assert [(c.kwargs[held], c.kwargs[streamed], c.num_warps, c.num_stages)
+                for c in kept] == space, role
+
+
+COMPILE_SCRIPT = """
+import importlib, sys
+from specgen.testing.attention import compile_kernels
+for name in sys.argv[1:]:
+    print(name, len(compile_kernels(importlib.import_module(f"generated.{name}"))))
+"""
+
+
+def test_float64_kernels_compile_for_sm90_with_no_float32_math():
+    # the interpreter lets a loop-carried value change type and shows no float32 intermediate:
+    # every attention kernel is compiled for float64 inputs (sm_90, no GPU needed: Triton's
+    # NVIDIA backend ships ptxas), on its pass's float64 tiles, and its TTGIR holds no f32
+    import os
+    import subprocess
+    from pathlib import Path
+
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except Exception as err:  # the wheel was built without the NVIDIA backend
+        pytest.skip(f"Triton's NVIDIA backend is not installed ({err})")
+    root = Path(__file__).resolve().parent.parent
+    names = sorted(n for n, i in generated.REGISTRY.items() if i.family == "attention")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, *names], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    compiled = dict(line.split() for line in result.stdout.splitlines())
+    assert compiled == {name: "4" for name in names}, compiled

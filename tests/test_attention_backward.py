@@ -185,3 +185,38 @@ def test_an_input_changed_in_place_after_the_forward_is_refused():
         k.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("op", ["scaled_dot_product_attention", "alibi_attention",
+                                "decode_attention"])
+def test_float64_gradients_are_computed_in_float64(op):
+    # float64 autograd to 1e-11 where float32's gradients are more than 1e-7 off: float32 math,
+    # a float32 statistic (logsumexp, delta) or buffer (the mask's gradient, grouped or
+    # broadcast heads summed, ALiBi's per-head slots) anywhere would fail it
+    if op == "scaled_dot_product_attention":
+        # grouped heads (dK and dV summed over a group), a float mask with its gradient, a
+        # batch dim the key and value broadcast over
+        inputs = _inputs((2, 4, 19, 16), (1, 2, 23, 16), (1, 2, 23, 8), (19, 23), seed=20,
+                         dtype=torch.float64)
+        extra, kwargs = (0.0, False, 0.3), {"enable_gqa": True}
+    elif op == "alibi_attention":
+        inputs = _inputs((2, 3, 21, 16), (2, 3, 26, 16), (2, 3, 26, 16), (3,), seed=21,
+                         dtype=torch.float64)
+        extra, kwargs = (True,), {}
+    else:
+        inputs = _inputs((3, 4, 2, 16), (3, 2, 40, 16), (3, 2, 40, 16), seed=22,
+                         dtype=torch.float64)
+        extra, kwargs = (torch.tensor([40, 0, 17], device=device()),), {"enable_gqa": True}
+    ours, reference = getattr(generated, op), getattr(ref, op)
+    with override(config=SMALL):
+        out = ours(*inputs, *extra, **kwargs)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7),
+                       dtype=torch.float64).to(out.device)
+    got = torch.autograd.grad(out, inputs, grad)
+    want = torch.autograd.grad(reference(*inputs, *extra, **kwargs), inputs, grad)
+    narrow = [t.detach().float().requires_grad_() for t in inputs]
+    float32 = torch.autograd.grad(reference(*narrow, *extra, **kwargs), narrow, grad.float())
+    for name, g, w, f in zip("abcdefgh", got, want, float32):
+        assert g.dtype == torch.float64, name
+        assert (f.double() - w).abs().max() > 1e-7, f"input {name}: float32 is as close"
+        torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12, msg=f"input {name}")

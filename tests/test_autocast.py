@@ -77,3 +77,26 @@ def test_gradients_reach_the_uncast_inputs():
     assert normed.dtype == torch.float32
     (grad_x,) = torch.autograd.grad(normed, x16, torch.ones_like(normed))
     assert grad_x.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["scaled_dot_product_attention", "decode_attention"])
+def test_float64_attention_is_left_alone(name):
+    """torch's autocast casts no float64 tensor (its attention then computes in float64): a
+    float64 attention call under autocast is the call outside it, bit for bit, forward and
+    backward, float64 throughout."""
+    device = testing.device()
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 5, 16, generator=generator, dtype=torch.float64).to(device)
+               .requires_grad_() for _ in range(3))
+    extra = (torch.tensor([5, 3], device=device),) if name == "decode_attention" else ()
+    op = getattr(generated, name)
+    grad = torch.randn(2, 4, 5, 16, generator=generator, dtype=torch.float64).to(device)
+    with torch.autocast(device, dtype=torch.float16):
+        got = op(q, k, v, *extra)
+        theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    want = op(q, k, v, *extra)
+    assert got.dtype == theirs.dtype == torch.float64
+    assert torch.equal(got, want)
+    for g, w in zip(torch.autograd.grad(got, (q, k, v), grad),
+                    torch.autograd.grad(want, (q, k, v), grad)):
+        assert g.dtype == torch.float64 and torch.equal(g, w)

@@ -1,5 +1,5 @@
-"""Integer, bool and float64 tensors as torch takes them (pointwise and reduce families; float64
-in the row-wise family too).
+"""Integer, bool and float64 tensors as torch takes them (integer and bool in the pointwise and
+reduce families; float64 in every family).
 
 Every op that lists an integer dtype, on every integer and bool dtype: the result torch gives
 (dtype and values, exactly), or torch's refusal, of its type, naming the op, before any launch.

@@ -91,6 +91,8 @@ GENERATED_NAMES = frozenset({
     "grad_score", "grad_qk", "score_ds", "seen", "query_tile", "key_lo", "key_hi",
     "num_blocks_n", "start_n", "heads_kv", "group_head", "sees_some", "sees_all", "slots",
     "slot_base", "query_offsets", "grad_offsets", "score_a", "score_b",
+    # the math's type (float64 for float64 data)
+    "COMPUTE",
 })
 # the backward's per-expression names: score_d<k> (the score's derivative by the k-th per-head
 # tensor), head_grad_<k> and part_<k> (its sums), grad_<tensor>_ptr
@@ -617,6 +619,20 @@ class AttentionPlan(CommonPlan):
     @property
     def value_ints(self) -> tuple[str, ...]:
         return ()
+
+    @property
+    def compute_of(self) -> str:
+        """The tensor whose element type sets the math's: the query's (float64 for float64 data,
+        else float32; the key and value share its dtype)."""
+        return self.query
+
+    @property
+    def scalar_params(self) -> str:
+        """The entry kernels' scalar parameters, ``scale`` first, then the spec's float and int
+        arguments: float ones declared float64 where the spec lists float64 (``scalar_param``:
+        Triton's launcher then passes them whole)."""
+        scale = "scale: tl.float64" if self.float64_math else "scale"
+        return ", ".join((scale, *(self.scalar_param(s) for s in self.kernel_scalars))) + ","
 
     @property
     def tune_keys(self) -> tuple[str, ...]:

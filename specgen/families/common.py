@@ -301,9 +301,8 @@ class CommonPlan:
 
     @property
     def float64_math(self) -> bool:
-        """Whether the kernels may compute in float64: the spec lists float64 (a family of
-        model.FLOAT64_FAMILIES, whose plan names the tensor that sets the math's type:
-        ``compute_of``)."""
+        """Whether the kernels may compute in float64: the spec lists float64 (its plan names
+        the tensor that sets the math's type: ``compute_of``, or the kernels set it)."""
         return "float64" in self.dtypes
 
     def scalar_param(self, name: str) -> str:

@@ -45,6 +45,27 @@ MAX_BLOCK = 256
 # tiles for head dims whose pipelined tiles no config of the space fits: (BLOCK_M, BLOCK_N,
 # stages), the first that fits runs
 FALLBACK_CONFIGS = ((64, 32, 2), (64, 32, 1), (32, 16, 1))
+# float64 (8-byte elements, two registers each): tiles of its own, per pass and by the head dims'
+# tile (the larger of BLOCK_E and BLOCK_EV, at most the key), in place of the space's, which are
+# sized for 16-bit inputs and spill float64 accumulators by kilobytes (ptxas for sm_90, E 64:
+# the forward's 64 x 64 on 4 warps 4896 bytes, on 8 warps 1772). Each is (held, streamed, warps,
+# stages): the rows a program holds and the keys it streams (the key pass: the keys it holds,
+# the rows it streams). Chosen with ptxas -v for sm_90 under Triton 3.6 (the GPU machines', whose
+# float64 dots are FMA loops) and 3.8 (mma.sync m8n8k4 f64): none spills under 3.6; under 3.8
+# the key pass, which holds four tiles of keys (K, V, dK, dV), spills 20 bytes at E 128 and 660
+# at E 256 (16 warps spilled less there under 3.8, kilobytes under 3.6). The first that fits the
+# shared memory runs untuned
+FLOAT64_CONFIGS = {
+    "forward": {64: ((32, 32, 4, 2), (32, 32, 8, 2)),
+                128: ((32, 32, 8, 2), (16, 32, 4, 2)),
+                256: ((16, 16, 8, 2),)},
+    "query": {64: ((32, 32, 8, 2), (32, 32, 4, 2)),
+              128: ((32, 32, 8, 2), (16, 32, 4, 2)),
+              256: ((16, 16, 8, 2),)},
+    "key": {64: ((32, 16, 8, 2),),
+            128: ((16, 16, 8, 2),),
+            256: ((16, 16, 8, 2),)},
+}
 # split-KV (flash decoding): programs per multiprocessor to aim for, the fewest keys a split
 # takes, and the most splits a row block may have
 SPLIT_PROGRAMS_PER_SM = 2
@@ -296,9 +317,16 @@ def _checked(op: Op, args: tuple) -> Call:
     return Call(named, operands, mask, heads, per_batch, problem, device, scale)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels' math type for inputs of ``dtype``, and that of every statistic and workspace
+    they write (row logsumexps, split partials, delta, gradient buffers): float64 for float64
+    (torch's math backend computes float64 attention in float64), float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output and each row's logsumexp (float32, ``(..., Hq, L)``, -inf where a row sees no
-    key): what the backward recomputes the softmax from."""
+    """The output and each row's logsumexp (``(..., Hq, L)``, -inf where a row sees no key;
+    float32, float64 for float64 inputs): what the backward recomputes the softmax from."""
     d = op.description
     spec: Launch = d.launch
     call = _checked(op, args)
@@ -308,8 +336,9 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
 
     shape, strides = _out_layout(problem)
     out = empty(shape, query.dtype, device, strides)
+    compute = compute_dtype(query.dtype)
     # at the output's rank, less its last dim
-    lse = empty(shape[:-1], torch.float32, device)
+    lse = empty(shape[:-1], compute, device)
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
 
@@ -340,8 +369,8 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     if spec.split_kv:
         partial = partial_lse = out         # unused where one program takes a row's keys
         if splits > 1:
-            partial = empty((splits, rows, problem.value_dim), torch.float32, device)
-            partial_lse = empty((splits, rows), torch.float32, device)
+            partial = empty((splits, rows, problem.value_dim), compute, device)
+            partial_lse = empty((splits, rows), compute, device)
         split_args = [partial, partial_lse, rows, splits]
         constexprs = {"SPLIT": splits > 1}
     if spec.packable:
@@ -384,7 +413,8 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
     batch, heads, group = problem.batch, problem.heads, problem.group
     heads_kv = heads // group if group else heads
     # each gradient at the problem's full shape (dense), summed to its input's where the input
-    # broadcast (batch dims, one head); float32 until then
+    # broadcast (batch dims, one head); in the math's type until then
+    compute = compute_dtype(query.dtype)
     full = {
         spec.query: (*batch, heads, problem.length, problem.dim),
         spec.key: (*batch, heads_kv, problem.keys, problem.dim),
@@ -396,15 +426,15 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
     make = empty if launches else zeros
     for name, shape in full.items():
         exact = tuple(operands[name].shape) == shape
-        grads[name] = make(shape, query.dtype if exact else torch.float32, device)
-    grad_mask = (zeros((*batch, heads, problem.length, problem.keys), torch.float32, device)
+        grads[name] = make(shape, query.dtype if exact else compute, device)
+    grad_mask = (zeros((*batch, heads, problem.length, problem.keys), compute, device)
                  if mask_grad else None)
     # a slot per 16 keys: the key pass's programs each write BLOCK_N / 16 of them
     slots = triton.cdiv(problem.keys, 16)
-    head_grads = {name: make((math.prod(batch), heads, slots), torch.float32, device)
+    head_grads = {name: make((math.prod(batch), heads, slots), compute, device)
                   for name in spec.head_grads}
     # addressed with the logsumexp's strides
-    delta = empty(lse.shape, torch.float32, device, lse.stride())
+    delta = empty(lse.shape, compute, device, lse.stride())
 
     if launches:
         _launch_backward(op, call, out, lse, grad_out, delta, grads, grad_mask, head_grads)
@@ -494,7 +524,8 @@ def _constexprs(call: Call, spec: Launch) -> dict:
     if spec.attn_mask:
         meta["MASK_KIND"] = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
     return {**meta, "E": int(problem.dim), "EV": int(problem.value_dim),
-            "INPUT_PRECISION": "ieee" if query.dtype == torch.float32 else "tf32",
+            # exact float32 and float64 dots; 16-bit inputs ignore it
+            "INPUT_PRECISION": "ieee" if query.dtype in (torch.float32, torch.float64) else "tf32",
             "BLOCK_E": max(16, next_power_of_2(problem.dim)),
             "BLOCK_EV": max(16, next_power_of_2(problem.value_dim))}
 
@@ -650,30 +681,38 @@ def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` of the forward kernels: configs whose pipelined key and value tiles
     (and the query tile) pass the device's shared memory are dropped, unless none is left (then
-    the smallest). Autotuning skips such a config by itself; a config the tests force does not."""
+    the smallest). Autotuning skips such a config by itself; a config the tests force does not.
+    float64 inputs take ``FLOAT64_CONFIGS`` instead of the space."""
     return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M",
-                    held_values=False)
+                    held_values=False, role="forward")
 
 
 def prune_query_pass_configs(configs, named_args, **kwargs):
     """``early_config_prune`` of the backward's query pass: the forward's rule, with the held
     rows' output gradients beside their queries."""
     return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M",
-                    held_values=True)
+                    held_values=True, role="query")
 
 
 def prune_key_pass_configs(configs, named_args, **kwargs):
     """``early_config_prune`` of the backward's key pass, which holds a block of keys and values
     and streams the query rows and their output gradients: the rule with the roles swapped."""
     return _fitting(configs, named_args, kwargs, streamed="BLOCK_M", held="BLOCK_N",
-                    held_values=True)
+                    held_values=True, role="key")
 
 
-def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values: bool):
+def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values: bool,
+             role: str):
     element = next(v for v in named_args.values() if hasattr(v, "element_size")).element_size()
     block_e, block_ev = kwargs["BLOCK_E"], kwargs["BLOCK_EV"]
     device = next(v for v in named_args.values() if hasattr(v, "device")).device
     limit = shared_memory(device)
+    if element == 8:
+        # float64: its own tiles (FLOAT64_CONFIGS), whatever the space
+        spaces = FLOAT64_CONFIGS[role]
+        bound = min(b for b in spaces if max(block_e, block_ev) <= b)
+        configs = [triton.Config({held: m, streamed: n}, num_warps=w, num_stages=s)
+                   for m, n, w, s in spaces[bound]]
 
     def size(config) -> int:
         # the estimate matches Triton's own count where it ran out (forward, E 256, Ev 16, fp16,

@@ -3,8 +3,8 @@
 on the GPU, layouts (the ``(B, L, H, E).transpose(1, 2)`` view, permuted, sliced, offset), bool
 and float attention masks that broadcast, causal calls and the spec's own scalars.
 
-The interpreter computes a bfloat16 ``tl.dot`` wrongly, so the CPU tier draws float16 and
-float32; the GPU tier draws bfloat16 too.
+The interpreter computes a bfloat16 ``tl.dot`` wrongly, so the CPU tier draws float16, float32
+and float64; the GPU tier draws bfloat16 too.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ from hypothesis import strategies as st
 
 from specgen.families.attention import ROLES
 from specgen.runtime import OpInfo, interpreting
-from specgen.testing.core import (Case, Layout, broadcast_operand, device, knobs, layouts,
-                                  make_tensor, scalar_value, sizes)
+from specgen.testing.core import (FLOAT_RANGE, Case, Layout, broadcast_operand, device, knobs,
+                                  layouts, make_tensor, scalar_value, sizes)
 from specgen.testing.samples import Make, default
 
 # |actual - expected| <= atol + rtol * |expected|. The softmax weights are rounded to the inputs'
 # dtype before they meet the values (as every flash kernel does): up to one rounding of each
-# weight, times values up to 3 in magnitude, plus the output's own rounding
+# weight, times values up to 3 in magnitude, plus the output's own rounding. float64 computes in
+# float64 throughout (its weights are not rounded): float32 math would be 1e-7 off
 TOLERANCES = {
     torch.float32: (2e-5, 3e-5),
     torch.float16: (2e-3, 3e-3),
     torch.bfloat16: (1e-2, 2.5e-2),
+    torch.float64: (1e-10, 1e-11),
 }
 # the gradients, atol relative to each gradient's largest element (at least 1): the backward
 # rounds each probability and each score's gradient to the inputs' dtype before they meet the
@@ -42,6 +44,7 @@ GRAD_TOLERANCES = {
     torch.float32: (5e-5, 5e-5),
     torch.float16: (5e-3, 1.5e-2),
     torch.bfloat16: (4e-2, 1e-1),
+    torch.float64: (1e-10, 1e-11),
 }
 # small tiles reach several query and key blocks, partial ones and the bounds of a mask on the
 # interpreter's small inputs
@@ -131,7 +134,12 @@ def attention_cases(draw, info: OpInfo) -> Case:
         elif name == "enable_gqa":
             args[name] = gqa
         elif name == "scale":
-            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=32)))
+            # float64 math takes a scale whole (float32 math, rounded to float32)
+            width = 64 if dtype == torch.float64 else 32
+            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=width)))
+        elif arg.kind == "float" and dtype == torch.float64:
+            # at full precision: float64 math takes a float argument whole, as torch's does
+            args[name] = draw(st.floats(*(arg.range or FLOAT_RANGE)))
         else:
             args[name] = scalar_value(draw, arg)
         if arg.kind == "tensor" and args[name] is not None:
@@ -221,3 +229,65 @@ def attention_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
             a.name == role["attn_mask"] and v is not None for a, v in zip(info.args, args))
         backward.append((make.r(*out.shape), out, lse, *args, masked))
     return {info.name: calls, f"{info.name}_backward": backward}
+
+
+def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
+    """Compiles every kernel of a generated attention module for float64 inputs to a CUDA binary,
+    without a GPU, on the first of ``FLOAT64_CONFIGS``' tiles for its pass at head dim ``dim``
+    (a causal call with a float mask and its gradient, split keys), and raises where the
+    compiled kernel computes anything in float32.
+
+    The interpreter runs kernels as Python: it lets a loop-carried value change type (a float32
+    accumulator that a float64 dot makes float64), which the compiler refuses, and cannot show a
+    float32 intermediate. Needs Triton's NVIDIA backend (ptxas ships with it) and no
+    TRITON_INTERPRET. Returns one line per kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specgen.runtime.attention import FLOAT64_CONFIGS
+
+    floats = {arg.name for arg in module.DESCRIPTION.args if arg.kind == "float"}
+    # each kernel's tiles: its pass's, as (held, streamed)
+    roles = {"forward": ("forward", "BLOCK_M", "BLOCK_N"),
+             "merge": ("forward", "BLOCK_M", "BLOCK_N"),
+             "backward_query": ("query", "BLOCK_M", "BLOCK_N"),
+             "backward_key": ("key", "BLOCK_N", "BLOCK_M")}
+    bound = min(b for b in FLOAT64_CONFIGS["forward"] if dim <= b)
+    block = max(16, 1 << (dim - 1).bit_length())
+    done = []
+    for role, kernel in module.KERNELS.items():
+        fn = kernel
+        while not isinstance(fn, triton.runtime.JITFunction):
+            fn = fn.fn
+        space, held, streamed = roles[role]
+        rows, keys, warps, stages = FLOAT64_CONFIGS[space][bound][0]
+        if role == "merge":
+            warps, stages = 4, 1
+        constexprs = {"E": dim, "EV": dim, "BLOCK_E": block, "BLOCK_EV": block, held: rows,
+                      streamed: keys, "INDEX_64": False, "INPUT_PRECISION": "ieee",
+                      "MASK_KIND": 2, "MASK_GRAD": True, "SPLIT": True, "PACKED": False,
+                      "NUM_SPLITS": 4, "IS_CAUSAL": True}
+        signature, constants = {}, {}
+        for i, (arg, param) in enumerate(zip(fn.arg_names, fn.params)):
+            if param.is_constexpr:
+                signature[arg] = "constexpr"
+                constants[(i,)] = constexprs.get(arg, False)
+            elif arg.endswith("_ptr"):
+                # the cache lengths are int32; every other tensor (the mask, statistics,
+                # workspaces and gradient buffers included) float64
+                per_batch = any(arg == f"{a.name}_ptr" and a.dims == ("B",)
+                                for a in module.DESCRIPTION.args if a.kind == "tensor")
+                signature[arg] = "*i32" if per_batch else "*fp64"
+            elif arg in floats or arg == "scale":
+                signature[arg] = "fp64"
+            else:
+                signature[arg] = "i32"
+        binary = triton.compile(ASTSource(fn, signature, constants),
+                                target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": warps, "num_stages": stages})
+        narrow = [line.strip() for line in binary.asm["ttgir"].splitlines() if "f32" in line]
+        if narrow:
+            raise AssertionError(f"{module.__name__} {role}: float32 in float64 math: {narrow[:3]}")
+        done.append(f"{role} {rows}x{keys}")
+    return done

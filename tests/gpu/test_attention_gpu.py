@@ -189,3 +189,60 @@ def test_backward_under_torch_compile_with_no_graph_break():
         grads.append(torch.autograd.grad(f(*leaves), leaves))
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+# ---- float64 -----------------------------------------------------------------------------------
+
+def _float64_close(got, want, float32_result):
+    """float64-tight: within 1e-10 of torch's float64 result (relative, and absolute against
+    the largest element), where float32's is more than 1e-7 off."""
+    assert got.dtype == torch.float64
+    assert (float32_result.double() - want).abs().max().item() > 1e-7
+    torch.testing.assert_close(got, want, rtol=1e-10,
+                               atol=1e-11 * max(1.0, want.abs().max().item()))
+
+
+@pytest.mark.parametrize("dim", [64, 80, 128, 256])
+def test_float64_forward_and_backward_at_real_sizes(dim):
+    # float64 tiles of its own per head dim (FLOAT64_CONFIGS), grouped heads, a causal mask,
+    # L != S off every block, the (B, L, H, E) layout: forward and backward against torch's
+    # float64 attention
+    torch.manual_seed(dim)
+    q = torch.randn(2, 333, 4, dim, device="cuda", dtype=torch.float64).transpose(1, 2)
+    k, v = (torch.randn(2, 2, 401, dim, device="cuda", dtype=torch.float64) for _ in range(2))
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    kwargs = {"is_causal": True, "enable_gqa": True}
+    out = generated.scaled_dot_product_attention(*inputs, **kwargs)
+    want = ref.scaled_dot_product_attention(*inputs, **kwargs)
+    narrow = [t.detach().float().requires_grad_() for t in inputs]
+    want32 = ref.scaled_dot_product_attention(*narrow, **kwargs)
+    _float64_close(out, want, want32)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad)
+    wants = torch.autograd.grad(want, inputs, grad)
+    wants32 = torch.autograd.grad(want32, narrow, grad.float())
+    for g, w, w32 in zip(got, wants, wants32):
+        _float64_close(g, w, w32)
+
+
+def test_float64_decoding_split_and_the_variants():
+    # flash decoding's split keys and merge in float64 (few programs: the keys are split), a
+    # group of query heads packed; then the variants' scores and masks
+    torch.manual_seed(4)
+    q = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.float64)
+    cache = [torch.randn(2, 2, 5000, 128, device="cuda", dtype=torch.float64) for _ in range(2)]
+    lengths = torch.tensor([5000, 1234], device="cuda", dtype=torch.int32)
+    out = generated.decode_attention(q, *cache, lengths, enable_gqa=True)
+    _float64_close(out, ref.decode_attention(q, *cache, lengths, None, True),
+                   ref.decode_attention(q.float(), *(c.float() for c in cache), lengths, None,
+                                        True))
+    q, k, v = (torch.randn(2, 4, 257, 64, device="cuda", dtype=torch.float64) for _ in range(3))
+    slopes = torch.rand(4, device="cuda", dtype=torch.float64)
+    narrow = [t.float() for t in (q, k, v)]
+    for fn, reference, tensors, extra in [
+        (generated.softcap_attention, ref.softcap_attention, [], (20.0, True)),
+        (generated.alibi_attention, ref.alibi_attention, [slopes], (True,)),
+        (generated.sliding_window_attention, ref.sliding_window_attention, [], (100,)),
+    ]:
+        _float64_close(fn(q, k, v, *tensors, *extra), reference(q, k, v, *tensors, *extra),
+                       reference(*narrow, *(t.float() for t in tensors), *extra))
