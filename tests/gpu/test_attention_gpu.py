@@ -195,9 +195,11 @@ def test_backward_under_torch_compile_with_no_graph_break():
 
 def _float64_close(got, want, float32_result):
     """float64-tight: within 1e-10 of torch's float64 result (relative, and absolute against
-    the largest element), where float32's is more than 1e-7 off."""
+    the largest element), where float32's is more than 1e-7 off relative to the largest element
+    (decoding's outputs are 0.01 to 0.08: float32's 4e-8 there is 6e-7 of them)."""
     assert got.dtype == torch.float64
-    assert (float32_result.double() - want).abs().max().item() > 1e-7
+    scale = max(want.abs().max().item(), 1e-30)
+    assert (float32_result.double() - want).abs().max().item() / scale > 1e-7
     torch.testing.assert_close(got, want, rtol=1e-10,
                                atol=1e-11 * max(1.0, want.abs().max().item()))
 
