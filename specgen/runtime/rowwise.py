@@ -77,14 +77,24 @@ MAX_BLOCK_M = TILE_TARGET
 # that reads one row there loads an element a line; instead a program takes BLOCK_M rows side by
 # side, so that its loads read runs of the contiguous kept axis, and a BLOCK_N chunk of the reduced
 # axis at a time (kept_config), as the reduce family's outer tiles do. BLOCK_M: the widest of these
-# that still gives KEPT_PROGRAMS_PER_SM programs a multiprocessor, else the narrowest
-KEPT_BLOCK_M = (64, 32, 16)
-KEPT_PROGRAMS_PER_SM = 2
-# elements of a chunked kept tile (BLOCK_M x BLOCK_N)
+# that still gives KEPT_PROGRAMS_PER_SM programs a multiprocessor, else the narrowest (16 bf16
+# rows are a 32-byte sector). H100, bf16, online tiles forced (docs/performance.md, item 000w):
+# 32 x 128 on 8 warps was the fastest or near it at every shape tried (softmax(x, 0) of 4096x8192
+# 93 us, 16 x 256 103, 64 x 64 114, 16 x 64 113, 32 x 32 154; of a 32x1024x1024 x over dim 1
+# 73.5 us, 64 x 64 89; the derived backward 171 against 198); 64 rows a program were slower at
+# every shape, and fewer programs than multiprocessors (64 at 4096x8192) were not tried
+KEPT_BLOCK_M = (32, 16)
+KEPT_PROGRAMS_PER_SM = 1
+# elements of a chunked kept tile (BLOCK_M x BLOCK_N), on ELEMENTS_PER_THREAD a thread
 KEPT_TILE = 4096
 # auto: a single kept tile (the whole reduced axis of the narrowest BLOCK_M) up to this many
-# elements; past it the chunked strategies run (online where the op has the pattern)
+# elements; past it the chunked strategies run (online where the op has the pattern). At 512
+# columns (16384 rows) the single tile and online tie (20.3 against 20.9 us); at 1024 a single
+# tile holds 8 rows and took 142 us against online's 73.5
 KEPT_SINGLE_MAX = 8192
+# single kept tile: elements a thread holds (at 256 columns, 32 x 256 on 4 warps 12.2 us, on 16
+# warps 14.9; at 512, 16 x 512 on 4 warps 20.3, on 16 warps 22.4)
+KEPT_SINGLE_ELEMENTS_PER_THREAD = 64
 
 
 def alignment(size: int, cap: int) -> int:
@@ -419,8 +429,8 @@ def kept_config(rows: int, n: int, strategy: str, sms: int) -> dict[str, int]:
     ``BLOCK_M`` rows side by side (the contiguous kept axis: the widest of ``KEPT_BLOCK_M`` that
     gives ``KEPT_PROGRAMS_PER_SM`` programs a multiprocessor, else the narrowest, and no more than
     the rows rounded up). A single tile holds their whole rows (fewer of them where rows are long,
-    down to one: a forced single tile); a chunked one reads ``KEPT_TILE`` elements a step. About
-    16 elements a thread, 1 to 32 warps.
+    down to one: a forced single tile), about 64 elements a thread; a chunked one reads
+    ``KEPT_TILE`` elements a step, about 16 a thread; 1 to 32 warps.
     """
     block_m = next((m for m in KEPT_BLOCK_M if rows >= m * KEPT_PROGRAMS_PER_SM * sms),
                    min(KEPT_BLOCK_M))
@@ -430,9 +440,11 @@ def kept_config(rows: int, n: int, strategy: str, sms: int) -> dict[str, int]:
     if strategy == "single":
         block_n = next_power_of_2(max(n, 1))
         block_m = max(1, min(block_m, KEPT_SINGLE_MAX // block_n))
+        per_thread = KEPT_SINGLE_ELEMENTS_PER_THREAD
     else:
         block_n = max(1, min(KEPT_TILE // block_m, next_power_of_2(max(n, 1))))
-    num_warps = max(1, min(32, block_m * block_n // (32 * ELEMENTS_PER_THREAD)))
+        per_thread = ELEMENTS_PER_THREAD
+    num_warps = max(1, min(32, block_m * block_n // (32 * per_thread)))
     return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
 
 
