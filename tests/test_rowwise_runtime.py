@@ -13,6 +13,7 @@ import generated
 from specgen import runtime, testing
 from specgen.runtime import rowwise
 from specgen.runtime.launch import _tuned as tuned_configs
+from specgen.runtime.launch import multiprocessors
 from specgen.testing import device
 
 
@@ -134,6 +135,83 @@ def test_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
             out = generated.log_softmax(x, -1)
         assert [launch.details["row_loop"] for launch in launches] == [loops], knobs
         torch.testing.assert_close(out, torch.log_softmax(x, -1))
+
+
+def test_strided_rows_are_told_from_rows_along_the_fast_dim():
+    def kept(x, reduced):
+        out = torch.empty(x.shape, device=device())
+        space = rowwise.row_space("op", x, reduced, [out, x], [], [])
+        return rowwise.kept_layout(space, 1)
+    x = randn(40, 48)
+    assert kept(x, (0,)) and not kept(x, (1,))
+    assert kept(randn(3, 40, 48), (1,)) and kept(randn(3, 40, 48), (0, 1))
+    assert not kept(randn(3, 40, 48), (2,)) and not kept(randn(3, 40, 48), (0, 2))
+    assert kept(x.t(), (1,))                         # a transposed x over its last dim
+    assert not kept(x[:, ::2], (0,))                 # rows 2 apart: no run to read
+    assert not kept(randn(1, 48), (0,))              # rows of one element
+
+
+def kept_tile(launch):
+    """The tile the planner gives strided rows for a logged launch (kept_config)."""
+    return rowwise.kept_config(launch.details["rows"], launch.details["n"], launch.kernel,
+                               multiprocessors(torch.device(device())))
+
+
+# strided rows (the reduced dim strided, the kept one contiguous), several row blocks and chunks
+# with ragged ends; (shape, dim) and the strategy auto takes for each
+STRIDED = [((45, 20), 0, "single"), ((600, 20), 0, "online"), ((3, 45, 21), 1, "single"),
+           ((2, 600, 11), 1, "online")]
+
+
+@pytest.mark.parametrize("shape, dim, auto", STRIDED)
+@pytest.mark.parametrize("strategy", [None, "single", "looped", "online"])
+def test_strided_rows_take_many_rows_a_program(shape, dim, auto, strategy):
+    x = randn(*shape) * 3
+    x.select(dim, 1).fill_(-math.inf)           # one row all -inf (NaN in torch), one partly
+    x.select(dim, 4).select(0, 0).fill_(-math.inf)
+    x.requires_grad_()
+    grad_y = randn(*shape)
+    x64 = x.detach().double().requires_grad_()
+    for ours, theirs in ((generated.softmax, torch.softmax),
+                         (generated.log_softmax, torch.log_softmax)):
+        with runtime.override(strategy=strategy, poison=True), \
+                runtime.record_launches() as launches:
+            y = ours(x, dim)
+            grad, = torch.autograd.grad(y, x, grad_y)
+        # the forward and its derived backward op, each on tiles of many rows
+        assert [launch.op for launch in launches] == [ours.__name__, f"{ours.__name__}_backward"]
+        for launch in launches:
+            assert launch.kernel == (strategy or auto), launch
+            assert launch.details["tile"] == kept_tile(launch), launch
+        want = theirs(x64, dim)
+        want_grad, = torch.autograd.grad(want, x64, grad_y.double())
+        testing.assert_matches(y, want, f"{ours.__name__} over strided rows")
+        testing.assert_matches(grad, want_grad, f"{ours.__name__} backward over strided rows")
+
+
+@pytest.mark.parametrize("strategy", [None, "single", "looped"])
+def test_strided_rows_keep_per_row_and_column_outputs(strategy):
+    # logsumexp's value a row (stored along the contiguous kept axis), and layer_norm over a
+    # transposed input, whose backward sums the weight's and bias's gradients over the rows
+    x = randn(300, 37)
+    with runtime.override(strategy=strategy, poison=True), runtime.record_launches() as launches:
+        lse = generated.logsumexp(x, 0)
+    assert launches[0].details["tile"] == kept_tile(launches[0])
+    testing.assert_matches(lse, torch.logsumexp(x.double(), 0), "logsumexp over strided rows")
+    xt = randn(300, 20).t().requires_grad_()       # (20, 300), rows contiguous
+    weight, bias = randn(300).requires_grad_(), randn(300).requires_grad_()
+    grad_y = randn(20, 300)
+    with runtime.override(strategy=strategy, poison=True), runtime.record_launches() as launches:
+        out = generated.layer_norm(xt, [300], weight, bias)
+        grads = torch.autograd.grad(out, (xt, weight, bias), grad_y)
+    assert [launch.op for launch in launches] == ["layer_norm", "layer_norm_backward"]
+    assert all(launch.details["tile"] == kept_tile(launch) for launch in launches), launches
+    inputs64 = [t.detach().double().requires_grad_() for t in (xt, weight, bias)]
+    want = F.layer_norm(inputs64[0], [300], inputs64[1], inputs64[2])
+    testing.assert_matches(out, want, "layer_norm over strided rows")
+    for got, expected, name in zip(grads, torch.autograd.grad(want, inputs64, grad_y.double()),
+                                   ("x", "weight", "bias")):
+        testing.assert_matches(got, expected, f"layer_norm backward over strided rows: {name}")
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm",

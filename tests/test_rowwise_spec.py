@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import triton
 import triton.language as tl
 
 import generated
@@ -283,6 +284,44 @@ def test_single_config_scales_with_the_row():
     long = rowwise.single_config(1024, 16384)
     assert long["BLOCK_N"] == 16384 and long["BLOCK_M"] == 1 and long["num_warps"] == 32
     assert rowwise.single_config(3, 5)["BLOCK_M"] == 4    # no more rows than exist (rounded up)
+
+
+@pytest.mark.parametrize("rows, n, online, expected", [
+    # softmax(x, 0) of a 4096x8192 x (issue 37): chunks of many rows a program, one pass for the
+    # max and the sum where the op has the pattern
+    (8192, 4096, True, "online"),
+    (8192, 4096, False, "looped"),
+    (16384, 256, True, "single"),       # the narrowest kept tile holds whole rows
+    (16384, 1024, True, "online"),      # which a one-row-per-program plan would hold (single)
+    (8, 262144, True, "split"),         # few long rows still split
+])
+def test_auto_strategy_over_strided_rows(rows, n, online, expected):
+    assert rowwise.choose_strategy(rows, n, online, sms=132, kept=True) == expected
+
+
+@pytest.mark.parametrize("rows, n", [(8192, 4096), (65536, 1024), (16384, 256), (1024, 32768),
+                                     (37, 600), (5, 45), (1, 7)])
+@pytest.mark.parametrize("strategy", ["single", "looped", "online"])
+def test_kept_tiles_read_many_rows_a_program(rows, n, strategy):
+    sms = 132
+    tile = rowwise.kept_config(rows, n, strategy, sms)
+    block_m, block_n, warps = tile["BLOCK_M"], tile["BLOCK_N"], tile["num_warps"]
+    for size in (block_m, block_n, warps):
+        assert size & (size - 1) == 0, tile          # powers of two
+    assert 1 <= warps <= 32
+    # no more rows than exist (rounded up), no wider chunk than the row
+    assert block_m <= max(triton.next_power_of_2(rows), 1) and block_n <= triton.next_power_of_2(n)
+    if strategy == "single":
+        assert block_n >= n and block_m * block_n <= max(rowwise.KEPT_SINGLE_MAX, block_n), tile
+    else:
+        assert block_m * block_n <= rowwise.KEPT_TILE, tile
+    if rows >= min(rowwise.KEPT_BLOCK_M) and (strategy != "single" or n <= 512):
+        # at least 16 rows side by side: 32 contiguous bytes of bf16, a whole sector
+        assert block_m >= 16, tile
+    # as wide as still gives every multiprocessor its programs
+    wider = [m for m in rowwise.KEPT_BLOCK_M if m > block_m]
+    if strategy != "single" and rows >= min(rowwise.KEPT_BLOCK_M):
+        assert all(triton.cdiv(rows, m) < rowwise.KEPT_PROGRAMS_PER_SM * sms for m in wider), tile
 
 
 def test_split_count_fills_the_gpu():

@@ -72,6 +72,30 @@ COLUMNS_TILE = 2048
 # the most rows a single-tile program takes (BLOCK_M = TILE_TARGET // BLOCK_N, at least 1 column)
 MAX_BLOCK_M = TILE_TARGET
 
+# strided rows: the row tensor's fastest row dim is contiguous and its rows are strided
+# (softmax(x, 0) of a row-major x, where a row's elements lie a whole row of x apart). A program
+# that reads one row there loads an element a line; instead a program takes BLOCK_M rows side by
+# side, so that its loads read runs of the contiguous kept axis, and a BLOCK_N chunk of the reduced
+# axis at a time (kept_config), as the reduce family's outer tiles do. BLOCK_M: the widest of these
+# that still gives KEPT_PROGRAMS_PER_SM programs a multiprocessor, else the narrowest (16 bf16
+# rows are a 32-byte sector). H100, bf16, online tiles forced (docs/performance.md, item 000w):
+# 32 x 128 on 8 warps was the fastest or near it at every shape tried (softmax(x, 0) of 4096x8192
+# 93 us, 16 x 256 103, 64 x 64 114, 16 x 64 113, 32 x 32 154; of a 32x1024x1024 x over dim 1
+# 73.5 us, 64 x 64 89; the derived backward 171 against 198); 64 rows a program were slower at
+# every shape, and fewer programs than multiprocessors (64 at 4096x8192) were not tried
+KEPT_BLOCK_M = (32, 16)
+KEPT_PROGRAMS_PER_SM = 1
+# elements of a chunked kept tile (BLOCK_M x BLOCK_N), on ELEMENTS_PER_THREAD a thread
+KEPT_TILE = 4096
+# auto: a single kept tile (the whole reduced axis of the narrowest BLOCK_M) up to this many
+# elements; past it the chunked strategies run (online where the op has the pattern). At 512
+# columns (16384 rows) the single tile and online tie (20.3 against 20.9 us); at 1024 a single
+# tile holds 8 rows and took 142 us against online's 73.5
+KEPT_SINGLE_MAX = 8192
+# single kept tile: elements a thread holds (at 256 columns, 32 x 256 on 4 warps 12.2 us, on 16
+# warps 14.9; at 512, 16 x 512 on 4 warps 20.3, on 16 warps 22.4)
+KEPT_SINGLE_ELEMENTS_PER_THREAD = 64
+
 
 def alignment(size: int, cap: int) -> int:
     """The largest power of two dividing ``size``, at most ``cap`` (0 for an empty size): a tile
@@ -327,7 +351,7 @@ def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
                     tuple(cstrides[count:count + len(along)]), tuple(rstrides[count:]))
 
 
-def choose_strategy(rows: int, n: int, online: bool, sms: int) -> str:
+def choose_strategy(rows: int, n: int, online: bool, sms: int, kept: bool = False) -> str:
     """What ``strategy = "auto"`` runs for ``rows`` rows of ``n`` elements.
 
     Few long rows cannot fill the GPU one program per row: split them. Rows whose next power of
@@ -335,18 +359,26 @@ def choose_strategy(rows: int, n: int, online: bool, sms: int) -> str:
     dependent step (looped), or for the longest rows of an op with the max-then-sum-of-exp
     pattern one pass for both (online), whose extra work an element pays only once the looped
     re-reads no longer hit L2 (``LOOPED_MAX``).
+
+    ``kept``: strided rows (``kept_layout``), which programs take many at a time (``kept_config``):
+    single while the narrowest such tile holds whole rows in ``KEPT_SINGLE_MAX`` elements, else
+    online where the op has the pattern (a program's rows outgrow L2 far sooner), else looped.
     """
     if n >= SPLIT_MIN and rows < sms:
         return "split"
+    if kept:
+        if min(KEPT_BLOCK_M) * next_power_of_2(max(n, 1)) <= KEPT_SINGLE_MAX:
+            return "single"
+        return "online" if online else "looped"
     if next_power_of_2(max(n, 1)) <= SINGLE_MAX:
         return "single"
     return "online" if online and next_power_of_2(n) > LOOPED_MAX else "looped"
 
 
 def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n: int,
-             device: torch.device) -> str:
+             device: torch.device, kept: bool = False) -> str:
     """The strategy of this launch: forced by ``runtime.override(strategy=...)``, by the spec, or
-    chosen from the sizes."""
+    chosen from the sizes (and ``kept``: whether the rows are strided, ``kept_layout``)."""
     forced = overrides().strategy or spec_strategy
     if forced != "auto":
         if forced not in available:
@@ -357,7 +389,7 @@ def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n
             raise ValueError(f"{op}: strategy 'single' holds a whole row in one program; rows of "
                              f"{n} elements are longer than {SINGLE_LIMIT}")
         return forced
-    return choose_strategy(rows, n, "online" in available, multiprocessors(device))
+    return choose_strategy(rows, n, "online" in available, multiprocessors(device), kept)
 
 
 def split_count(rows: int, n: int, block_n: int, device: torch.device) -> int:
@@ -383,6 +415,39 @@ def single_config(rows: int, n: int) -> dict[str, int]:
     return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
 
 
+def kept_layout(space: RowSpace, row_tensor: int) -> bool:
+    """Whether the rows are strided: element-wise tensor ``row_tensor`` (the row tensor) steps
+    its fastest row dim contiguously and its fastest reduced dim not (``KEPT_BLOCK_M``). Rows of
+    one element are read contiguously either way."""
+    return (space.n > 1 and space.elem_rows[row_tensor][0] == 1
+            and space.elem_cols[row_tensor][0] != 1)
+
+
+def kept_config(rows: int, n: int, strategy: str, sms: int) -> dict[str, int]:
+    """BLOCK_M, BLOCK_N and num_warps of a single or chunked launch over strided rows.
+
+    ``BLOCK_M`` rows side by side (the contiguous kept axis: the widest of ``KEPT_BLOCK_M`` that
+    gives ``KEPT_PROGRAMS_PER_SM`` programs a multiprocessor, else the narrowest, and no more than
+    the rows rounded up). A single tile holds their whole rows (fewer of them where rows are long,
+    down to one: a forced single tile), about 64 elements a thread; a chunked one reads
+    ``KEPT_TILE`` elements a step, about 16 a thread; 1 to 32 warps.
+    """
+    block_m = next((m for m in KEPT_BLOCK_M if rows >= m * KEPT_PROGRAMS_PER_SM * sms),
+                   min(KEPT_BLOCK_M))
+    # rows compared with the widths only (each comparison is a guard under dynamic shapes)
+    if rows < block_m:
+        block_m = next_power_of_2(max(rows, 1))
+    if strategy == "single":
+        block_n = next_power_of_2(max(n, 1))
+        block_m = max(1, min(block_m, KEPT_SINGLE_MAX // block_n))
+        per_thread = KEPT_SINGLE_ELEMENTS_PER_THREAD
+    else:
+        block_n = max(1, min(KEPT_TILE // block_m, next_power_of_2(max(n, 1))))
+        per_thread = ELEMENTS_PER_THREAD
+    num_warps = max(1, min(32, block_m * block_n // (32 * per_thread)))
+    return {"BLOCK_N": block_n, "BLOCK_M": block_m, "num_warps": num_warps}
+
+
 def columns_launch(n: int, device: torch.device) -> tuple[tuple[int], dict[str, int]]:
     """The grid and the BLOCK_C, BLOCK_P and num_warps of the kernel that adds up the column
     outputs' partials, for outputs of ``n`` columns. (With 64-column blocks a 4096-wide output had
@@ -404,7 +469,9 @@ class LaunchPlan:
     strategy: str
     index_64: bool
     cap: int                      # most programs in a grid (a persistent launch loops)
-    single: dict | None           # BLOCK_N, BLOCK_M, num_warps of a single-tile launch
+    # BLOCK_N, BLOCK_M, num_warps the planner chose: a single-tile launch's, or a chunked one's
+    # over strided rows (kept_config); None where the autotuner chooses (chunked, split)
+    tile: dict | None
     splits: int                   # programs per row of a split launch
     # single and chunked kernels: whole tiles get constant masks (M_ALIGN, N_ALIGN: the largest
     # powers of two dividing the sizes, capped so that few values compile)
@@ -420,7 +487,7 @@ class LaunchPlan:
         disjoint shares of it). A chunked program adds to its row block by block, a compensated
         sum whose carries follow the sums: those start as zeros."""
         if self.strategy == "single":
-            parts = self.grid(self.single)[0]
+            parts = self.grid(self.tile)[0]
         elif self.strategy == "split":
             parts = self.space.rows
         else:
@@ -464,11 +531,16 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
     plan = None
     # rows of length 0 still have per-row outputs
     if space.rows and (space.n or row_outputs_only_need_rows):
-        chosen = strategy(op, spec_strategy, available, space.rows, space.n, x.device)
+        kept = any(t is x and kept_layout(space, i) for i, t in enumerate(elements))
+        chosen = strategy(op, spec_strategy, available, space.rows, space.n, x.device, kept)
         # int64 when any offset may pass 2**31 - 1: a tensor's span plus a tile of masked columns
         spans = {name: t for name, t in zip(names, tensors) if t is not None}
         index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
-        single = single_config(space.rows, space.n) if chosen == "single" else None
+        if kept and (chosen == "single" or chosen != "split" and overrides().config is None):
+            # strided rows: many a program (a config the tests force runs as forced)
+            tile = kept_config(space.rows, space.n, chosen, multiprocessors(x.device))
+        else:
+            tile = single_config(space.rows, space.n) if chosen == "single" else None
         splits = (split_count(space.rows, space.n, overrides().split_chunk or max_chunk, x.device)
                   if chosen == "split" else 1)
         cap = (max_programs(x.device, "persistent", COLUMN_PROGRAMS_PER_SM) if columns
@@ -476,10 +548,10 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
         masks = {"M_ALIGN": alignment(space.rows, MAX_BLOCK_M),
                  "N_ALIGN": alignment(space.n, max_block)}
         # a loop over row blocks only where the grid is capped below them (a loop costs time
-        # even when it runs once); a chunked kernel's BLOCK_M is the autotuner's, so its rows
-        # stand in for its blocks (at least as many)
-        blocks = triton.cdiv(space.rows, single["BLOCK_M"]) if single else space.rows
-        plan = LaunchPlan(space, chosen, index_64, cap, single, splits, masks, cap < blocks)
+        # even when it runs once); an autotuned chunked kernel's BLOCK_M is the autotuner's, so
+        # its rows stand in for its blocks (at least as many)
+        blocks = triton.cdiv(space.rows, tile["BLOCK_M"]) if tile else space.rows
+        plan = LaunchPlan(space, chosen, index_64, cap, tile, splits, masks, cap < blocks)
     if key is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:  # many distinct shapes: start over rather than grow
             _plans.clear()
@@ -665,11 +737,16 @@ def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
     tune_key = (space.n, *(None if named[n] is None else named[n].dtype for n in spec.dtype_key))
     options = {} if spec.fp_fusion else {"fp_fusion": False}
     note_launch(op.name, plan.strategy, plan.index_64, rows=space.rows, n=space.n,
-                row_loop=plan.row_loop, splits=plan.splits)
+                row_loop=plan.row_loop, splits=plan.splits, tile=plan.tile)
     if plan.strategy == "single":
         # block sizes and warps come from the sizes (no config space)
-        launch(kernels["single"], plan.grid(plan.single), *args, **constexprs, **plan.masks,
-               **plan.single, ROW_LOOP=plan.row_loop, **options)
+        launch(kernels["single"], plan.grid(plan.tile), *args, **constexprs, **plan.masks,
+               **plan.tile, ROW_LOOP=plan.row_loop, **options)
+    elif plan.tile:
+        # a chunked kernel over strided rows: the planner's tile, not the autotuner's (its
+        # configs read one row a program)
+        launch(kernels[plan.strategy].fn, plan.grid(plan.tile), *args, **constexprs,
+               **plan.masks, **plan.tile, ROW_LOOP=plan.row_loop, **options)
     elif plan.strategy != "split":
         launch(kernels[plan.strategy], plan.grid, *args, tune_key=tune_key, **constexprs,
                **plan.masks, ROW_LOOP=plan.row_loop, **options)

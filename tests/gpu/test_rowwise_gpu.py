@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import generated
 from specgen import runtime
+from specgen.runtime import rowwise
 
 pytestmark = pytest.mark.gpu
 
@@ -93,6 +94,35 @@ def test_transposed_and_sliced_bf16():
             close(generated.log_softmax(x, 0), torch.log_softmax(x.double(), 0))
     w = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
     close(generated.rms_norm(x, 3000, w), F.rms_norm(x.double(), [3000], w.double(), 2**-7))
+
+
+@pytest.mark.parametrize("shape, dim", [((4096, 8192), 0), ((4096, 8191), 0), ((8, 1000, 1030), 1),
+                                        ((300, 4096), 0)])
+def test_strided_rows_bf16(shape, dim):
+    # the reduced dim strided, the kept one contiguous: tiles of many rows a program (whole,
+    # ragged and split over two row dims), under auto and every strategy, and the backward
+    from specgen.runtime.launch import multiprocessors
+    torch.manual_seed(0)
+    x = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 3).requires_grad_()
+    grad_y = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    x64 = x.detach().double().requires_grad_()
+    for ours, theirs in ((generated.softmax, torch.softmax),
+                         (generated.log_softmax, torch.log_softmax)):
+        want = theirs(x64, dim)
+        want_grad, = torch.autograd.grad(want, x64, grad_y.double())
+        for strategy in (None, "single", "looped", "online"):
+            with runtime.override(strategy=strategy, poison=True), \
+                    runtime.record_launches() as launches:
+                y = ours(x, dim)
+                grad, = torch.autograd.grad(y, x, grad_y)
+            for launch in launches:
+                assert launch.details["tile"] == rowwise.kept_config(
+                    launch.details["rows"], launch.details["n"], launch.kernel,
+                    multiprocessors(x.device)), launch
+            close(y, want)
+            # a gradient rounded to bf16 is off by its ulp, relative to the row's largest
+            scale = want_grad.abs().amax(dim, keepdim=True)
+            close(grad / scale, want_grad / scale)
 
 
 def test_many_rows_past_grid_limits():
