@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 
 def prod(x: torch.Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False,
@@ -178,6 +179,14 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
             padding = 0
         else:
             padding = (top, left)
+    if input.device.type == "cpu" and weight.dim() == 4:
+        # torch 2.13's CPU backward (slow_conv2d) raises "grad_weight must be contiguous" for a
+        # weight whose strides are not its memory format's own (a (1, 2, 1, 2) weight with
+        # strides (4, 1, 2, 2) beside a channels-last input); the op's backward goes through
+        # this reference. A copy in the same format keeps torch's output format.
+        fmt = suggest_memory_format(weight)
+        if weight.stride() != torch.empty_like(weight, memory_format=fmt).stride():
+            weight = weight.clone(memory_format=fmt)
     if input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16):
         # torch 2.13's CPU float16 convolution computes a wrong weight gradient for a batch of
         # one whose batch stride is not the dense one (a channels-last x.view_as(x), which
