@@ -302,7 +302,11 @@ def promoted_names(exprs: Sequence[tuple[str, Expr]]) -> frozenset[str]:
     op (int32 2049 + float16 0.5: 2048 + 0.5); an input on such a path alone meets only
     operands of the result's dtype, so converting it to that dtype at its load is what torch
     does. An input under any other function (``gelu(a) * b``) is computed in its own dtype first,
-    as torch computes ``gelu`` of a float32 ``a``, and stays as it was loaded."""
+    as torch computes ``gelu`` of a float32 ``a``, and stays as it was loaded.
+
+    Known limits (issue 38, open): two such inputs that meet each other before a tensor of the
+    result's dtype (``x + s * t``) are each converted where torch converts their result once;
+    an earlier output read under a function takes promotion off its own inputs."""
     arithmetic: dict[str, bool] = {}
 
     def walk(node: ast.AST, on_path: bool) -> None:
