@@ -21,6 +21,7 @@ from specgen.parse import parse_spec
 from specgen.runtime import attention as runtime
 from specgen.runtime import override
 from specgen.testing import device
+from specgen.testing.core import compiled_kernel_counts, nvidia_backend_missing
 
 
 class _Index(float):
@@ -511,32 +512,13 @@ def test_float64_takes_tiles_of_its_own(monkeypatch):
                 for c in kept] == space, role
 
 
-COMPILE_SCRIPT = """
-import importlib, sys
-from specgen.testing.attention import compile_kernels
-for name in sys.argv[1:]:
-    print(name, len(compile_kernels(importlib.import_module(f"generated.{name}"))))
-"""
-
-
 def test_float64_kernels_compile_for_sm90_with_no_float32_math():
     # the interpreter lets a loop-carried value change type and shows no float32 intermediate:
     # every attention kernel is compiled for float64 inputs (sm_90, no GPU needed: Triton's
     # NVIDIA backend ships ptxas), on its pass's float64 tiles, and its TTGIR holds no f32
-    import os
-    import subprocess
-    from pathlib import Path
-
-    try:
-        from triton.backends.nvidia import compiler  # noqa: F401
-    except Exception as err:  # the wheel was built without the NVIDIA backend
-        pytest.skip(f"Triton's NVIDIA backend is not installed ({err})")
-    root = Path(__file__).resolve().parent.parent
+    missing = nvidia_backend_missing()
+    if missing:
+        pytest.skip(missing)
     names = sorted(n for n, i in generated.REGISTRY.items() if i.family == "attention")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, *names], cwd=root, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    compiled = dict(line.split() for line in result.stdout.splitlines())
-    assert compiled == {name: "4" for name in names}, compiled
+    compiled = compiled_kernel_counts("specgen.testing.attention", names)
+    assert compiled == {name: 4 for name in names}, compiled

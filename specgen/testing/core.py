@@ -408,3 +408,41 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str,
             f"got {got[index].item()!r}, expected {want[index].item()!r}, allowed "
             f"{bound[index].item():.3g} (rtol {rtol}, atol {atol}, torch's own error "
             f"{torch_error[index].item():.3g})")
+
+
+def nvidia_backend_missing() -> str | None:
+    """Why kernels cannot be compiled for an NVIDIA GPU on this machine (the Triton wheel was
+    built without the NVIDIA backend, which ships ptxas), or None."""
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except Exception as err:
+        return f"Triton's NVIDIA backend is not installed ({err})"
+    return None
+
+
+_COMPILE_SCRIPT = """
+import importlib, sys
+compile_kernels = importlib.import_module(sys.argv[1]).compile_kernels
+for name in sys.argv[2:]:
+    print(name, len(compile_kernels(importlib.import_module(f"generated.{name}"))))
+"""
+
+
+def compiled_kernel_counts(compiler_module: str, names: Sequence[str]) -> dict[str, int]:
+    """How many kernels ``compiler_module``'s ``compile_kernels`` compiles (for sm_90, no GPU
+    needed) in each generated module of ``names``: in a subprocess without TRITON_INTERPRET,
+    under which jit functions are interpreted objects the compiler does not take. A failure
+    raises AssertionError with the end of its stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, compiler_module, *names],
+                            cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {name: int(count) for name, count in
+            (line.split() for line in result.stdout.splitlines())}
