@@ -7,7 +7,8 @@ from typing import Union
 
 from specgen.expr import Expr
 
-# a spec's dtypes: the floating ones (every family computes float64 in float64; the default),
+# a spec's dtypes: the floating ones (every family's kernels compute float64 in float64; the
+# default; the quantized linears' specs list 16- and 32-bit ones only),
 # and the integer ones and bool, which only the pointwise and reduce families take (an integer
 # result's own type; docs/op-contract.md, "Dtypes")
 DTYPES = ("float16", "bfloat16", "float32", "float64")

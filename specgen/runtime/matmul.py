@@ -505,9 +505,8 @@ def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] 
 
 
 def tile_fits(config: triton.Config, element_size: int, shared_limit: int) -> bool:
-    """Whether a config's pipelined A and B tiles fit the shared memory and its float32
-    accumulator the registers (at most 128 a thread; a float64 one, of float64 operands, takes
-    two a value)."""
+    """Whether a config's pipelined A and B tiles fit the shared memory and its accumulator the
+    registers (at most 128 a thread; a float64 one, of float64 operands, takes two a value)."""
     meta = config.kwargs
     smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * element_size * config.num_stages
     words = 2 if element_size == 8 else 1
