@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
+from specgen import promotion
 from specgen.errors import Where
 
 # name -> (arity, Triton callee). Bare callees are jit helpers from ``specgen.kernel_lib``.
@@ -289,49 +290,6 @@ def helpers(expr: Expr) -> set[str]:
     return {FUNCTIONS[name][1] for name in called if not FUNCTIONS[name][1].startswith("tl.")}
 
 
-# where an operand meets the others as torch's type promotion converts it: to the node's dtype
-_PROMOTING_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div)
-_PROMOTING_UNARY = (ast.USub, ast.UAdd)
-
-
-def promoted_names(exprs: Sequence[tuple[str, Expr]]) -> frozenset[str]:
-    """The names read only through ``+ - * /`` and unary signs on their way to the results of
-    ``exprs`` (``(name, expr)`` in order; a later expression may read an earlier one's name).
-
-    Torch converts an operand to the promoted dtype where it meets the other operand of such an
-    op (int32 2049 + float16 0.5: 2048 + 0.5); an input on such a path alone meets only
-    operands of the result's dtype, so converting it to that dtype at its load is what torch
-    does. An input under any other function (``gelu(a) * b``) is computed in its own dtype first,
-    as torch computes ``gelu`` of a float32 ``a``, and stays as it was loaded.
-
-    Known limits (issue 38, open): two such inputs that meet each other before a tensor of the
-    result's dtype (``x + s * t``) are each converted where torch converts their result once;
-    an earlier output read under a function takes promotion off its own inputs."""
-    arithmetic: dict[str, bool] = {}
-
-    def walk(node: ast.AST, on_path: bool) -> None:
-        if isinstance(node, ast.Name):
-            arithmetic[node.id] = arithmetic.get(node.id, True) and on_path
-        elif isinstance(node, ast.BinOp):
-            keep = on_path and isinstance(node.op, _PROMOTING_BINOPS)
-            walk(node.left, keep)
-            walk(node.right, keep)
-        elif isinstance(node, ast.UnaryOp):
-            walk(node.operand, on_path and isinstance(node.op, _PROMOTING_UNARY))
-        else:
-            for child in ast.iter_child_nodes(node):
-                walk(child, False)
-
-    for _, expr in exprs:
-        walk(expr.tree, True)
-    # an earlier result read off the path takes its own inputs off it (latest first: a chain)
-    for name, expr in reversed(exprs):
-        if not arithmetic.get(name, True):
-            for read in expr.names:
-                arithmetic[read] = False
-    return frozenset(name for name, on_path in arithmetic.items() if on_path)
-
-
 def emit(expr: Expr | ast.expr, names: Mapping[str, str], integers: bool = False) -> str:
     """Triton source for ``expr``; ``names`` maps spec names to the kernel's variable names.
     ``integers``: integer literals stay integers (index arithmetic, as an attention mask's)."""
@@ -353,6 +311,8 @@ class _Emitter(ast.NodeTransformer):
         return ast.Name(self.names.get(node.id, node.id), ast.Load())
 
     def visit_Call(self, node: ast.Call) -> ast.expr:
+        if node.func.id == promotion.CONVERTED:   # a site promotion.wrap_sites wrapped
+            return ast.Call(node.func, [self.visit(node.args[0]), node.args[1]], [])
         callee = FUNCTIONS[node.func.id][1]
         return ast.Call(_dotted(callee), [self.visit(arg) for arg in node.args], [])
 

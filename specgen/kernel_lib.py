@@ -113,6 +113,20 @@ def round_to_bfloat16(x):
 
 
 @triton.jit
+def round_to_promoted(x, TO: tl.constexpr):
+    # where torch's type promotion converts an operand to a type narrower than the math's, the
+    # host names it (TO; "" for none): x rounded to it and back, through float32 as torch converts
+    # an integer or a float64 to a 16-bit float (specgen.promotion)
+    if TO == "float16":
+        x = x.to(tl.float32).to(tl.float16).to(x.dtype)
+    elif TO == "bfloat16":
+        x = x.to(tl.float32).to(tl.bfloat16).to(x.dtype)
+    elif TO == "float32":
+        x = x.to(tl.float32).to(x.dtype)
+    return x
+
+
+@triton.jit
 def compensated_add(total, carry, value):
     # Kahan's step: carry holds what the last add lost (negated), taken off the next value, so a
     # program's column sums over thousands of blocks of rows stay within an ulp or two of exact

@@ -114,20 +114,91 @@ def test_inputs_are_converted_to_a_16_bit_result_first(name, dtype):
 
 
 def test_an_input_under_a_function_keeps_its_dtype():
-    """Only an input read through + - * / alone is converted to the result's dtype first: torch
-    computes gelu of a 0-dim float32 ``a`` in float32 and converts the product's other side
-    only. Converting ``a`` to float16 first moved geglu's result by up to 2% where gelu is
-    steep relative to its value (a near -2.7); the kernel now rounds once, at the store."""
+    """torch computes gelu of a 0-dim float32 ``a`` in float32 and converts its value where it
+    meets the float16 ``b``: converting ``a`` to float16 first moved geglu's result by up to 2%
+    where gelu is steep relative to its value (a near -2.7)."""
     generator = torch.Generator().manual_seed(0)
     device = testing.device()
     b = (torch.rand(64, generator=generator) + 0.5).half().to(device)
     for value in (-2.71, -1.3, 0.7):
         a = torch.tensor(value, device=device)
         got = generated.geglu(a, b)
-        want = torch.nn.functional.gelu(a.double(), approximate="tanh") * b.double()
+        gelu = torch.nn.functional.gelu(a.double(), approximate="tanh").half().double()
+        want = gelu * b.double()
         assert got.dtype == torch.float16
-        # one rounding to float16 (half an ulp: 2**-11 relative), not a rounded input's error
+        # gelu(a) as torch converts it, then one rounding to float16 (half an ulp: 2**-11
+        # relative), not a rounded input's error
         assert ((got.double() - want) / want).abs().max() <= 2.0**-11 * 1.001, value
+
+
+MIXED = """
+[op]
+name = "test_mixed_fma"
+family = "pointwise"
+dtypes = ["float16", "float32", "int32"]
+reference = "x + s * t"
+
+[args]
+x = "tensor"
+s = "tensor"
+t = "tensor"
+
+[compute]
+out = "x + s * t"
+"""
+
+CHAINED = """
+[op]
+name = "test_sum_and_root"
+family = "pointwise"
+dtypes = ["float16", "float32", "int32"]
+reference = "(a + b, torch.sqrt(a + b))"
+
+[args]
+a = "tensor"
+b = "tensor"
+
+[compute]
+y = "a + b"
+z = "sqrt(y)"
+"""
+
+
+def test_operands_that_meet_first_are_converted_where_they_meet_the_result(authored):
+    """torch computes ``s * t`` in the operands' own dtype (int32; a 0-dim float32's) and
+    converts the product where it meets the float16 ``x``: int32 40 * 200 is 8000 there, 8000.0
+    in float16, where rounding s and t to float16 first gave their product rounded twice (6144
+    for 2049 * 3, torch's 6148). The reference: the product converted, the sum in float64, one
+    rounding."""
+    module = authored(MIXED)
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    x = (torch.rand(4, 37, generator=generator) * 2.5 + 0.5).half().to(device)
+    s, t = (torch.randint(40, 200, (4, 37), generator=generator, dtype=torch.int32).to(device)
+            for _ in range(2))
+    got = module.test_mixed_fma(x, s, t)
+    want = (x.double() + (s * t).half().double()).half()
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+    # 0-dim float32s: their product in float32 (1.0006) is converted once (to 1.0009765625),
+    # where each converted first gives 1.0 * 1.0
+    for _ in range(4):
+        s, t = (1 + torch.rand((), generator=generator) * 1e-3 for _ in range(2))
+        got = module.test_mixed_fma(x, s.to(device), t.to(device))
+        want = (x.double() + (s * t).half().double()).half()
+        assert got.dtype == torch.float16 and torch.equal(got, want), (s, t)
+
+
+def test_an_output_a_later_one_reads_is_read_in_the_result_dtype(authored):
+    """``z = sqrt(y)`` reads ``y`` as torch reads the float16 tensor ``a + b``, whose int32 ``b``
+    is converted where it meets ``a`` although ``y`` is read under a function."""
+    module = authored(CHAINED)
+    generator = torch.Generator().manual_seed(0)
+    device = testing.device()
+    a = (torch.rand(4, 37, generator=generator) * 2.5 + 0.5).half().to(device)
+    b = torch.randint(2049, 8000, (4, 37), generator=generator, dtype=torch.int32).to(device)
+    y, z = module.test_sum_and_root(a, b)
+    want_y = (a.double() + b.half().double()).half()
+    assert torch.equal(y, want_y) and torch.equal(z, torch.sqrt(want_y))
 
 
 def test_float64_into_float16_rounds_through_float32_as_torch():

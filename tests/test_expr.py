@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from specgen.errors import SpecError, Where
-from specgen.expr import Symbol, emit, helpers, parse_expr, promoted_names
+from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families import pointwise
 from specgen.parse import load_spec
 
@@ -78,30 +78,13 @@ def test_pointwise_plan_decisions():
     assert [t.name for t in plan.tensors] == ["out", "x"], "outputs first: they set memory order"
 
 
-@pytest.mark.parametrize("outputs, promoted", [
-    # torch converts an operand where it meets the other of + - * /: at its load, on such a path
-    ([("out", "x + y * eps")], {"x", "y", "eps"}),
-    ([("out", "-(x - y) / 2")], {"x", "y"}),
-    # under any other function the input is computed in its own dtype first (gelu of a float32)
-    ([("out", "gelu_tanh(x) * y")], {"y"}),
-    ([("out", "x * sigmoid(x)")], set()),
-    ([("out", "x ** 2 + y")], {"y"}),
-    ([("out", "where(x > 0, x, y)")], set()),
-    # an earlier result read off the path takes its inputs off it; read on it, keeps them
-    ([("h", "x + y"), ("out", "exp(h)")], set()),
-    ([("h", "x + y"), ("g", "h * 2"), ("out", "tanh(g)")], set()),
-    ([("h", "x + y"), ("out", "h * eps")], {"x", "y", "eps"}),
-])
-def test_promoted_names_are_those_read_only_through_arithmetic(outputs, promoted):
-    symbols = dict(SYMBOLS)
-    exprs = []
-    for name, source in outputs:
-        exprs.append((name, parse_expr(source, Where("t.toml", ("compute", name)), symbols)))
-        symbols[name] = Symbol(name, "value")
-    got = promoted_names(exprs)
-    assert got - {name for name, _ in outputs} == promoted - {name for name, _ in outputs}
-
-
-def test_pointwise_plan_converts_only_promoted_inputs():
+def test_pointwise_plan_wraps_the_operands_torch_converts():
+    """geglu's product converts both sides (gelu(a) after gelu, never a before it); a unary op
+    converts nothing."""
     plan = pointwise.plan(load_spec(REPO / "specs" / "geglu.toml", REPO))
-    assert [(t.name, t.promoted) for t in plan.inputs] == [("a", False), ("b", True)]
+    assert plan.outputs[0].code == ("round_to_promoted(gelu_tanh_f32(a), CONVERT_0) * "
+                                    "round_to_promoted(b, CONVERT_1)")
+    assert plan.conversions == 2 and "round_to_promoted" in plan.helpers
+    assert plan.expressions == (("out", "gelu_tanh(a) * b"),)
+    plan = pointwise.plan(load_spec(REPO / "specs" / "relu.toml", REPO))
+    assert plan.conversions == 0 and plan.outputs[0].code == "relu_f32(x)"

@@ -6,10 +6,12 @@ Spec tables: ``[compute]`` (one output per key, in order; later outputs may read
 
 from __future__ import annotations
 
+import ast
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from specgen.expr import Symbol, emit, helpers, parse_expr, promoted_names
+from specgen import promotion
+from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
                                      symbols_of, tile_pairs, warps_list, wrap)
@@ -29,6 +31,7 @@ GENERATED_NAMES = frozenset({
     "pointwise",  # its imports
     "compute",    # the math's type (COMPUTE), beside the choices' constexprs
     "result", "result_type",  # the result's dtype (RESULT, by name) and its type (RESULT_TYPE)
+    "convert_",   # the types torch's promotion rounds operands to (CONVERT_0, ...: by name)
 })
 GENERATED_PREFIXES: tuple[str, ...] = ()
 
@@ -89,9 +92,6 @@ def parse_outputs(compute: Table, spec_args: tuple) -> tuple[Output, ...]:
 @dataclass(frozen=True)
 class Tensor:
     name: str
-    # converted to a 16-bit result's dtype on load, as torch's promotion converts it: read only
-    # through + - * / (expr.promoted_names)
-    promoted: bool = field(default=False, kw_only=True)
 
     @property
     def ptr(self) -> str:
@@ -109,6 +109,8 @@ class Tensor:
 @dataclass(frozen=True)
 class OutputTensor(Tensor):
     code: str
+    source: str             # its expression, which the host walks (promotion.conversions)
+    read_later: bool        # a later output reads it: rounded to the result's dtype first
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class PointwisePlan(CommonPlan):
     tiled_configs: tuple[dict, ...] = ()
     outer_rank: int = OUTER_RANK
     helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
+    conversions: int = 0                # operands torch's promotion may round: CONVERT_0, ...
 
     @property
     def compute_of(self) -> str:
@@ -157,6 +160,11 @@ class PointwisePlan(CommonPlan):
                    [c["TILE_M"] * c["TILE_N"] for c in self.tiled_configs])
 
     @property
+    def expressions(self) -> tuple[tuple[str, str], ...]:
+        """Each output with its expression, for the host (promotion.conversions)."""
+        return tuple((o.name, o.source) for o in self.outputs)
+
+    @property
     def tensor_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)
 
@@ -165,17 +173,25 @@ class PointwisePlan(CommonPlan):
 def plan(spec: OpSpec) -> PointwisePlan:
     body: PointwiseBody = spec.body
     names = {c.name: c.constexpr for c in spec.choices}
-    outputs = tuple(OutputTensor(o.name, emit(o.expr, names)) for o in body.outputs)
+    # the operands torch's promotion converts are wrapped in round_to_promoted, numbered across the
+    # outputs in order; an earlier output is a tensor to the later ones
+    tensors = {t.name for t in spec.tensors}
+    outputs, sites = [], 0
+    for i, o in enumerate(body.outputs):
+        tree, sites = promotion.wrap_sites(o.expr.tree, tensors, sites)
+        read_later = any(o.name in later.expr.names for later in body.outputs[i + 1:])
+        outputs.append(OutputTensor(o.name, emit(tree, names), ast.unparse(o.expr.tree), read_later))
+        tensors.add(o.name)
     dense = tuple({"BLOCK": b, "num_warps": w} for b, w in itertools.product(body.blocks, body.num_warps))
     tiled = tuple({"TILE_M": m, "TILE_N": n, "num_warps": w}
                   for (m, n), w in itertools.product(body.tiles, body.num_warps))
     common = common_plan(spec, tuple(o.name for o in body.outputs))
-    promoted = promoted_names([(o.name, o.expr) for o in body.outputs])
-    inputs = tuple(Tensor(t.name, promoted=t.name in promoted) for t in spec.tensors)
-    return PointwisePlan(**common.__dict__, inputs=inputs,
-                         outputs=outputs, launch=body.launch, dense_configs=dense,
-                         tiled_configs=tiled,
-                         helpers=tuple(sorted(set().union(*(helpers(o.expr) for o in body.outputs)))))
+    called = set().union(*(helpers(o.expr) for o in body.outputs))
+    if sites:
+        called.add(promotion.CONVERTED)
+    return PointwisePlan(**common.__dict__, inputs=tuple(Tensor(t.name) for t in spec.tensors),
+                         outputs=tuple(outputs), launch=body.launch, dense_configs=dense,
+                         tiled_configs=tiled, helpers=tuple(sorted(called)), conversions=sites)
 
 
 def scaffold(name: str) -> str:

@@ -3,6 +3,7 @@ and the implementation of its ops (``RUNTIME``)."""
 
 from __future__ import annotations
 
+import ast
 import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -10,6 +11,7 @@ from typing import Callable, Sequence
 import torch
 import triton
 
+from specgen import promotion
 from specgen.runtime.checks import (broadcast_shape, check_out, check_outs_disjoint,
                                     check_tensors)
 from specgen.runtime.context import note_launch, overrides
@@ -107,6 +109,9 @@ class Launch:
     max_tile: int    # the widest tile a program may cover: masked lanes past the end form offsets
     schedule: str    # "flat" (a program a tile) or "persistent" (a grid-stride loop)
     rank: int        # collapsed dimensions the tiled kernel walks
+    # each output with its expression, where ``conversions`` finds the types the kernels' operands
+    # are rounded to (CONVERT_0, ...)
+    expressions: tuple[tuple[str, str], ...] = ()
 
 
 class Pointwise(FamilyRuntime):
@@ -184,11 +189,48 @@ def _checked(op: Op, args: tuple) -> tuple[list[torch.Tensor], tuple[int, ...], 
     return list(tensors.values()), broadcast_shape(op.name, tensors), device
 
 
+def conversions(op: Op, inputs: Sequence[torch.Tensor], result: torch.dtype,
+                compute: torch.dtype) -> dict[str, str]:
+    """The kernels' CONVERT_0, ...: the type torch's promotion rounds each of the op's sites to
+    for tensors of these dtypes and ranks (specgen.promotion), cached on them."""
+    d = op.description
+    expressions = d.launch.expressions
+    if not _site_count(expressions, d.tensor_names):
+        return {}
+    ranks = tuple((t.dtype, t.dim() > 0) for t in inputs)
+    scalars = tuple((a.name, a.kind) for a in d.args if a.kind in ("float", "int", "bool"))
+    return _conversions(expressions, d.tensor_names, scalars, ranks, result, compute)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(expressions: tuple[tuple[str, str], ...]) -> tuple[tuple[str, ast.expr], ...]:
+    return tuple((name, ast.parse(source, mode="eval").body) for name, source in expressions)
+
+
+@functools.lru_cache(maxsize=None)
+def _site_count(expressions: tuple[tuple[str, str], ...], tensor_names: tuple[str, ...]) -> int:
+    tensors = set(tensor_names)
+    count = 0
+    for name, tree in _parsed(expressions):
+        count += sum(1 for _ in promotion.sites(tree, tensors))
+        tensors.add(name)
+    return count
+
+
+@functools.lru_cache(maxsize=4096)
+def _conversions(expressions, tensor_names, scalars, ranks, result, compute) -> dict[str, str]:
+    leaves = {name: promotion.leaf(dtype, dims) for name, (dtype, dims) in zip(tensor_names, ranks)}
+    leaves.update((name, promotion.scalar(kind)) for name, kind in scalars)
+    found = promotion.conversions(_parsed(expressions), leaves, result, compute)
+    return {f"{promotion.CONVERT_PREFIX}{k}": to for k, to in enumerate(found)}
+
+
 def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple,
             result: torch.dtype) -> None:
     """Launches the kernel over ``outs`` (outputs first, then inputs); ``result``: the result's
-    dtype, which an out= may differ from, passed by name (RESULT): the kernels convert inputs to
-    it before the math and round outputs to it before their store, as torch does."""
+    dtype, which an out= may differ from, passed by name (RESULT): the kernels round outputs to it
+    before their store, as torch does, and operands where torch's promotion converts them
+    (``conversions``)."""
     d = op.description
     spec: Launch = d.launch
     plan = plan_launch(op.name, d.indexing, (*d.outputs, *d.tensor_names), [*outs, *inputs],
@@ -200,8 +242,9 @@ def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple,
     dtypes = tuple(t.dtype for t in (*inputs, *outs))
     launch(op.kernels["dense" if plan.dense else "tiled"], plan.grid, *inputs, *outs, *plan.args,
            *scalars, **d.choices_of(args), RESULT=str(result).removeprefix("torch."),
+           **conversions(op, inputs, result, compute_dtype(outs[0].dtype)),
            INDEX_64=plan.index_64, tune_key=(plan, dtypes))
 
 
-__all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "call_dtype", "empty_output", "output_strides",
-           "plan_launch", "result_dtype"]
+__all__ = ["RUNTIME", "Launch", "LaunchPlan", "Shape", "call_dtype", "conversions", "empty_output",
+           "output_strides", "plan_launch", "result_dtype"]
