@@ -193,35 +193,42 @@ def conversions(op: Op, inputs: Sequence[torch.Tensor], result: torch.dtype,
                 compute: torch.dtype) -> dict[str, str]:
     """The kernels' CONVERT_0, ...: the type torch's promotion rounds each of the op's sites to
     for tensors of these dtypes and ranks (specgen.promotion), cached on them."""
-    d = op.description
-    expressions = d.launch.expressions
-    if not _site_count(expressions, d.tensor_names):
+    walk = _walks.get(op.name)
+    if walk is None or walk[0] is not op:
+        walk = _walks[op.name] = (op, *_walk(op))
+    _, trees, scalars, none = walk
+    if trees is None:
         return {}
+    if all(t.dtype == result for t in inputs):
+        return none   # every node has the result's dtype: nothing is converted
     ranks = tuple((t.dtype, t.dim() > 0) for t in inputs)
-    scalars = tuple((a.name, a.kind) for a in d.args if a.kind in ("float", "int", "bool"))
-    return _conversions(expressions, d.tensor_names, scalars, ranks, result, compute)
+    return _conversions(trees, op.description.tensor_names, scalars, ranks, result, compute)
 
 
-@functools.lru_cache(maxsize=None)
-def _parsed(expressions: tuple[tuple[str, str], ...]) -> tuple[tuple[str, ast.expr], ...]:
-    return tuple((name, ast.parse(source, mode="eval").body) for name, source in expressions)
+# op name -> (op, its parsed expressions or None where it converts nothing, its scalars' kinds, the
+# constexprs that convert none)
+_walks: dict[str, tuple] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _site_count(expressions: tuple[tuple[str, str], ...], tensor_names: tuple[str, ...]) -> int:
-    tensors = set(tensor_names)
+def _walk(op: Op) -> tuple[tuple | None, tuple[tuple[str, str], ...], dict[str, str]]:
+    d = op.description
+    trees = tuple((name, ast.parse(source, mode="eval").body)
+                  for name, source in d.launch.expressions)
+    tensors = set(d.tensor_names)
     count = 0
-    for name, tree in _parsed(expressions):
+    for name, tree in trees:
         count += sum(1 for _ in promotion.sites(tree, tensors))
         tensors.add(name)
-    return count
+    scalars = tuple((a.name, a.kind) for a in d.args if a.kind in ("float", "int", "bool"))
+    none = {f"{promotion.CONVERT_PREFIX}{k}": "" for k in range(count)}
+    return (trees if count else None), scalars, none
 
 
 @functools.lru_cache(maxsize=4096)
-def _conversions(expressions, tensor_names, scalars, ranks, result, compute) -> dict[str, str]:
+def _conversions(trees, tensor_names, scalars, ranks, result, compute) -> dict[str, str]:
     leaves = {name: promotion.leaf(dtype, dims) for name, (dtype, dims) in zip(tensor_names, ranks)}
     leaves.update((name, promotion.scalar(kind)) for name, kind in scalars)
-    found = promotion.conversions(_parsed(expressions), leaves, result, compute)
+    found = promotion.conversions(trees, leaves, result, compute)
     return {f"{promotion.CONVERT_PREFIX}{k}": to for k, to in enumerate(found)}
 
 
