@@ -23,8 +23,9 @@ build: setup
 check: setup
 	$(VENV)/bin/specgen build specs/ --check
 
+# one pytest-xdist worker a core (the interpreter is single-threaded Python), torch one thread each
 test: setup
-	TRITON_INTERPRET=1 $(PY) -m pytest -q
+	TRITON_INTERPRET=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
 # the newest Triton on the package index (3.9 now: raise NEWEST_TRITON when a newer one comes),
 # beside the pinned one: installed into a folder of the venv that goes first on the path, and run
@@ -38,8 +39,8 @@ $(NEWEST)/.installed: $(VENV)/.installed
 
 test-newest: $(NEWEST)/.installed
 	PYTHONPATH=$(NEWEST) $(PY) -c "import triton; print('triton', triton.__version__, triton.__file__)"
-	PYTHONPATH=$(NEWEST) TRITON_INTERPRET=1 SPECGEN_PROFILE=dev $(PY) -m pytest -q -p no:cacheprovider \
-		tests/test_ops.py tests/test_rowwise_runtime.py
+	PYTHONPATH=$(NEWEST) TRITON_INTERPRET=1 OMP_NUM_THREADS=1 SPECGEN_PROFILE=dev $(PY) -m pytest -q \
+		-p no:cacheprovider -n auto tests/test_ops.py tests/test_rowwise_runtime.py
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest -q
