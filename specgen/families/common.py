@@ -37,10 +37,13 @@ RESERVED = IMPORTS | LIBRARY_HELPERS | frozenset({
     "device", "result_dtype", "scalars", "constexprs", "strides", "outer", "index_64",
     "meta",
 }) | frozenset(FUNCTIONS)
-# module-level names of every generated module (its imports, the helpers it may import), which
-# the op's own function must not shadow (a family's own, such as its runtime module's import, are
-# its generated_names: parse.py checks an op's name against its family's)
-OP_RESERVED = IMPORTS | LIBRARY_HELPERS | frozenset(callee for _, callee in FUNCTIONS.values())
+# module-level names of every generated module (its imports, the kernel_lib helpers it may import),
+# which the op's own function must not shadow (a family's own, such as its runtime module's import
+# and the reduce family's reduce_lib helpers, are its generated_names or checks: parse.py checks an
+# op's name against its family's)
+OP_RESERVED = IMPORTS | frozenset(
+    node.name for node in ast.parse(Path(kernel_lib.__file__).read_text(encoding="utf-8")).body
+    if isinstance(node, ast.FunctionDef))
 
 
 
