@@ -32,7 +32,7 @@ _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div)
 _PROMOTING_CALLS = {"where": (1, 2), "minimum": (0, 1), "maximum": (0, 1)}
 # functions whose result keeps its operand's dtype (the others give a float: float32 of an integer)
 _SAME_DTYPE_CALLS = {"abs", "relu"}
-_CASTS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CASTS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def promoted_operands(node: ast.AST) -> tuple[ast.expr, ...]:
@@ -110,9 +110,12 @@ def leaf(dtype: torch.dtype, has_dims: bool = True) -> torch.Tensor:
     return torch.empty((1,) if has_dims else (), dtype=dtype, device="meta")
 
 
-def scalar(kind: str) -> Value:
-    """A scalar argument's value for ``conversions``, by its kind (float, int, bool)."""
-    return {"float": 0.5, "int": 1, "bool": True}[kind]
+def scalar(value: object) -> Value:
+    """A scalar argument's value for ``conversions``: its Python type (float, int, bool: torch
+    promotes a float argument given as 1 as an int), or a choice's string."""
+    if isinstance(value, str):
+        return value
+    return {float: 0.5, int: 1, bool: True}.get(value, 0.5)
 
 
 class _Typer:
@@ -160,19 +163,40 @@ class _Typer:
                 return of(node.left)
             common = _common([of(o) for o in operands])
             return _true_division(common) if isinstance(node.op, ast.Div) else common
-        if isinstance(node, ast.IfExp):
-            return _common([of(node.body), of(node.orelse)])
+        if isinstance(node, ast.IfExp):   # on a choice: the branch its value takes
+            chosen = _choice_test(node.test, self.values)
+            if chosen is None:
+                return _common([of(node.body), of(node.orelse)])
+            return of(node.body) if chosen else of(node.orelse)
         if isinstance(node, ast.Call):
             name = node.func.id
+            if name == "where":   # ranked with its condition too (a tensor of scalars' type)
+                common = _common([of(o) for o in operands])
+                condition = of(node.args[0])
+                if not isinstance(condition, torch.Tensor):
+                    return common
+                dtype = common.dtype if isinstance(common, torch.Tensor) else (
+                    torch.get_default_dtype() if isinstance(common, float) else
+                    torch.bool if isinstance(common, bool) else torch.int64)
+                return _like(dtype, [common, condition])
             if name in _PROMOTING_CALLS:
                 return _common([of(o) for o in operands])
             argument = of(node.args[0])
-            if name in _CASTS:
-                return _like(_CASTS[name], [argument])
+            if name in CASTS:
+                return _like(CASTS[name], [argument])
             if name in _SAME_DTYPE_CALLS:
                 return argument
             return _floating(argument)
         raise TypeError(f"promotion: no rule for {ast.dump(node)}")
+
+
+def _choice_test(test: ast.expr, values: Mapping[str, Value]) -> bool | None:
+    """``mode == "v"`` (or ``!=``) of a choice whose value ``values`` holds, else None."""
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and isinstance(values.get(test.left.id), str)):
+        return None
+    equal = values[test.left.id] == test.comparators[0].value
+    return equal if isinstance(test.ops[0], ast.Eq) else not equal
 
 
 def _common(values: list[Value]) -> Value:

@@ -188,6 +188,57 @@ def test_operands_that_meet_first_are_converted_where_they_meet_the_result(autho
         assert got.dtype == torch.float16 and torch.equal(got, want), (s, t)
 
 
+CAST = """
+[op]
+name = "test_cast_meets_scalar"
+family = "pointwise"
+reference = "x.half() * s + x"
+
+[args]
+x = "tensor"
+s = "tensor"
+
+[compute]
+out = "float16(x) * s + x"
+"""
+
+SCALED = """
+[op]
+name = "test_scaled_int"
+family = "pointwise"
+dtypes = ["float16", "float32", "int32"]
+reference = "i * alpha + h"
+
+[args]
+i = "tensor"
+h = "tensor"
+alpha = "float"
+
+[compute]
+out = "i * alpha + h"
+"""
+
+
+def test_a_cast_and_a_scalar_given_as_an_int_promote_as_torch(authored):
+    """float16(x) of a float32 x meets the 0-dim float32 s as float16 (s rounded: 1 + 2**-12 is
+    1.0 there), though every tensor is float32; a float argument given as the int 1 keeps
+    i * alpha in int32, which h's float16 rounds (6146 to 6144), where 1.0 makes it float32."""
+    device = testing.device()
+    x = torch.ones(4, 37, device=device)
+    s = torch.tensor(1 + 2.0**-12, device=device)
+    got = authored(CAST).test_cast_meets_scalar(x, s)
+    assert torch.equal(got, torch.full_like(x, 2.0)), got
+    scaled = authored(SCALED).test_scaled_int
+    h = torch.full((4, 37), 2.0, dtype=torch.float16, device=device)
+    i = torch.full((4, 37), 6146, dtype=torch.int32, device=device)
+    for alpha in (1, 1.0, 1):   # each after the other: neither answer is cached for the other
+        got = scaled(i, h, alpha)
+        want = i.double() * alpha + 2 if isinstance(alpha, float) else \
+            (i * alpha).half().double() + 2
+        assert got.dtype == torch.result_type(i * alpha, h), (alpha, got.dtype)
+        assert torch.equal(got, want.to(got.dtype)), (alpha, got)
+
+
 def test_an_output_a_later_one_reads_is_read_in_the_result_dtype(authored):
     """``z = sqrt(y)`` reads ``y`` as torch reads the float16 tensor ``a + b``, whose int32 ``b``
     is converted where it meets ``a`` although ``y`` is read under a function."""

@@ -55,7 +55,7 @@ def test_sites_are_numbered_outside_in_and_left_to_right():
     ("gelu_tanh(a) * b", dict(a=tensor(F32, False), b=tensor(BF16)), BF16, ("bfloat16", "")),
     ("gelu_tanh(a) * b", dict(a=tensor(F32), b=tensor(BF16)), F32, ("", "")),
     # a scalar argument is a wrapped number: x stays float16
-    ("x * eps", dict(x=tensor(F16), eps=promotion.scalar("float")), F16, ("",)),
+    ("x * eps", dict(x=tensor(F16), eps=promotion.scalar(float)), F16, ("",)),
     # comparisons and where promote their operands too
     ("where(x > y, x, y)", dict(x=tensor(F16), y=tensor(I32)), F16,
      ("", "float16", "", "float16")),
@@ -105,3 +105,32 @@ def test_the_common_types_are_torch_result_types():
             elif common in (F16, BF16) and loses.to(dtype).to(common).double() != loses.to(
                     dtype).double():
                 assert site == str(common).removeprefix("torch."), (name, dtype, common)
+
+
+def test_a_choice_types_the_branch_it_takes():
+    leaves = dict(i=tensor(I32), h=tensor(F16), h2=tensor(F16))
+    source = '(i if mode == "a" else h) + h2'
+    assert found([("out", source)], {**leaves, "mode": "a"}, F16) == ("float16", "")
+    assert found([("out", source)], {**leaves, "mode": "b"}, F16) == ("", "")
+
+
+def test_where_ranks_with_its_condition():
+    # where(c, s, t) of 0-dim float32s under a dimensioned condition is a dimensioned float32
+    # (nothing rounds it to h's float16); where(c, 1.0, 0.0) is a float32 tensor, so i meets
+    # float32, not float16
+    leaves = dict(x=tensor(F32), s=tensor(F32, False), t=tensor(F32, False), h=tensor(F16),
+                  y=tensor(F32))
+    got = found([("out", "(where(x > 0.0, s, t) + h) * y")], leaves, F32)
+    assert set(got) == {""}, got
+    leaves = dict(h=tensor(F16), i=tensor(I32))
+    assert set(found([("out", "where(h > 0.0, 1.0, 0.0) * h + i")], leaves, F32)) == {""}
+
+
+def test_a_scalar_promotes_as_the_python_type_it_is_given():
+    # alpha = 1 (an int) times an int32 tensor stays int32, which then rounds to float16 at h;
+    # alpha = 1.0 makes it float32, which h's float16 does not narrow
+    leaves = dict(i=tensor(I32), h=tensor(F16))
+    assert found([("out", "i * alpha + h")], {**leaves, "alpha": promotion.scalar(int)},
+                 F16) == ("float16", "", "")
+    assert found([("out", "i * alpha + h")], {**leaves, "alpha": promotion.scalar(float)},
+                 F32) == ("", "", "")

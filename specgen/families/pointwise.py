@@ -43,6 +43,7 @@ class PointwiseBody:
     tiles: tuple[tuple[int, int], ...]
     num_warps: tuple[int, ...]
     launch: str
+    derived_from: str | None = None     # the forward op, for a derived backward
 
 
 def body_names(body: PointwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -123,6 +124,8 @@ class PointwisePlan(CommonPlan):
     outer_rank: int = OUTER_RANK
     helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the kernels call
     conversions: int = 0                # operands torch's promotion may round: CONVERT_0, ...
+    backward: str = ""                  # the op derived from this one for its eager gradients
+    derived_from: str = ""              # the forward, where this op is a derived backward
 
     @property
     def compute_of(self) -> str:
@@ -175,13 +178,15 @@ def plan(spec: OpSpec) -> PointwisePlan:
     names = {c.name: c.constexpr for c in spec.choices}
     # the operands torch's promotion converts are wrapped in round_to_promoted, numbered across the
     # outputs in order; an earlier output is a tensor to the later ones
-    tensors = {t.name for t in spec.tensors}
+    # (a derived backward takes tensors of one dtype: it converts none)
+    tensors = {t.name for t in spec.tensors} if body.derived_from is None else set()
     outputs, sites = [], 0
     for i, o in enumerate(body.outputs):
         tree, sites = promotion.wrap_sites(o.expr.tree, tensors, sites)
         read_later = any(o.name in later.expr.names for later in body.outputs[i + 1:])
         outputs.append(OutputTensor(o.name, emit(tree, names), ast.unparse(o.expr.tree), read_later))
-        tensors.add(o.name)
+        if body.derived_from is None:
+            tensors.add(o.name)
     dense = tuple({"BLOCK": b, "num_warps": w} for b, w in itertools.product(body.blocks, body.num_warps))
     tiled = tuple({"TILE_M": m, "TILE_N": n, "num_warps": w}
                   for (m, n), w in itertools.product(body.tiles, body.num_warps))
@@ -191,7 +196,9 @@ def plan(spec: OpSpec) -> PointwisePlan:
         called.add(promotion.CONVERTED)
     return PointwisePlan(**common.__dict__, inputs=tuple(Tensor(t.name) for t in spec.tensors),
                          outputs=tuple(outputs), launch=body.launch, dense_configs=dense,
-                         tiled_configs=tiled, helpers=tuple(sorted(called)), conversions=sites)
+                         tiled_configs=tiled, helpers=tuple(sorted(called)), conversions=sites,
+                         backward=spec.derived[0].name if spec.derived else "",
+                         derived_from=body.derived_from or "")
 
 
 def scaffold(name: str) -> str:
@@ -215,5 +222,6 @@ FAMILY = Family(
     name="pointwise", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     operator_suffixes=OPERATOR_SUFFIXES,
+    derive="specgen.families.pointwise_backward:derived_specs",
     cases="specgen.testing.pointwise:pointwise_cases",
     samples="specgen.testing.pointwise:pointwise_samples", bench="bench.pointwise:cases")

@@ -52,7 +52,9 @@ def _key_of(i: int, arg: object, tensor_positions: Sequence[int]) -> tuple:
         return ("tensor", arg.dtype, arg.dim())
     if isinstance(arg, list):
         return ("list", tuple(arg))
-    return ("value", arg)
+    # with its type: 1 and 1.0 hash alike, and torch promotes them apart (int32 * 1 is int32,
+    # int32 * 1.0 float32)
+    return ("value", arg, type(arg))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -65,7 +67,7 @@ def _verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[type, str]:
         elif kind == "list":
             args.append(list(rest[0]))
         else:
-            args.append(rest[0])
+            args.append(rest[0])   # (rest[1], its type, only keeps 1 and 1.0 apart in the cache)
     # plain CPU tensors, whatever mode (a fake tensor mode under torch.compile) is active
     with _disable_current_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
         try:

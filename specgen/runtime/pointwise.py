@@ -12,6 +12,7 @@ import torch
 import triton
 
 from specgen import promotion
+from specgen.runtime.autograd import sibling
 from specgen.runtime.checks import (broadcast_shape, check_out, check_outs_disjoint,
                                     check_tensors)
 from specgen.runtime.context import note_launch, overrides
@@ -112,6 +113,10 @@ class Launch:
     # each output with its expression, where ``conversions`` finds the types the kernels' operands
     # are rounded to (CONVERT_0, ...)
     expressions: tuple[tuple[str, str], ...] = ()
+    # the op derived from this one for its eager gradients (specgen/families/pointwise_backward.py:
+    # it takes the forward's tensors, the outputs' gradients, then the other arguments)
+    backward: str = ""
+    derived_from: str = ""   # the forward op, where this one is its derived backward
 
 
 class Pointwise(FamilyRuntime):
@@ -139,8 +144,32 @@ class Pointwise(FamilyRuntime):
             check_outs_disjoint(op.name, dict(zip(op.description.outputs, outs)))
         _launch(op, args, inputs, outs, dtype)
 
+    def backward(self, op: Op) -> Callable | None:
+        if not op.description.launch.backward:
+            return None
+        return lambda args, grads: _derived_backward(op, args, grads)
+
 
 RUNTIME = Pointwise()
+
+
+def _derived_backward(op: Op, args: tuple, grads: tuple) -> tuple | None:
+    """Every tensor's gradient by the backward op derived from the op's spec, or None where it
+    does not apply (the reference's gradient then serves): a tensor broadcast or of another dtype
+    than the others (its gradient a sum, or of a dtype of its own), an output's gradient absent,
+    or a float64 call beside other float dtypes."""
+    d = op.description
+    tensors = [args[i] for i in d.tensor_positions]
+    first = tensors[0]
+    if not first.dtype.is_floating_point or any(
+            g is None or g.shape != first.shape or g.dtype != first.dtype for g in grads) or any(
+            t.shape != first.shape or t.dtype != first.dtype for t in tensors):
+        return None
+    others = [a for i, a in enumerate(args) if i not in d.tensor_positions]
+    found = sibling(op.module, d.launch.backward)(*tensors, *grads, *others)
+    found = iter(found if isinstance(found, tuple) else (found,))
+    positions = set(d.tensor_positions)
+    return tuple(next(found) if i in positions else None for i in range(len(args)))
 
 
 def call_dtype(op: Op, args: tuple, inputs: Sequence[torch.Tensor]) -> torch.dtype:
@@ -189,28 +218,31 @@ def _checked(op: Op, args: tuple) -> tuple[list[torch.Tensor], tuple[int, ...], 
     return list(tensors.values()), broadcast_shape(op.name, tensors), device
 
 
-def conversions(op: Op, inputs: Sequence[torch.Tensor], result: torch.dtype,
+def conversions(op: Op, args: tuple, inputs: Sequence[torch.Tensor], result: torch.dtype,
                 compute: torch.dtype) -> dict[str, str]:
     """The kernels' CONVERT_0, ...: the type torch's promotion rounds each of the op's sites to
-    for tensors of these dtypes and ranks (specgen.promotion), cached on them."""
+    for tensors of these dtypes and ranks, scalars of these Python types (a float argument given
+    as an int promotes as an int) and these choices (specgen.promotion), cached on them."""
     walk = _walks.get(op.name)
     if walk is None or walk[0] is not op:
         walk = _walks[op.name] = (op, *_walk(op))
-    _, trees, scalars, none = walk
+    _, trees, scalars, choices, casts, none = walk
     if trees is None:
         return {}
-    if all(t.dtype == result for t in inputs):
+    if not casts and all(t.dtype == result for t in inputs):
         return none   # every node has the result's dtype: nothing is converted
     ranks = tuple((t.dtype, t.dim() > 0) for t in inputs)
-    return _conversions(trees, op.description.tensor_names, scalars, ranks, result, compute)
+    values = tuple((name, type(args[i])) for name, i in scalars) + tuple(
+        (name, args[i]) for name, i in choices)
+    return _conversions(trees, op.description.tensor_names, values, ranks, result, compute)
 
 
-# op name -> (op, its parsed expressions or None where it converts nothing, its scalars' kinds, the
-# constexprs that convert none)
+# op name -> (op, its parsed expressions or None where it converts nothing, its scalars' and
+# choices' names and positions, whether it casts, the constexprs that convert none)
 _walks: dict[str, tuple] = {}
 
 
-def _walk(op: Op) -> tuple[tuple | None, tuple[tuple[str, str], ...], dict[str, str]]:
+def _walk(op: Op) -> tuple:
     d = op.description
     trees = tuple((name, ast.parse(source, mode="eval").body)
                   for name, source in d.launch.expressions)
@@ -219,15 +251,21 @@ def _walk(op: Op) -> tuple[tuple | None, tuple[tuple[str, str], ...], dict[str, 
     for name, tree in trees:
         count += sum(1 for _ in promotion.sites(tree, tensors))
         tensors.add(name)
-    scalars = tuple((a.name, a.kind) for a in d.args if a.kind in ("float", "int", "bool"))
+    if d.launch.derived_from:
+        count = 0   # a derived backward takes tensors of one dtype: its kernels convert nothing
+    scalars = tuple((a.name, i) for i, a in enumerate(d.args) if a.kind in ("float", "int", "bool"))
+    choices = tuple((a.name, i) for i, a in enumerate(d.args) if a.kind == "choice")
+    # a rounding cast (float16(x) of a float32 x) makes a node of another dtype than the inputs'
+    casts = any(isinstance(node, ast.Call) and node.func.id in promotion.CASTS
+                for _, tree in trees for node in ast.walk(tree))
     none = {f"{promotion.CONVERT_PREFIX}{k}": "" for k in range(count)}
-    return (trees if count else None), scalars, none
+    return (trees if count else None), scalars, choices, casts, none
 
 
 @functools.lru_cache(maxsize=4096)
-def _conversions(trees, tensor_names, scalars, ranks, result, compute) -> dict[str, str]:
+def _conversions(trees, tensor_names, values, ranks, result, compute) -> dict[str, str]:
     leaves = {name: promotion.leaf(dtype, dims) for name, (dtype, dims) in zip(tensor_names, ranks)}
-    leaves.update((name, promotion.scalar(kind)) for name, kind in scalars)
+    leaves.update((name, promotion.scalar(value)) for name, value in values)
     found = promotion.conversions(trees, leaves, result, compute)
     return {f"{promotion.CONVERT_PREFIX}{k}": to for k, to in enumerate(found)}
 
@@ -249,7 +287,7 @@ def _launch(op: Op, args: tuple, inputs: list[torch.Tensor], outs: tuple,
     dtypes = tuple(t.dtype for t in (*inputs, *outs))
     launch(op.kernels["dense" if plan.dense else "tiled"], plan.grid, *inputs, *outs, *plan.args,
            *scalars, **d.choices_of(args), RESULT=str(result).removeprefix("torch."),
-           **conversions(op, inputs, result, compute_dtype(outs[0].dtype)),
+           **conversions(op, args, inputs, result, compute_dtype(outs[0].dtype)),
            INDEX_64=plan.index_64, tune_key=(plan, dtypes))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -20,13 +21,16 @@ def pointwise_cases(draw, info: OpInfo) -> Case:
     seed = draw(st.integers(0, 2**31 - 1))
     args: dict[str, Any] = {}
     notes = []
+    # a derived backward serves tensors of the output's shape and one dtype (runtime/pointwise.py)
+    derived = bool(_launch(info).derived_from)
+    one_dtype = draw(dtypes_of(info.dtypes))
     for i, arg in enumerate(info.args):
         if arg.kind != "tensor":
             args[arg.name] = scalar_value(draw, arg)
             continue
-        operand = draw(broadcast_operand(shape)) if draw(st.booleans()) else shape
+        operand = draw(broadcast_operand(shape)) if not derived and draw(st.booleans()) else shape
         layout = draw(layouts(len(operand)))
-        dtype = draw(dtypes_of(info.dtypes))
+        dtype = one_dtype if derived else draw(dtypes_of(info.dtypes))
         # integers now and then over their dtype's whole range, where sums and products wrap
         low, high = integer_range(dtype, arg.low, arg.high, wide=draw(st.booleans())) \
             if not dtype.is_floating_point else (arg.low, arg.high)
@@ -49,6 +53,10 @@ def pointwise_cases(draw, info: OpInfo) -> Case:
                              fill=fill) for _ in info.outputs)
     return Case(args, outs, draw(knobs()), describe="; ".join(notes),
                 layout_reference=_layout_reference(tensors))
+
+
+def _launch(info: OpInfo):
+    return sys.modules[info.function.__module__].OP.description.launch
 
 
 def _result_dtype(info: OpInfo, args: dict[str, Any]) -> torch.dtype:
@@ -80,9 +88,13 @@ def pointwise_samples(info: OpInfo, make: Make) -> dict[str, list[tuple]]:
         return tuple(next(tensors) if a.kind == "tensor" else default(a) for a in info.args)
 
     count = sum(a.kind == "tensor" for a in info.args) - 1
-    samples = [call(make.r(3, 5, g=True), [make.r(5, g=True, lo=0.5)] * count),
-               call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count),
-               call(make.sl(3, 5, g=True), [torch.tensor(1.5, device=make.device)] * count)]
+    if _launch(info).derived_from:   # a derived backward: tensors of one shape
+        samples = [call(make.r(3, 5, g=True), [make.r(3, 5, g=True, lo=0.5)] * count),
+                   call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count)]
+    else:
+        samples = [call(make.r(3, 5, g=True), [make.r(5, g=True, lo=0.5)] * count),
+                   call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count),
+                   call(make.sl(3, 5, g=True), [torch.tensor(1.5, device=make.device)] * count)]
     outs = tuple(make.out_t(3, 5) for _ in info.outputs)
     return {info.name: samples,
             f"{info.name}_out": [outs + call(make.t(3, 5), [make.r(5, lo=0.5)] * count)]}
