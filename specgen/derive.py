@@ -240,3 +240,12 @@ def substitute(tree: ast.expr, values: dict[str, ast.expr]) -> ast.expr:
 
 def source(tree: ast.expr) -> str:
     return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def vjp_reference(reference: str, params: list[str], primals: list[str],
+                  cotangents: list[str]) -> str:
+    """The reference of a derived backward op: torch's vector-Jacobian product of the forward's
+    ``reference`` (a function of ``params``) at ``primals``, given ``cotangents``."""
+    return (f"rt.reference_vjp(lambda {', '.join(params)}: {reference}, "
+            f"({''.join(f'{p}, ' for p in primals)}), "
+            f"({''.join(f'{c}, ' for c in cotangents)}))")

@@ -73,13 +73,8 @@ def backward_spec(spec: OpSpec) -> OpSpec | None:
         name=name, family=spec.family,
         doc=f"the gradient of {spec.name} with respect to {', '.join(tensors)}, given the "
             f"gradient of {', '.join(outputs)} (derived from its spec)",
-        reference=_reference(spec, tensors, outputs), args=args, dtypes=dtypes,
+        reference=derive.vjp_reference(spec.reference, tensors, tensors,
+                                       [grad_name(o) for o in outputs]),
+        args=args, dtypes=dtypes,
         indexing=spec.indexing, source=spec.source, body=derived_body)
 
-
-def _reference(spec: OpSpec, tensors: list[str], outputs: list[str]) -> str:
-    """torch's vector-Jacobian product of the forward's reference, with respect to its tensors."""
-    primals = "".join(f"{t}, " for t in tensors)
-    cotangents = "".join(f"{grad_name(o)}, " for o in outputs)
-    return (f"rt.reference_vjp(lambda {', '.join(tensors)}: {spec.reference}, ({primals}), "
-            f"({cotangents}))")

@@ -262,8 +262,5 @@ def _reference(spec: OpSpec, tensors: list[str], outputs: list[str]) -> str:
     """torch's vector-Jacobian product of the forward's reference, with respect to its tensors; a
     forward argument the derived op lacks (its dtype) takes its default, None."""
     dtype = spec.body.dtype
-    params = ", ".join(tensors + ([f"{dtype}=None"] if dtype else []))
-    primals = "".join(f"{t}, " for t in tensors)
-    cotangents = "".join(f"{grad_name(o)}, " for o in outputs)
-    return (f"rt.reference_vjp(lambda {params}: {spec.reference}, ({primals}), "
-            f"({cotangents}))")
+    return derive.vjp_reference(spec.reference, tensors + ([f"{dtype}=None"] if dtype else []),
+                                tensors, [grad_name(o) for o in outputs])

@@ -111,7 +111,7 @@ class Launch:
     schedule: str    # "flat" (a program a tile) or "persistent" (a grid-stride loop)
     rank: int        # collapsed dimensions the tiled kernel walks
     # each output with its expression, where ``conversions`` finds the types the kernels' operands
-    # are rounded to (CONVERT_0, ...)
+    # are rounded to (CONVERT_0, ...); none where the kernels round none (a derived backward's)
     expressions: tuple[tuple[str, str], ...] = ()
     # the op derived from this one for its eager gradients (specgen/families/pointwise_backward.py:
     # it takes the forward's tensors, the outputs' gradients, then the other arguments)
@@ -251,8 +251,6 @@ def _walk(op: Op) -> tuple:
     for name, tree in trees:
         count += sum(1 for _ in promotion.sites(tree, tensors))
         tensors.add(name)
-    if d.launch.derived_from:
-        count = 0   # a derived backward takes tensors of one dtype: its kernels convert nothing
     scalars = tuple((a.name, i) for i, a in enumerate(d.args) if a.kind in ("float", "int", "bool"))
     choices = tuple((a.name, i) for i, a in enumerate(d.args) if a.kind == "choice")
     # a rounding cast (float16(x) of a float32 x) makes a node of another dtype than the inputs'

@@ -27,7 +27,7 @@ def pointwise_cases(draw, info: OpInfo) -> Case:
     seed = draw(st.integers(0, 2**31 - 1))
     args: dict[str, Any] = {}
     notes = []
-    one_dtype = draw(dtypes_of(info.dtypes))
+    one_dtype = draw(dtypes_of(info.dtypes)) if derived else None
     for i, arg in enumerate(info.args):
         if arg.kind != "tensor":
             args[arg.name] = scalar_value(draw, arg)
