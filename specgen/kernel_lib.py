@@ -135,3 +135,84 @@ def compensated_add(total, carry, value):
     added = total + value
     carry = (added - total) - value
     return added, carry
+
+
+# Index helpers of the row-wise kernels. A row-wise launch collapses a tensor's dims into row
+# dims (at most 4) and column dims (at most 3); the kernels split a flat row or column index back
+# into them, fastest first, and sum each coordinate times the tensor's stride. Each tensor's call
+# repeats the divisions of the index; the compiler's common-subexpression pass keeps one of each.
+
+@triton.jit
+def tile_rows(block, n_rows, BLOCK_M: tl.constexpr, M_ALIGN: tl.constexpr):
+    """The rows of block `block` as a [BLOCK_M, 1] tile: the row each lane addresses, and which
+    of them exist (M_ALIGN: a power of two dividing n_rows)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    if M_ALIGN >= BLOCK_M:
+        # whole blocks of rows: no row is past the end
+        row_mask = tl.full([BLOCK_M, 1], True, tl.int1)
+    else:
+        row_mask = rows < n_rows
+    # masked rows address row 0, so that no offset passes the end of a tensor (masked columns
+    # stay within the tile margin the launcher adds when it picks the index width)
+    row_id = tl.where(row_mask, rows, 0)
+    # yet a block's rows are consecutive from a multiple of BLOCK_M, and a masked load or store
+    # keeps each vector wholly in or past them: where a row stride is 1 (strided rows, the kept
+    # axis contiguous) the loads run along it with a ragged row count too
+    row_id = tl.max_contiguous(tl.multiple_of(row_id, [BLOCK_M, 1]), [BLOCK_M, 1])
+    return row_id, row_mask
+
+
+@triton.jit
+def tile_columns(start, bound, BLOCK_N: tl.constexpr, N_ALIGN: tl.constexpr,
+                 INDEX_64: tl.constexpr):
+    """Columns start .. start + BLOCK_N as a [1, BLOCK_N] tile, and which of them are before
+    `bound` (N_ALIGN: a power of two dividing the row's length; 1 where nothing is known)."""
+    cols = start + tl.arange(0, BLOCK_N)[None, :]
+    if INDEX_64:
+        cols = cols.to(tl.int64)
+    if N_ALIGN >= BLOCK_N:
+        # the tiles cover the row exactly: no column is past its end
+        col_mask = tl.full([1, BLOCK_N], True, tl.int1)
+    else:
+        col_mask = cols < bound
+    return cols, col_mask
+
+
+@triton.jit
+def row_offset(row, ROW_DIMS: tl.constexpr, size_0, size_1, size_2,
+               stride_0, stride_1, stride_2, stride_3):
+    """A tensor's offset of flat row index `row` over its ROW_DIMS row dims (size_d: the dims'
+    sizes, fastest first; the slowest dim's size is never needed)."""
+    if ROW_DIMS == 1:
+        offset = row * stride_0
+    else:
+        offset = (row % size_0) * stride_0
+        rest = row // size_0
+        if ROW_DIMS == 2:
+            offset += rest * stride_1
+        else:
+            offset += (rest % size_1) * stride_1
+            rest = rest // size_1
+            if ROW_DIMS == 3:
+                offset += rest * stride_2
+            else:
+                offset += (rest % size_2) * stride_2
+                offset += (rest // size_2) * stride_3
+    return offset
+
+
+@triton.jit
+def col_offset(col, COL_DIMS: tl.constexpr, size_0, size_1, stride_0, stride_1, stride_2):
+    """A tensor's offset of flat column index `col` over its COL_DIMS column dims, as
+    row_offset's over at most three."""
+    if COL_DIMS == 1:
+        offset = col * stride_0
+    else:
+        offset = (col % size_0) * stride_0
+        rest = col // size_0
+        if COL_DIMS == 2:
+            offset += rest * stride_1
+        else:
+            offset += (rest % size_1) * stride_1
+            offset += (rest // size_1) * stride_2
+    return offset

@@ -90,12 +90,15 @@ def _seal(text: str) -> str:
 
 
 def _tidy(text: str) -> str:
-    """Strips trailing spaces and runs of blank lines that template control flow leaves behind."""
+    """Strips trailing spaces and the runs of blank lines that template control flow leaves
+    behind: at most two between top-level statements, one inside a block."""
     lines = [line.rstrip() for line in text.splitlines()]
     tidy: list[str] = []
-    for line in lines:
-        if not line and len(tidy) >= 2 and not tidy[-1] and not tidy[-2]:
-            continue
+    for i, line in enumerate(lines):
+        if not line and tidy and not tidy[-1]:
+            following = next((later for later in lines[i + 1:] if later), "")
+            if following.startswith(" ") or len(tidy) >= 2 and not tidy[-2]:
+                continue
         tidy.append(line)
     while tidy and not tidy[-1]:
         tidy.pop()

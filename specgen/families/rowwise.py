@@ -55,12 +55,12 @@ SPLIT_WARPS_MAX = 8
 GENERATED_NAMES = frozenset({
     "rowwise",  # its imports
     "compute",  # the math's type (COMPUTE), beside the choices' constexprs
-    "args", "block", "col_coord", "col_mask", "col_rest", "col_size_", "delta", "deviation",
-    "deviation_m2", "grads", "greater", "hi", "item", "kernel", "lane_n", "lo", "n_float",
-    "n_rows", "n_splits", "new_max", "part", "part_m2", "part_max", "part_mean", "part_n",
-    "part_shift", "part_sum", "pass_m2", "pass_mean", "plan", "pointers", "reduced", "run_m2",
-    "run_mean", "share", "shift", "span", "split", "split_mask", "splits", "start", "term",
-    "total", "tune_key", "value", "workspace", "ws_ptr"
+    "args", "block", "col_mask", "col_size_", "delta", "deviation", "deviation_m2", "grads",
+    "greater", "hi", "item", "kernel", "lane_n", "lo", "n_float", "n_rows", "n_splits",
+    "new_max", "part", "part_m2", "part_max", "part_mean", "part_n", "part_shift", "part_sum",
+    "pass_m2", "pass_mean", "plan", "pointers", "reduced", "run_m2", "run_mean", "share",
+    "shift", "span", "split", "split_mask", "splits", "start", "step", "term", "total",
+    "tune_key", "value", "workspace", "ws_ptr"
 })
 # grad_: the derived backward's gradient inputs and outputs; row_ and acc_: each step's per-row
 # value and running accumulator, each row output's value (row_<name>, acc_<name>)
@@ -635,28 +635,18 @@ class RowwisePlan(CommonPlan):
         return tuple(", ".join(g) + "," for g in groups)
 
     @property
-    def value_param_lines(self) -> tuple[str, ...]:
-        """The runtime parameters every row-wise kernel and rows helper starts with, one line per
-        group: the pointers, the sizes, the strides (``RowSpace.kernel_args`` order) and the
-        scalars."""
-        return (*self._tensor_param_lines, *(f"{a.name}," for a in self.kernel_scalars))
-
-    @property
-    def kernel_param_lines(self) -> tuple[str, ...]:
-        """value_param_lines as a kernel declares them: float scalars float64 where the math may
-        be (``scalar_param``; a rows helper takes them as its kernel passes them on)."""
-        return (*self._tensor_param_lines,
+    def param_lines(self) -> tuple[str, ...]:
+        """The runtime parameters every row-wise kernel starts with, one line per group: the
+        pointers, the sizes, the strides (``RowSpace.kernel_args`` order) and the scalars, float
+        ones float64 where the math may be (``scalar_param``)."""
+        return (f"{self.pointers},", "n_rows, N,", *self.size_and_stride_lines,
                 *(f"{self.scalar_param(a.name)}," for a in self.kernel_scalars))
 
     @property
-    def _tensor_param_lines(self) -> tuple[str, ...]:
-        return (f"{self.pointers},", "n_rows, N,", *self.size_and_stride_lines)
-
-    @property
     def flag_params(self) -> tuple[str, ...]:
-        """The constexpr parameters every row-wise kernel takes after them."""
-        return (*(c.constexpr for c in self.choices), *(t.has for t in self.optional_tensors),
-                "ROW_DIMS", "COL_DIMS")
+        """The op's constexpr parameters, which every row-wise kernel takes after them: its
+        choices and whether each optional tensor is given."""
+        return (*(c.constexpr for c in self.choices), *(t.has for t in self.optional_tensors))
 
     def row_offsets_of(self) -> tuple[TensorPlan, ...]:
         return self.elem_tensors + self.of_role("row_out")
@@ -733,15 +723,6 @@ class RowwisePlan(CommonPlan):
     @property
     def column_out_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
-
-    @property
-    def column_names(self) -> str:
-        return ", ".join(self.column_out_names)
-
-    @property
-    def column_sum_names(self) -> str:
-        """What a single-tile kernel adds its blocks' column sums up in."""
-        return ", ".join(f"{c}_sum" for c in self.column_out_names)
 
     @property
     def chunked_part_rows(self) -> int:
@@ -897,6 +878,8 @@ def plan(spec: OpSpec) -> RowwisePlan:
         called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
     if columns:
         called.add("compensated_add")   # a program's column sums over its blocks of rows
+    # the row and column tiles and their offsets, in every row kernel
+    called |= {"tile_rows", "tile_columns", "row_offset", "col_offset"}
     common = common_plan(spec, tuple(o.name for o in body.outputs + body.column_outputs))
     # a variance pair's mean is corrected by its deviations' sum over N
     reads_n = variance is not None or any(N_SYMBOL in e.names for e in _expressions(body))

@@ -203,8 +203,9 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
 
     The interpreter runs kernels as plain Python, so it accepts what the compiler rejects (a
     loop-carried value whose shape changes, a non-constexpr where one is needed). Both index widths
-    and the deepest row and column splits are compiled, with bf16 tensors and float arguments as
-    float64, as torch.compile passes them: a kernel must take them to float32 at once, and one
+    (the 64-bit one with the grid-stride loop of ROW_LOOP, the 32-bit one without) and the deepest
+    row and column splits are compiled, with bf16 tensors and float arguments as float64, as
+    torch.compile passes them: a kernel must take them to float32 at once, and one
     that computes in float64 raises. Needs Triton's NVIDIA backend (ptxas ships with it) and no
     TRITON_INTERPRET. Returns one line per kernel.
     """
@@ -225,7 +226,8 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
         for index_64 in (False, True):
             constexprs = {"ROW_DIMS": ROW_RANK, "COL_DIMS": COL_RANK, "INDEX_64": index_64,
                           "BLOCK_M": 1 if "_split" in name else 2, "BLOCK_N": 256,
-                          "SPLITS_BLOCK": 16, "BLOCK_P": 16, "BLOCK_C": 64}
+                          "SPLITS_BLOCK": 16, "BLOCK_P": 16, "BLOCK_C": 64,
+                          "ROW_LOOP": index_64, "M_ALIGN": 1, "N_ALIGN": 1}
             constexprs.update({a: True for a in fn.arg_names if a.startswith("HAS_")})
             signature, constants = {}, {}
             for i, arg in enumerate(fn.arg_names):
