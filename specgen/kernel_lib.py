@@ -8,8 +8,29 @@ they never collide with an op's own function in its module: torch.compile re-emi
 the jit functions it calls under their own names, so they are imported unaliased, never as ``lib.x``.
 """
 
+import os
+
 import triton
 import triton.language as tl
+
+
+def device_function(fn):
+    """``triton.jit``; under the interpreter (TRITON_INTERPRET=1) the same function, rewritten as
+    the interpreter rewrites device functions, minus its re-patching of ``triton.language`` at
+    every call, which the kernel calling it has done already (0.15 ms a call: a chunked row-wise
+    kernel calls the index helpers for every chunk, and took a third longer in the CPU tier)."""
+    jitted = triton.jit(fn)
+    if os.environ.get("TRITON_INTERPRET") != "1" or not hasattr(jitted, "rewrite"):
+        return jitted
+    return _InterpretedHelper(fn)
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from triton.runtime.interpreter import InterpretedFunction
+
+    class _InterpretedHelper(InterpretedFunction):
+        def __call__(self, *args, **kwargs):
+            return self.rewrite()(*args, **kwargs)
 
 # globals a jit function reads must be constexpr
 _SQRT_HALF = tl.constexpr(0.7071067811865476)
@@ -17,7 +38,7 @@ _SQRT_HALF = tl.constexpr(0.7071067811865476)
 _GELU_TANH_EXP2 = tl.constexpr(-2.302208198144325)
 
 
-@triton.jit
+@device_function
 def tanh_f32(x):
     if x.dtype == tl.float64:
         # float64 math (a branch taken at compile time): the series below is 4e-12 off at
@@ -42,19 +63,19 @@ def tanh_f32(x):
     return result
 
 
-@triton.jit
+@device_function
 def relu_f32(x):
     # where(x < 0, 0, x) keeps NaN, as torch.relu does (maximum(x, 0) would drop it); the int 0
     # takes x's type, an integer one's too
     return tl.where(x < 0, 0, x)
 
 
-@triton.jit
+@device_function
 def gelu_f32(x):
     return 0.5 * x * (1.0 + tl.erf(x * _SQRT_HALF))
 
 
-@triton.jit
+@device_function
 def gelu_tanh_f32(x):
     # 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3):
     # one exp2 and one division per element (a matmul epilogue runs it on every output), and no
@@ -62,57 +83,57 @@ def gelu_tanh_f32(x):
     return x / (1.0 + tl.exp2(x * (1.0 + 0.044715 * x * x) * _GELU_TANH_EXP2))
 
 
-@triton.jit
+@device_function
 def silu_f32(x):
     return x / (1.0 + tl.exp(-x))
 
 
-@triton.jit
+@device_function
 def log1p_f32(x):
     # log(1 + x) is inexact when 1 + x rounds; scaling by x / ((1 + x) - 1) cancels that error
     u = 1.0 + x
     return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
 
 
-@triton.jit
+@device_function
 def softplus_f32(x):
     # torch.nn.functional.softplus with beta=1, threshold=20
     return tl.where(x > 20.0, x, log1p_f32(tl.exp(x)))
 
 
-@triton.jit
+@device_function
 def minimum_f32(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
-@triton.jit
+@device_function
 def maximum_f32(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
-@triton.jit
+@device_function
 def add_pairs(a0, a1, b0, b1):
     # two sums in one reduction (one round of shuffles and shared memory, not two)
     return a0 + b0, a1 + b1
 
 
 # the rounding casts keep the math's type (float32, or float64 for float64 data)
-@triton.jit
+@device_function
 def as_float32(x):
     return x.to(tl.float32).to(x.dtype)
 
 
-@triton.jit
+@device_function
 def round_to_float16(x):
     return x.to(tl.float16).to(x.dtype)
 
 
-@triton.jit
+@device_function
 def round_to_bfloat16(x):
     return x.to(tl.bfloat16).to(x.dtype)
 
 
-@triton.jit
+@device_function
 def round_to_promoted(x, TO: tl.constexpr):
     # where torch's type promotion converts an operand to a type narrower than the math's, the
     # host names it (TO; "" for none): x rounded to it and back, through float32 as torch converts
@@ -126,7 +147,7 @@ def round_to_promoted(x, TO: tl.constexpr):
     return x
 
 
-@triton.jit
+@device_function
 def compensated_add(total, carry, value):
     # Kahan's step: carry holds what the last add lost (negated), taken off the next value, so a
     # program's column sums over thousands of blocks of rows stay within an ulp or two of exact
@@ -142,7 +163,7 @@ def compensated_add(total, carry, value):
 # into them, fastest first, and sum each coordinate times the tensor's stride. Each tensor's call
 # repeats the divisions of the index; the compiler's common-subexpression pass keeps one of each.
 
-@triton.jit
+@device_function
 def tile_rows(block, n_rows, BLOCK_M: tl.constexpr, M_ALIGN: tl.constexpr):
     """The rows of block `block` as a [BLOCK_M, 1] tile: the row each lane addresses, and which
     of them exist (M_ALIGN: a power of two dividing n_rows)."""
@@ -162,7 +183,7 @@ def tile_rows(block, n_rows, BLOCK_M: tl.constexpr, M_ALIGN: tl.constexpr):
     return row_id, row_mask
 
 
-@triton.jit
+@device_function
 def tile_columns(start, bound, BLOCK_N: tl.constexpr, N_ALIGN: tl.constexpr,
                  INDEX_64: tl.constexpr):
     """Columns start .. start + BLOCK_N as a [1, BLOCK_N] tile, and which of them are before
@@ -178,7 +199,7 @@ def tile_columns(start, bound, BLOCK_N: tl.constexpr, N_ALIGN: tl.constexpr,
     return cols, col_mask
 
 
-@triton.jit
+@device_function
 def row_offset(row, ROW_DIMS: tl.constexpr, size_0, size_1, size_2,
                stride_0, stride_1, stride_2, stride_3):
     """A tensor's offset of flat row index `row` over its ROW_DIMS row dims (size_d: the dims'
@@ -201,7 +222,7 @@ def row_offset(row, ROW_DIMS: tl.constexpr, size_0, size_1, size_2,
     return offset
 
 
-@triton.jit
+@device_function
 def col_offset(col, COL_DIMS: tl.constexpr, size_0, size_1, stride_0, stride_1, stride_2):
     """A tensor's offset of flat column index `col` over its COL_DIMS column dims, as
     row_offset's over at most three."""

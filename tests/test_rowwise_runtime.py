@@ -494,6 +494,22 @@ def test_rms_norm_keeps_channels_last_as_torch_does():
         assert generated.layer_norm(x, (x.shape[-1],)).is_contiguous()
 
 
+def test_add_rms_norm_takes_the_format_of_torchs_sum_where_size_1_dims_decide_it():
+    """x + residual of one layout is laid out by TensorIterator's fast setup: of shape
+    (1, 63, 5, 1) and strides (315, 1, 63, 1), both channels_last (size-1 dims' strides do not
+    count), the sum is channels_last (strides (315, 1, 63, 63)), so torch's rms_norm of it is
+    too; the general stride order alone keeps the last stride 1 and reads as contiguous. (A
+    property-test draw found it.)"""
+    x = randn(315).as_strided((1, 63, 5, 1), (315, 1, 63, 1))
+    residual = randn(315).as_strided((1, 63, 5, 1), (315, 1, 63, 1))
+    weight = randn(1)
+    expected = F.rms_norm(x + residual, (1,), weight, 1e-6)
+    assert not expected.is_contiguous(), "torch's rule this test stands on"
+    hidden, out = generated.add_rms_norm(x, residual, weight)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert out.stride() == expected.stride()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_rms_norm_eps_none_is_what_torch_computes(dtype):
     """torch's docs say eps=None is finfo(x.dtype).eps; its kernels take float32's for 16-bit

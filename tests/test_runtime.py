@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import generated
 from specgen import runtime, testing
 from specgen.runtime.launch import shares_storage
-from specgen.runtime.layout import collapse, has_internal_overlap, memory_order, storage_span
+from specgen.runtime.layout import (collapse, fast_setup_strides, has_internal_overlap,
+                                    memory_order, storage_span)
 from specgen.runtime.pointwise import empty_output, result_dtype
 
 
@@ -29,6 +30,35 @@ def test_output_layout_matches_torch(shape, data):
     theirs = a + b
     big = [d for d in range(len(shape)) if shape[d] > 1]
     assert [ours.stride(d) for d in big] == [theirs.stride(d) for d in big]
+
+
+@given(shape=testing.shapes(min_rank=1, max_rank=4, allow_zero=False), data=st.data())
+def test_fast_setup_strides_are_torchs_where_they_apply(shape, data):
+    # size-1 dims of any stride, as views give them
+    ones = [d for d in range(len(shape)) if shape[d] == 1]
+    tensors = []
+    for _ in range(2):
+        t = testing.make_tensor(shape, torch.float32, data.draw(testing.layouts(len(shape))))
+        strides = list(t.stride())
+        for d in ones:
+            strides[d] = data.draw(st.sampled_from([1, 3, 64]))
+        tensors.append(t.as_strided(shape, strides))
+    a, b = tensors
+    strides = fast_setup_strides(shape, [(shape, a.stride()), (shape, b.stride())])
+    if strides is not None:
+        assert strides == (a + b).stride()
+
+
+def test_fast_setup_strides_set_size_1_dims_as_torch():
+    x = torch.empty_strided((1, 63, 5, 1), (315, 1, 63, 1))   # channels_last and not contiguous
+    assert fast_setup_strides(x.shape, [(x.shape, x.stride())] * 2) == (x + x).stride() \
+        == (315, 1, 63, 63)
+    y = torch.empty_strided((2, 1, 3), (3, 99, 1))            # contiguous
+    assert fast_setup_strides(y.shape, [(y.shape, y.stride())] * 2) == (y + y).stride() == (3, 3, 1)
+    z = torch.empty(3, 4).t()                                 # of one dense layout
+    assert fast_setup_strides(z.shape, [(z.shape, z.stride())] * 2) == (z + z).stride()
+    assert fast_setup_strides((3, 4), [((3, 4), (4, 1)), ((3, 4), (1, 3))]) is None
+    assert fast_setup_strides((3, 4), [((3, 4), (4, 1)), ((4,), (1,))]) is None   # broadcast
 
 
 def test_collapse_merges_dense_dims_and_keeps_transposes():

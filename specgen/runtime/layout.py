@@ -90,6 +90,54 @@ def memory_order(shape: Shape, operand_strides: Sequence[Shape]) -> list[int]:
     return perm
 
 
+def fast_setup_strides(shape: Shape, operands: Sequence[tuple[Shape, Shape]]) -> Shape | None:
+    """The strides TensorIterator's fast setup gives an element-wise result, where it applies
+    (``operands``: (sizes, strides) of each input): every input of the result's shape and
+    contiguous gives a contiguous result, every one channels_last (4-D) a channels_last one,
+    every one non-overlapping and dense with the same strides those strides. Else None, and
+    ``memory_order`` decides. The two differ on size-1 dims, whose strides the contiguity checks
+    ignore: x of shape (1, 63, 5, 1) and strides (315, 1, 63, 1) is channels_last, so x + x has
+    strides (315, 1, 63, 63), where ``memory_order`` keeps x's."""
+    if not operands or any(tuple(size) != tuple(shape) for size, _ in operands):
+        return None
+    strides = [tuple(stride) for _, stride in operands]
+    rank = len(shape)
+    contiguous = tuple(range(rank - 1, -1, -1))
+    if all(_laid_out(shape, stride, contiguous, empty_is_dense=True) for stride in strides):
+        return dense_strides(shape, contiguous)
+    if rank == 4 and all(_laid_out(shape, stride, (1, 3, 2, 0)) for stride in strides):
+        return dense_strides(shape, (1, 3, 2, 0))
+    if all(stride == strides[0] for stride in strides) and _non_overlapping_and_dense(
+            shape, strides[0]):
+        return strides[0]
+    return None
+
+
+def _laid_out(shape: Shape, stride: Shape, order: Sequence[int], empty_is_dense: bool = False) -> bool:
+    """c10's contiguity check in ``order`` (fastest first): size-1 dims' strides do not count."""
+    if empty_is_dense and any(size == 0 for size in shape):
+        return True
+    expected = 1
+    for dim in order:
+        if shape[dim] != 1:
+            if stride[dim] != expected:
+                return False
+            expected *= shape[dim]
+    return True
+
+
+def _non_overlapping_and_dense(shape: Shape, stride: Shape) -> bool:
+    """c10's check: dims of size 2 or more, by stride, are dense from 1."""
+    if len(shape) == 1:
+        return shape[0] < 2 or stride[0] == 1
+    expected = 1
+    for dim in sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: stride[d]):
+        if stride[dim] != expected:
+            return False
+        expected *= shape[dim]
+    return True
+
+
 def dense_strides(shape: Shape, order: Sequence[int]) -> Shape:
     """Strides of a dense tensor of ``shape`` laid out in ``order`` (fastest dimension first)."""
     strides = [0] * len(shape)
