@@ -648,8 +648,11 @@ class RowwisePlan(CommonPlan):
         choices and whether each optional tensor is given."""
         return (*(c.constexpr for c in self.choices), *(t.has for t in self.optional_tensors))
 
-    def row_offsets_of(self) -> tuple[TensorPlan, ...]:
-        return self.elem_tensors + self.of_role("row_out")
+    def row_offsets_of(self, names: tuple[str, ...] | None = None) -> tuple[TensorPlan, ...]:
+        """The tensors a kernel forms row offsets of: those of ``names`` (a split kernel's pass
+        reads them and stores nothing but partials), or every one with rows."""
+        return tuple(t for t in self.elem_tensors + self.of_role("row_out")
+                     if names is None or t.name in names)
 
     def col_offsets_of(self, names: tuple[str, ...]) -> tuple[TensorPlan, ...]:
         return tuple(t for t in self.elem_tensors + self.of_role("along", "col_out")
