@@ -1,11 +1,12 @@
 """Triton helpers that generated kernels import by name (``from specgen.kernel_lib import ...``).
 
 They use only core ``tl`` operations (no libdevice), so the CPU tier's interpreter runs the very
-code the GPU compiles. Inputs are float32 or float64 (the math's type follows them; constants are
-Python numbers, which take the tensor's type) and, for ``relu_f32``, ``minimum_f32`` and
-``maximum_f32``, integers too; NaN propagates as in torch. Names end in ``_f32`` (or name a cast) so that
-they never collide with an op's own function in its module: torch.compile re-emits a kernel with
-the jit functions it calls under their own names, so they are imported unaliased, never as ``lib.x``.
+code the GPU compiles. The math helpers take float32 or float64 (the math's type follows them;
+constants are Python numbers, which take the tensor's type) and, for ``relu_f32``,
+``minimum_f32`` and ``maximum_f32``, integers too; NaN propagates as in torch. The index helpers
+at the end form the row-wise kernels' tiles and offsets. torch.compile re-emits a kernel with the
+jit functions it calls under their own names, so they are imported unaliased, never as
+``lib.x``, and an op may not be named like one (``families.common.OP_RESERVED``).
 """
 
 import os
