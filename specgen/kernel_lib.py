@@ -19,7 +19,8 @@ def device_function(fn):
     """``triton.jit``; under the interpreter (TRITON_INTERPRET=1) the same function, rewritten as
     the interpreter rewrites device functions, minus its re-patching of ``triton.language`` at
     every call, which the kernel calling it has done already (0.15 ms a call: a chunked row-wise
-    kernel calls the index helpers for every chunk, and took a third longer in the CPU tier)."""
+    kernel calls the index helpers for every chunk, and took a third longer in the CPU tier).
+    So under the interpreter a helper runs only inside a kernel, as on a GPU."""
     jitted = triton.jit(fn)
     if os.environ.get("TRITON_INTERPRET") != "1" or not hasattr(jitted, "rewrite"):
         return jitted

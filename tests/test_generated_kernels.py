@@ -25,8 +25,8 @@ def _float_args(info) -> set[str]:
 
 
 def _entry_kernels(module) -> list[ast.FunctionDef]:
-    """The jit functions launched from the host (``*_kernel``; ``*_rows`` helpers are called by
-    them, with the values they cast)."""
+    """The jit functions launched from the host (``*_kernel``; helpers such as attention's
+    ``*_rows`` are called by them, with the values they cast)."""
     tree = ast.parse(inspect.getsource(module))
     return [node for node in tree.body
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")]

@@ -508,6 +508,7 @@ def test_add_rms_norm_takes_the_format_of_torchs_sum_where_size_1_dims_decide_it
     hidden, out = generated.add_rms_norm(x, residual, weight)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert out.stride() == expected.stride()
+    assert hidden.stride() == (x + residual).stride()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -59,6 +59,8 @@ def test_fast_setup_strides_set_size_1_dims_as_torch():
     assert fast_setup_strides(z.shape, [(z.shape, z.stride())] * 2) == (z + z).stride()
     assert fast_setup_strides((3, 4), [((3, 4), (4, 1)), ((3, 4), (1, 3))]) is None
     assert fast_setup_strides((3, 4), [((3, 4), (4, 1)), ((4,), (1,))]) is None   # broadcast
+    # element-wise outputs take them: torch's unary functions are fast-set-up too
+    assert empty_output(x.shape, x.dtype, x.device, [x]).stride() == torch.exp(x).stride()
 
 
 def test_collapse_merges_dense_dims_and_keeps_transposes():

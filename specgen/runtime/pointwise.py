@@ -18,7 +18,7 @@ from specgen.runtime.checks import (broadcast_shape, check_out, check_outs_disjo
 from specgen.runtime.context import note_launch, overrides
 from specgen.runtime.dtypes import all_floating, compute_dtype, torch_result
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
-from specgen.runtime.layout import (Shape, collapse, dense_strides,
+from specgen.runtime.layout import (Shape, collapse, dense_strides, fast_setup_strides,
                                     memory_order, span, strides_at)
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
@@ -51,6 +51,12 @@ def output_strides(shape: tuple[int, ...], inputs: Sequence[torch.Tensor]) -> Sh
 
 @functools.lru_cache(maxsize=4096)
 def _output_strides(shape: Shape, metas: tuple) -> Shape:
+    # TensorIterator's fast setup where it applies (it sets the strides of size-1 dims): torch's
+    # tensor-tensor ops and its unary functions (exp, gelu) take it; an op of a tensor and a
+    # Python scalar (x * 2) does not, and gets memory_order's strides on size-1 dims
+    fast = fast_setup_strides(shape, metas)
+    if fast is not None:
+        return fast
     order = memory_order(shape, [strides_at(size, stride, shape) for size, stride in metas])
     return dense_strides(shape, order)
 

@@ -22,7 +22,7 @@ from specgen.runtime.autograd import sibling
 from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
-from specgen.runtime.layout import collapse, dense_strides, fast_setup_strides, next_power_of_2
+from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty, zeros
 
@@ -251,14 +251,11 @@ def empty_in_memory_format(shape: tuple[int, ...], dtype: torch.dtype, device: t
     """An output in the memory format torch suggests for ``inputs``, as torch's rms_norm allocates
     its result (on CPU and CUDA): channels_last for a 4-D input laid out so (dense or not),
     channels_last_3d for 5-D, else contiguous. Several inputs: the format of their element-wise
-    result, which is what rms_norm(x + residual) sees: laid out by TensorIterator's fast setup
-    where it applies (inputs of one shape, all contiguous, all channels_last or all of one dense
-    layout), which sets the strides of size-1 dims that suggest_memory_format reads."""
+    result, which is what rms_norm(x + residual) sees (``pointwise.output_strides``: TensorIterator's
+    fast setup sets the strides of size-1 dims, which suggest_memory_format reads)."""
     like = inputs[0]
     if len(inputs) > 1:
-        metas = [(tuple(t.shape), tuple(t.stride())) for t in inputs]
-        strides = fast_setup_strides(shape, metas) or pointwise.output_strides(shape, inputs)
-        like = torch.empty_strided(shape, strides, device="meta")
+        like = torch.empty_strided(shape, pointwise.output_strides(shape, inputs), device="meta")
     # Tensor.suggest_memory_format is C++ only; this is its Python mirror (torch's decompositions
     # use it), which also takes symbolic strides
     order = _CHANNELS_LAST_ORDER.get(suggest_memory_format(like))

@@ -203,8 +203,8 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
 
     The interpreter runs kernels as plain Python, so it accepts what the compiler rejects (a
     loop-carried value whose shape changes, a non-constexpr where one is needed). Both index widths
-    (the 64-bit one with the grid-stride loop of ROW_LOOP, the 32-bit one without) and the deepest
-    row and column splits are compiled, with bf16 tensors and float arguments as float64, as
+    (with masked tiles, with and without the grid-stride loop of ROW_LOOP; int32 with the constant
+    masks of aligned sizes too) and the deepest row and column splits are compiled, with bf16 tensors and float arguments as float64, as
     torch.compile passes them: a kernel must take them to float32 at once, and one
     that computes in float64 raises. Needs Triton's NVIDIA backend (ptxas ships with it) and no
     TRITON_INTERPRET. Returns one line per kernel.
@@ -223,11 +223,13 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
         fn = kernel
         while not isinstance(fn, triton.runtime.JITFunction):
             fn = fn.fn
-        for index_64 in (False, True):
+        # (index width, grid-stride loop, alignment): masked tiles with and without the loop
+        # in both widths, and the constant masks of aligned sizes
+        for index_64, row_loop, align in ((False, False, 1), (True, True, 1), (False, True, 256)):
             constexprs = {"ROW_DIMS": ROW_RANK, "COL_DIMS": COL_RANK, "INDEX_64": index_64,
                           "BLOCK_M": 1 if "_split" in name else 2, "BLOCK_N": 256,
                           "SPLITS_BLOCK": 16, "BLOCK_P": 16, "BLOCK_C": 64,
-                          "ROW_LOOP": index_64, "M_ALIGN": 1, "N_ALIGN": 1}
+                          "ROW_LOOP": row_loop, "M_ALIGN": align, "N_ALIGN": align}
             constexprs.update({a: True for a in fn.arg_names if a.startswith("HAS_")})
             signature, constants = {}, {}
             for i, arg in enumerate(fn.arg_names):
