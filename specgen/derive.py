@@ -249,3 +249,9 @@ def vjp_reference(reference: str, params: list[str], primals: list[str],
     return (f"rt.reference_vjp(lambda {', '.join(params)}: {reference}, "
             f"({''.join(f'{p}, ' for p in primals)}), "
             f"({''.join(f'{c}, ' for c in cotangents)}))")
+
+
+def grad_name(name: str) -> str:
+    """A derived backward's name for the gradient of ``name`` (an output's, given; a tensor's,
+    computed), in every family that derives one."""
+    return f"grad_{name}"

@@ -226,16 +226,6 @@ def row_offset(row, ROW_DIMS: tl.constexpr, size_0, size_1, size_2,
 
 @device_function
 def col_offset(col, COL_DIMS: tl.constexpr, size_0, size_1, stride_0, stride_1, stride_2):
-    """A tensor's offset of flat column index `col` over its COL_DIMS column dims, as
-    row_offset's over at most three."""
-    if COL_DIMS == 1:
-        offset = col * stride_0
-    else:
-        offset = (col % size_0) * stride_0
-        rest = col // size_0
-        if COL_DIMS == 2:
-            offset += rest * stride_1
-        else:
-            offset += (rest % size_1) * stride_1
-            offset += (rest // size_1) * stride_2
-    return offset
+    """A tensor's offset of flat column index `col` over its COL_DIMS column dims: row_offset's,
+    over at most three (a fourth dim's size and stride are never read)."""
+    return row_offset(col, COL_DIMS, size_0, size_1, 1, stride_0, stride_1, stride_2, 0)

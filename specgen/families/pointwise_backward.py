@@ -15,10 +15,9 @@ import ast
 import dataclasses
 
 from specgen import derive
-from specgen.derive import NotDifferentiable
+from specgen.derive import NotDifferentiable, grad_name
 from specgen.errors import Where
 from specgen.families import pointwise
-from specgen.families.rowwise import grad_name
 from specgen.model import OpSpec, TensorArg
 from specgen.table import Table
 

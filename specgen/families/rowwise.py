@@ -19,6 +19,7 @@ import ast
 import itertools
 from dataclasses import dataclass
 
+from specgen.derive import grad_name
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
@@ -794,12 +795,6 @@ class RowwisePlan(CommonPlan):
 # two (the generator imports no runtime; tests/test_rowwise_spec.py checks that they agree)
 ROW_RANK = 4
 COL_RANK = 3
-
-
-def grad_name(name: str) -> str:
-    """The derived backward's name for the gradient of ``name`` (an output's, given; a tensor's,
-    computed)."""
-    return f"grad_{name}"
 
 
 def eager_call(spec: OpSpec) -> DerivedBackward | None:

@@ -37,10 +37,9 @@ import ast
 import dataclasses
 
 from specgen import derive, polynomial
-from specgen.derive import NotDifferentiable
+from specgen.derive import NotDifferentiable, grad_name
 from specgen.errors import Where
 from specgen.families import rowwise
-from specgen.families.rowwise import grad_name
 from specgen.model import OpSpec, TensorArg
 from specgen.polynomial import Poly
 from specgen.table import Table
