@@ -20,8 +20,7 @@ from specgen.families.contract import resolve
 
 # family -> cases(quick) -> list[harness.Case], from each kernel family's `bench` (a family whose
 # rows another's section holds has none). Each gets its own `## family` section.
-FAMILIES = {name: resolve(family.bench) for name, family in KERNEL_FAMILIES.items()
-            if family.bench}
+FAMILIES = {name: family.bench for name, family in KERNEL_FAMILIES.items() if family.bench}
 # Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
 # host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is;
 # quantized: the matmul family's quantized ops against bf16 F.linear, torch's int4 and cuBLAS

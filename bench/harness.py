@@ -57,6 +57,15 @@ class Case:
     flops: int | None = None  # when set, the case is reported in TFLOP/s rather than GB/s
 
 
+
+def gradient_of(fn: Callable) -> Callable:
+    """A training step of ``fn`` as a case's function: its forward and the gradients of every
+    input, given the output's gradient (the first argument); returns the first input's
+    gradient, which the check compares (the others are computed too)."""
+    def run(grad_out, *inputs):
+        return torch.autograd.grad(fn(*inputs), inputs, grad_out)[0]
+    return run
+
 @dataclass
 class Row:
     """What was measured for one case; a missing entry in ``ms`` means that impl failed."""

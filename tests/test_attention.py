@@ -520,5 +520,5 @@ def test_float64_kernels_compile_for_sm90_with_no_float32_math():
     if missing:
         pytest.skip(missing)
     names = sorted(n for n, i in generated.REGISTRY.items() if i.family == "attention")
-    compiled = compiled_kernel_counts("specgen.testing.attention", names)
+    compiled = compiled_kernel_counts("specgen.families.attention", names)
     assert compiled == {name: 4 for name in names}, compiled

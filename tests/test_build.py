@@ -756,13 +756,14 @@ def test_an_op_named_as_another_packages_is_a_spec_error(project):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_path_a_family_declares_resolves(name):
-    # the contract's "module:function" paths (derived ops, property cases, opcheck samples,
-    # benchmark cases or section) are imported only by the tests and the bench: a typo would
-    # surface late, in another tool
+    # the contract's "module:function" paths (derived ops, a benchmark section and its tuning
+    # cases) are imported only by the spec stage, the tests and the bench: a typo would surface
+    # late, in another tool; every family draws property-test calls and opcheck samples
     from specgen.families.contract import resolve
 
     family = FAMILIES[name]
-    for field in ("derive", "cases", "samples", "bench", "bench_section", "tune_cases"):
+    for field in ("derive", "bench_section", "tune_cases"):
         path = getattr(family, field)
         if path:
             assert callable(resolve(path)), (name, field, path)
+    assert callable(family.draw_case) and callable(family.samples), name

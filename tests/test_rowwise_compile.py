@@ -16,5 +16,5 @@ ROWWISE = sorted(name for name, info in generated.REGISTRY.items() if info.famil
 
 @pytest.mark.skipif(nvidia_backend_missing() is not None, reason=str(nvidia_backend_missing()))
 def test_rowwise_kernels_compile_for_sm90():
-    compiled = compiled_kernel_counts("specgen.testing.rowwise", ROWWISE)
+    compiled = compiled_kernel_counts("specgen.families.rowwise", ROWWISE)
     assert set(compiled) == set(ROWWISE) and all(n >= 8 for n in compiled.values())

@@ -19,8 +19,8 @@ PUBLIC_FUNCTION_NAMES = frozenset({"_key", "_replay"})
 
 @dataclass(frozen=True)
 class Family:
-    """A kernel family: its spec stage (parsing, derived ops), planning, template, runtime, and
-    where its property tests, opcheck samples and benchmark cases live."""
+    """A kernel family: its spec stage (parsing, derived ops), planning, template, and its
+    property tests, opcheck samples and benchmark cases."""
 
     name: str
     parse_body: Callable          # (top Table, args, op name) -> the family's frozen body
@@ -46,13 +46,15 @@ class Family:
     # "module:function" making the ops a spec derives (OpSpec -> tuple of OpSpec: a row-wise
     # backward), called at the spec stage, before planning ("": none)
     derive: str = ""
-    # "module:function" of its property-test strategy (OpInfo -> strategy of testing.Case), of
-    # its opcheck samples (OpInfo, testing.samples.Make -> {operator: [args, ...]} for every
-    # operator an op registers) and of its benchmark cases (quick -> list of bench.harness.Case;
-    # "" where another family's section holds them): imported by the tests and bench only
-    cases: str = ""
-    samples: str = ""
-    bench: str = ""
+    # its property tests and benchmark rows, functions of its family module that tests and bench
+    # call (they import hypothesis, specgen.testing and bench inside, which the generator needs
+    # not): draw_case(draw, OpInfo) -> testing.Case, one property-test call of an op, with
+    # hypothesis's draw; samples(OpInfo, testing.samples.Make) -> {operator: [args, ...]}, opcheck
+    # calls of every operator an op registers; bench(quick) -> [bench.harness.Case], the family's
+    # rows of the benchmark (None: another family's rows or its own section hold its ops)
+    draw_case: Callable | None = None
+    samples: Callable | None = None
+    bench: Callable | None = None
     # "module:function" of a benchmark section of its own (bench.harness.Run -> markdown), for a
     # family whose peers are not harness.Case's eager and compiled columns (attention: SDPA's
     # backends, FlexAttention)

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
+import sys
 from dataclasses import dataclass
+
+import torch
 
 from specgen import promotion
 from specgen.expr import Symbol, emit, helpers, parse_expr
@@ -218,10 +222,171 @@ out = "x * sigmoid(alpha * x)"
 '''
 
 
+# --- Its property tests, opcheck samples and benchmark cases -------------------------------------
+# The tests and the bench call these (``FAMILY``'s draw_case, samples and bench); they import
+# hypothesis, specgen.testing and bench where they run: the generator needs none of them.
+
+def _launch(info):
+    return sys.modules[info.function.__module__].OP.description.launch
+
+
+def draw_case(draw, info):
+    """A property-test call: operands that broadcast to a drawn shape, in any layout."""
+    from hypothesis import assume, strategies as st
+
+    from specgen.runtime import interpreting
+    from specgen.testing.core import (Case, accepted, broadcast_operand, dtypes_of,
+                                      integer_range, knobs, layouts, make_tensor, max_numel,
+                                      scalar_value, shapes)
+
+    # a derived backward serves tensors of the output's shape and one dtype (runtime/pointwise.py);
+    # its kernels are the forward's template with a longer expression, which the interpreter runs
+    # tile by tile (a tall one-column shape under 1 x 1024 tiles: thousands), so its draws stay
+    # at a quarter of the forward's elements
+    derived = bool(_launch(info).derived_from)
+    budget = max_numel() // 4 if derived else None
+    shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5, 7])), max_elements=budget))
+    seed = draw(st.integers(0, 2**31 - 1))
+    args: dict = {}
+    notes = []
+    one_dtype = draw(dtypes_of(info.dtypes)) if derived else None
+    for i, arg in enumerate(info.args):
+        if arg.kind != "tensor":
+            args[arg.name] = scalar_value(draw, arg)
+            continue
+        operand = draw(broadcast_operand(shape)) if not derived and draw(st.booleans()) else shape
+        layout = draw(layouts(len(operand)))
+        dtype = one_dtype if derived else draw(dtypes_of(info.dtypes))
+        # integers now and then over their dtype's whole range, where sums and products wrap
+        low, high = integer_range(dtype, arg.low, arg.high, wide=draw(st.booleans())) \
+            if not dtype.is_floating_point else (arg.low, arg.high)
+        args[arg.name] = make_tensor(operand, dtype, layout, low=low, high=high, seed=seed + i)
+        notes.append(f"{arg.name}: {operand} {dtype} {layout}")
+    args = accepted(info, args)
+    tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # operands may drop dims
+    # the result's dtype as torch gives it (an integer add's, a true division's float32)
+    dtype = _result_dtype(info, args)
+    # an input of another dtype is converted to a bfloat16 result before the math; the
+    # interpreter rounds float32 to bfloat16 toward zero (torch and the GPU to nearest), which
+    # that conversion and the store's make two ulps: such mixes are drawn in the GPU tier only
+    assume(not (interpreting() and dtype == torch.bfloat16
+                and any(t.dtype != dtype for t in tensors)))
+    # an out= poisoned where it can be: NaN, else the dtype's largest value
+    fill = math.nan if dtype.is_floating_point else True if dtype == torch.bool else \
+        min(torch.iinfo(dtype).max, 2**53)
+    outs = tuple(make_tensor(shape, dtype, draw(layouts(len(shape), allow_broadcast=False)),
+                             fill=fill) for _ in info.outputs)
+    return Case(args, outs, draw(knobs()), describe="; ".join(notes),
+                layout_reference=_layout_reference(tensors))
+
+
+def _result_dtype(info, args):
+    result = info.reference(**args)
+    return (result[0] if isinstance(result, tuple) else result).dtype
+
+
+def _layout_reference(tensors):
+    """The output of one torch element-wise op of the arity (its TensorIterator lays the result
+    out as a fused element-wise op over the same operands must be laid out), or None."""
+    # logical ops for bools, which torch.neg refuses
+    if any(t.dtype == torch.bool for t in tensors):
+        ops = {1: torch.logical_not, 2: torch.logical_or}
+    else:
+        ops = {1: torch.neg, 2: torch.add, 3: torch.addcmul}
+    op = ops.get(len(tensors))
+    # with mixed dtypes torch's CPU path copies inputs to the common dtype first, which changes
+    # its layout (CUDA casts on the fly): no single answer there
+    if op is None or len({t.dtype for t in tensors}) > 1:
+        return None
+    return op(*tensors)
+
+
+def samples(info, make) -> dict[str, list[tuple]]:
+    """Opcheck calls (``make``: specgen.testing.samples.Make): the first tensor dense,
+    transposed and sliced; the others broadcast, full and 0-dim (away from 0: a divisor); out=
+    into transposed outputs."""
+    from specgen.testing.samples import default
+
+    def call(first, others):
+        tensors = iter([first, *others])
+        return tuple(next(tensors) if a.kind == "tensor" else default(a) for a in info.args)
+
+    count = sum(a.kind == "tensor" for a in info.args) - 1
+    if _launch(info).derived_from:   # a derived backward: tensors of one shape
+        calls = [call(make.r(3, 5, g=True), [make.r(3, 5, g=True, lo=0.5)] * count),
+                 call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count)]
+    else:
+        calls = [call(make.r(3, 5, g=True), [make.r(5, g=True, lo=0.5)] * count),
+                 call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count),
+                 call(make.sl(3, 5, g=True), [torch.tensor(1.5, device=make.device)] * count)]
+    outs = tuple(make.out_t(3, 5) for _ in info.outputs)
+    return {info.name: calls,
+            f"{info.name}_out": [outs + call(make.t(3, 5), [make.r(5, lo=0.5)] * count)]}
+
+
+def bench_cases(quick: bool) -> list:
+    """The benchmark's rows (bench.harness.Case), bf16: memory-bound, judged against the copy
+    bandwidth. --quick divides every element count by 16 (each dim of a square by 4)."""
+    import torch.nn.functional as F
+
+    def ours():
+        # imported on the first call: bench --help works before a build, and a missing op
+        # fails only the specgen column of its rows
+        import generated
+
+        return generated
+
+    # Python functions rather than torch builtins, so torch.compile traces them as the others
+    def add(x, y):
+        return x + y
+
+    n = 2**23 if quick else 2**27
+    square, big = (1024, 2048) if quick else (4096, 8192)
+    rows, cols = (1024 if quick else 16384), 4096
+    return [
+        _bench_case("add", [(n,), (n,)], lambda x, y: ours().add(x, y), add),
+        _bench_case("add", [(square, square)] * 2, lambda x, y: ours().add(x, y), add),
+        _bench_case("geglu = gelu_tanh(a)*b", [(n,), (n,)], lambda a, b: ours().geglu(a, b),
+                    lambda a, b: F.gelu(a, approximate="tanh") * b),
+        _bench_case('gelu(x, approximate="tanh")', [(n,)],
+                    lambda x: ours().gelu(x, approximate="tanh"),
+                    lambda x: F.gelu(x, approximate="tanh")),
+        _bench_case("swiglu = silu(a)*b", [(n,), (n,)], lambda a, b: ours().swiglu(a, b),
+                    lambda a, b: F.silu(a) * b),
+        # x is contiguous, so x.t() makes the kernel read one operand column-major
+        _bench_case("add(x.t(), y)", [(big, big)] * 2, lambda x, y: ours().add(x.t(), y),
+                    lambda x, y: x.t() + y),
+        _bench_case("add(x, bias)", [(rows, cols), (cols,)], lambda x, b: ours().add(x, b), add),
+    ]
+
+
+def _bench_case(op: str, input_shapes: list[tuple[int, ...]], specgen, eager):
+    
+    from bench.harness import Case
+
+    dtype = torch.bfloat16
+    numels = [math.prod(shape) for shape in input_shapes]
+    return Case(family="pointwise", op=op,
+                shape=", ".join(dict.fromkeys(_shape_label(shape) for shape in input_shapes)),
+                dtype=dtype,
+                make_inputs=lambda: tuple(torch.randn(shape, device="cuda", dtype=dtype)
+                                          for shape in input_shapes),
+                specgen=specgen, eager=eager,
+                # the output has as many elements as the largest (broadcast) input
+                bytes_moved=dtype.itemsize * (sum(numels) + max(numels)))
+
+
+def _shape_label(shape: tuple[int, ...]) -> str:
+    # long power-of-two vectors read better as 2^k ("2^27", not "134217728")
+    if len(shape) == 1 and shape[0] >= 2**16 and shape[0].bit_count() == 1:
+        return f"2^{shape[0].bit_length() - 1}"
+    return "x".join(map(str, shape))
+
+
 FAMILY = Family(
     name="pointwise", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     operator_suffixes=OPERATOR_SUFFIXES,
     derive="specgen.families.pointwise_backward:derived_specs",
-    cases="specgen.testing.pointwise:pointwise_cases",
-    samples="specgen.testing.pointwise:pointwise_samples", bench="bench.pointwise:cases")
+    draw_case=draw_case, samples=samples, bench=bench_cases)

@@ -1,6 +1,6 @@
 """Hypothesis strategies and checks for property-testing generated ops against their references.
 
-``CASES`` maps each family to a strategy of ``Case``s for one op (its ``Family.cases``);
+``CASES`` maps each family to a strategy of ``Case``s for one op (its ``Family.draw_case``);
 ``tests/test_ops.py`` draws from it for every op in ``generated.REGISTRY`` and checks each case
 with ``check_case`` (``tests/test_autograd.py``: its gradients with ``check_grad``).
 """
@@ -10,7 +10,6 @@ from typing import Callable
 from hypothesis import strategies as st
 
 from specgen.families import FAMILIES
-from specgen.families.contract import resolve
 from specgen.runtime import OpInfo
 from specgen.testing.check import check_case
 from specgen.testing.core import (SPECIAL_SIZES, TOLERANCES, Case, Layout, Observe,
@@ -20,7 +19,7 @@ from specgen.testing.grad import PATHS, check_grad
 from specgen.testing.profiles import use_profile
 
 CASES: dict[str, Callable[[OpInfo], st.SearchStrategy[Case]]] = {
-    name: resolve(family.cases) for name, family in FAMILIES.items()}
+    name: st.composite(family.draw_case) for name, family in FAMILIES.items()}
 
 __all__ = [
     "CASES", "Case", "Layout", "Observe", "SPECIAL_SIZES", "TOLERANCES", "assert_matches", "broadcast_operand",

@@ -237,6 +237,25 @@ class Case:
         return info.function(**self.args, **extra)
 
 
+def matmul_tolerances(k: int, tf32: bool = False) -> dict[torch.dtype, tuple[float, float]]:
+    """(rtol, atol) per output dtype for a K-term float32 (float64) accumulation of products up
+    to 9.
+
+    The reference sees the same rounded inputs in float64, so the error is the float32 sums
+    (worst case growing with K) plus one rounding to the output dtype. TF32 rounds each input to
+    10 mantissa bits first: about 1e-3 of every product.
+    """
+    k = max(k, 1)
+    accumulate = 2e-6 * k + (5e-3 * k ** 0.5 if tf32 else 0.0)
+    return {
+        torch.float32: (1e-5 if not tf32 else 2e-3, accumulate + 1e-5),
+        torch.float16: (1e-3, accumulate + 1e-4),
+        torch.bfloat16: (8e-3, accumulate + 1e-3),
+        # float64 operands accumulate in float64 (no TF32)
+        torch.float64: (1e-12, 4e-15 * k + 1e-13),
+    }
+
+
 def outputs(result: Any) -> tuple:
     """An op's result as a tuple of its outputs."""
     return result if isinstance(result, tuple) else (result,)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import generated
 from specgen import runtime
-from specgen.testing.matmul import matmul_tolerances
+from specgen.testing.core import matmul_tolerances
 
 pytestmark = pytest.mark.gpu
 
