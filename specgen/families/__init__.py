@@ -1,13 +1,12 @@
 """Kernel families. Each module of this package that declares ``FAMILY`` (a ``Family``, see
 contract.py) is one: its body dataclass, parser, planner and scaffold, the names its generated
-code binds for itself, its template ``templates/<name>.py.jinja``, its runtime module
-``specgen/runtime/<name>.py``, and where its property tests, opcheck samples and benchmark
-cases live.
+code binds for itself, its property-test calls, opcheck samples and benchmark rows; its template
+is ``templates/<name>.py.jinja`` and its runtime module ``specgen/runtime/<name>.py``.
 
 To add a family: write ``families/<name>.py`` ending in ``FAMILY = Family(...)``, its template,
 its runtime module (a ``specgen.runtime.op.FamilyRuntime`` subclass as ``RUNTIME``) and specs; this
 package finds the module (tests/test_spec_errors.py checks the generated names against what the
-template binds).
+template binds). docs/families.md, "Adding a family".
 """
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ def reference64(info: OpInfo, args: dict[str, Any]) -> Any:
 
 
 # where a float or int scalar is drawn when its spec gives no ``range`` (the row-wise family
-# draws its floats eps-like instead: testing/rowwise.py)
+# draws its floats eps-like instead: families/rowwise.py, EPS_RANGE)
 FLOAT_RANGE = (-2.0, 2.0)
 INT_RANGE = (-4, 4)
 
