@@ -630,14 +630,6 @@ class AttentionPlan(CommonPlan):
         return self.query
 
     @property
-    def scalar_params(self) -> str:
-        """The entry kernels' scalar parameters, ``scale`` first, then the spec's float and int
-        arguments: float ones declared float64 where the spec lists float64 (``scalar_param``:
-        Triton's launcher then passes them whole)."""
-        scale = "scale: tl.float64" if self.float64_math else "scale"
-        return ", ".join((scale, *(self.scalar_param(s) for s in self.kernel_scalars))) + ","
-
-    @property
     def tune_keys(self) -> tuple[str, ...]:
         """What autotuning keys on: the sizes, and every constexpr that makes another kernel
         (a config tuned for one variant is not the best of another)."""

@@ -284,23 +284,10 @@ class CommonPlan:
 
     @property
     def float_args(self) -> tuple[str, ...]:
-        """The scalar arguments kernels take as float32 first (float32_lines): the float ones,
-        and the ints they compute with, whose int32 math would overflow (k ** 3 at k = 2000)."""
+        """The scalar arguments kernels take to the math's type first (the templates'
+        ``float_scalars``): the float ones, and the ints they compute with, whose int32 math
+        would overflow (k ** 3 at k = 2000)."""
         return tuple(a.name for a in self.args if a.kind == "float" or a.name in self.value_ints)
-
-    @property
-    def float32_lines(self) -> tuple[str, ...]:
-        """A kernel's first lines: its float scalar arguments (and value ints) as float32, as all
-        math is. Triton's launcher passes a Python float as float32, torch.compile's (Inductor)
-        as float64, which would carry the math around it in float64: slower (layer_norm
-        32768x1024 bf16 on the H200: 43.1 us of device time against 33.7) and not the eager
-        result; an int it passes as int32 (int64 past that range)."""
-        if not self.float_args:
-            return ()
-        comments = ["# float32 under torch.compile too (Inductor passes Python floats as float64)"]
-        if self.value_ints:
-            comments.append("# ints too: expressions compute in float32 (int32 products overflow)")
-        return (*comments, *(f"{name} = tl.cast({name}, tl.float32)" for name in self.float_args))
 
     @property
     def float64_math(self) -> bool:
@@ -308,40 +295,11 @@ class CommonPlan:
         the tensor that sets the math's type: ``compute_of``, or the kernels set it)."""
         return "float64" in self.dtypes
 
-    def scalar_param(self, name: str) -> str:
-        """The kernel parameter of the scalar argument ``name``: a float one is declared float64
-        where the math may be (``float_lines``), so that Triton's launcher passes the Python
-        float whole, not rounded to float32 (layer_norm's eps so rounded moved float64 results
-        1.6e-8); Inductor passes float64 anyway."""
+    def float64_scalar(self, name: str) -> bool:
+        """Whether the kernels declare the scalar argument ``name`` float64 (the templates'
+        ``scalar_param``): a float one, where the math may be float64."""
         kind = next(a.kind for a in self.args if a.name == name)
-        return f"{name}: tl.float64" if kind == "float" and self.float64_math else name
-
-    @property
-    def float_lines(self) -> tuple[str, ...]:
-        """A kernel's first lines where the math may be float64 (``float64_math``; else
-        float32_lines): its float scalar arguments (and value ints) in the math's type, float64
-        for float64 data, at full precision, as torch's float64 ops take them; float32 otherwise,
-        as float32_lines take them. ``tl.full``, not ``tl.cast``: the interpreter would carry a
-        Python float through float32 in a cast."""
-        return self.float_lines_in(self.float_type)
-
-    def float_lines_in(self, math_type: str) -> tuple[str, ...]:
-        """``float_lines`` with the math's type given as kernel source (``math_type``: a
-        constexpr the kernel has set, where its pointers differ from ``compute_of``'s)."""
-        if not self.float64_math or not self.float_args:
-            return self.float32_lines
-        comments = ["# in the math's type: float64 for float64 data, whole (declared float64), "
-                    "else float32"]
-        if self.value_ints:
-            comments.append("# ints too: expressions compute in floats (int32 products overflow)")
-        return (*comments, *(f"{name} = tl.full([], {name}, {math_type})"
-                             for name in self.float_args))
-
-    @property
-    def float_type(self) -> str:
-        """Kernel source for the math's float type where it may be float64: float64 for float64
-        data (``compute_of``'s), else float32."""
-        return f"tl.float64 if {self.compute_of}_ptr.dtype.element_ty == tl.float64 else tl.float32"
+        return kind == "float" and self.float64_math
 
     @property
     def choices(self) -> tuple[ArgPlan, ...]:

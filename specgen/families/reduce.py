@@ -184,11 +184,6 @@ class ReducePlan(CommonPlan):
         return tuple(a for a in self.scalars if a.name != "keepdim")
 
     @property
-    def scalar_args(self) -> str:
-        """The kernel scalars appended to an argument list, each after ", "."""
-        return "".join(f", {self.scalar_param(a.name)}" for a in self.kernel_scalars)
-
-    @property
     def combine_fn(self) -> str:
         """The jit helper that combines two accumulators (NaN-propagating for max and min)."""
         return f"{self.combine}_combine_f32"
@@ -214,20 +209,6 @@ class ReducePlan(CommonPlan):
         """The tensor whose dtype sets the math's (COMPUTE): x's for an index (argmax), else the
         result's."""
         return "x" if self.index else "out"
-
-    @property
-    def first_lines(self) -> tuple[str, ...]:
-        """The kernel's lines after the program id: float arguments in the math's type
-        (float_lines), and the element count as a float where the finish expression reads it
-        (the launcher passes it as an int, as every launcher passes ints alike): in float64 for
-        float64 math, where float32 would round a count past 2**24 (a mean of 2**24 + 1 float64
-        ones was 1 + 6e-8)."""
-        if not self.finish_reads_count:
-            return self.float_lines
-        if not self.float64_math:
-            return (*self.float_lines, "n_float = count * 1.0  # the element count as a float")
-        return (*self.float_lines, "# the element count as a float, of the math's type",
-                f"n_float = tl.full([], count, {self.float_type})")
 
     @property
     def max_tile(self) -> int:

@@ -478,27 +478,13 @@ class StepPlan:
 
     @property
     def identity(self) -> str:
+        """The reduction's identity, a Triton literal (masked lanes hold it)."""
         return IDENTITY[self.op]
 
-    def masked(self, mask: str = "mask") -> str:
-        return f"tl.where({mask}, {self.value}, {self.identity})"
-
-    def accumulate(self) -> str:
-        if self.op == "sum":
-            return f"{self.acc} += {self.masked()}"
-        return f"{self.acc} = {COMBINE[self.op]}({self.acc}, {self.masked()})"
-
-    def reduce(self, tile: str, whole: bool = False) -> str:
-        """Per row of ``tile`` (a [BLOCK_M, 1] column), or over all of it (a scalar: the one row
-        of a split program)."""
-        if self.op == "sum":
-            return f"tl.sum({tile})" if whole else f"tl.sum({tile}, axis=1, keep_dims=True)"
-        if whole:
-            return f"tl.reduce({tile}, None, {COMBINE[self.op]})"
-        return f"tl.reduce({tile}, 1, {COMBINE[self.op]}, keep_dims=True)"
-
-    def scaled(self, code: str) -> str:
-        return code if self.scale is None else f"{code} * ({self.scale})"
+    @property
+    def combine(self) -> str | None:
+        """The kernel_lib helper that combines two max or min partials (None: a sum)."""
+        return COMBINE.get(self.op)
 
 
 # specgen.kernel_lib helpers that combine max and min partials (NaN propagates, as in torch)
@@ -619,33 +605,26 @@ class RowwisePlan(CommonPlan):
         return tuple(a for a in self.scalars if a.name not in (self.dim, self.keepdim))
 
     @property
-    def pointers(self) -> str:
-        # column outputs are summed into a float32 workspace (their strides say where a column's
-        # value goes); a later kernel adds its rows up into them
+    def pointer_names(self) -> tuple[str, ...]:
+        """The pointer parameters every row-wise kernel starts with. Column outputs are summed
+        into a float32 workspace (their strides say where a column's value goes); a later
+        kernel adds its rows up into them."""
         workspace = ("cols_ws_ptr",) if self.columns else ()
-        return ", ".join(tuple(t.ptr for t in self.inputs + self.of_role("out", "row_out"))
-                         + workspace)
+        return tuple(t.ptr for t in self.inputs + self.of_role("out", "row_out")) + workspace
 
     @property
-    def size_and_stride_lines(self) -> tuple[str, ...]:
-        """Kernel parameters in ``RowSpace.kernel_args`` order, one line per group."""
-        rows = lambda name: [f"{name}_{d}" for d in range(ROW_RANK)]
-        cols = lambda name: [f"{name}_{d}" for d in range(COL_RANK)]
+    def size_and_stride_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The size and stride parameters after them, in ``RowSpace.kernel_args`` order, a group
+        a line: the sizes, then each tensor's strides."""
+        rows = lambda name: tuple(f"{name}_{d}" for d in range(ROW_RANK))
+        cols = lambda name: tuple(f"{name}_{d}" for d in range(COL_RANK))
         # the outermost dim's size is never read: its coordinate is what the others leave
         groups = [rows("row_size")[:-1] + cols("col_size")[:-1]]
         for t in self.elem_tensors:
             groups.append(rows(f"{t.name}_row_stride") + cols(f"{t.name}_col_stride"))
         groups += [cols(f"{t.name}_col_stride") for t in self.of_role("along", "col_out")]
         groups += [rows(f"{t.name}_row_stride") for t in self.of_role("row_out")]
-        return tuple(", ".join(g) + "," for g in groups)
-
-    @property
-    def param_lines(self) -> tuple[str, ...]:
-        """The runtime parameters every row-wise kernel starts with, one line per group: the
-        pointers, the sizes, the strides (``RowSpace.kernel_args`` order) and the scalars, float
-        ones float64 where the math may be (``scalar_param``)."""
-        return (f"{self.pointers},", "n_rows, N,", *self.size_and_stride_lines,
-                *(f"{self.scalar_param(a.name)}," for a in self.kernel_scalars))
+        return tuple(groups)
 
     @property
     def flag_params(self) -> tuple[str, ...]:
