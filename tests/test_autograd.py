@@ -237,6 +237,27 @@ def test_reference_rms_norm_is_torchs(dtype, eps):
         torch.testing.assert_close(got, want)   # CUDA fuses it: an ulp apart there
 
 
+def test_the_recompute_keeps_the_inputs_strides():
+    # a drawn case (hypothesis, on the CPU tier): a grouped conv2d of a channels_last (1, 4, 1, 2)
+    # input and (2, 2, 1, 1) weight as .to(memory_format=torch.channels_last) lays them out.
+    # Recomputed on view_as views, whose size-1 batch dim gets the stride 4, torch's CPU
+    # backward gave every element of the weight's gradient wrong
+    dev = testing.device()
+
+    def laid_out(values, shape, strides):
+        data = torch.tensor(values, dtype=torch.float64, device=dev).reshape(shape)
+        return torch.empty_strided(shape, strides, dtype=torch.float64, device=dev).copy_(data)
+
+    x = laid_out([2.82, 1.25, -0.24, 2.53, 0.87, 1.75, -1.93, -0.89], (1, 4, 1, 2), (8, 1, 8, 4))
+    w = laid_out([-2.63, -1.65, -1.59, -1.94], (2, 2, 1, 1), (2, 1, 2, 2))
+    grad = laid_out([1.54, -0.29, -2.18, 0.57], (1, 2, 1, 2), (4, 2, 2, 1))
+    results = []
+    for f in (generated.conv2d, torch.nn.functional.conv2d):
+        x_, w_ = x.detach().requires_grad_(), w.detach().requires_grad_()
+        results.append(torch.autograd.grad(f(x_, w_, None, 1, 0, 1, 2), (x_, w_), grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
+
 def test_an_unused_output_gets_a_zero_gradient():
     # add_rms_norm returns (x + residual, rms_norm(x + residual)): back-propagating the norm
     # alone must still reach x and residual through it

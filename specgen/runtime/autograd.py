@@ -66,8 +66,11 @@ def _autograd_grads(reference, args, wanted, grads):
     with torch.enable_grad():
         for i in wanted:
             # (an input that needs no gradient of its own: a derived op's reference, called
-            # as a plain function, still differentiates with respect to it)
-            args[i] = (args[i].view_as(args[i]) if args[i].requires_grad
+            # as a plain function, still differentiates with respect to it). `[...]`, an alias
+            # with the input's own strides: view_as recomputes a size-1 dim's stride, and torch
+            # 2.13's CPU conv2d backward gives a wrong weight gradient for the strides it makes
+            # of a channels_last (1, 4, 1, 2) input, (4, 1, 8, 4) for (8, 1, 8, 4), in every dtype
+            args[i] = (args[i][...] if args[i].requires_grad
                        else args[i].detach().requires_grad_())
         outputs = reference(*args)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
