@@ -178,7 +178,7 @@ def _nchw(shape: Sequence[int], strides: Sequence[int]) -> bool:
 def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape: tuple,
               w_strides: tuple, stride: tuple, pads: tuple, dilation: tuple, groups: int,
               spans: tuple, max_block_k: int, forced: str | None, element_size: int,
-              device: str, knobs: object) -> ConvPlan:
+              device: str, cudnn: bool, knobs: object) -> ConvPlan:
     batch, channels, height, width = x_shape
     out_channels, c_group, kh, kw = w_shape
     if channels != c_group * groups:
@@ -202,8 +202,9 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     out_h = (padded_h - extent_h) // stride[0] + 1
     out_w = (padded_w - extent_w) // stride[1] + 1
     shape = (batch, out_channels, out_h, out_w)
-    # torch's memory format: channels-last where the input or the weight is
-    if _channels_last(x_shape, x_strides) or _channels_last(w_shape, w_strides):
+    # torch's memory format: channels-last where the input or the weight is (on CUDA, as cuDNN)
+    if output_channels_last(device, element_size, _channels_last(x_shape, x_strides),
+                            _channels_last(w_shape, w_strides), cudnn):
         strides = (out_h * out_w * out_channels, 1, out_w * out_channels, out_channels)
     else:
         strides = (out_channels * out_h * out_w, out_h * out_w, out_w, 1)
@@ -305,8 +306,20 @@ def _pruned(configs, named_args, max_block_n: int | None = None) -> list:
     return [c for c in fitted if tile_fits(c, x.element_size(), limit)] or fitted[:1]
 
 
-def precision_setting() -> bool:
-    return torch.backends.cudnn.allow_tf32
+def precision_setting() -> tuple[bool, bool]:
+    """The global state conv launches depend on (part of a replay's call signature): cuDNN's
+    float32 precision setting, and whether cuDNN is enabled (torch's CUDA output layout)."""
+    return torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled
+
+
+def output_channels_last(device: str, element_size: int, x_channels_last: bool,
+                         w_channels_last: bool, cudnn: bool) -> bool:
+    """Whether torch lays a convolution's output out channels-last: where the input or the weight
+    is, on the CPU; on CUDA as its cuDNN path does (cudnn_conv_suggest_memory_format), which
+    keeps float64 contiguous, and contiguous where cuDNN is off (torch's own CUDA kernels)."""
+    if not (x_channels_last or w_channels_last):
+        return False
+    return not device.startswith("cuda") or (cudnn and element_size != 8)
 
 
 # ---- the family runtime --------------------------------------------------------------------------
@@ -363,7 +376,7 @@ class Conv(FamilyRuntime):
                          tuple(w.stride()), tuple(geo["stride"]), tuple(geo["padding"]),
                          tuple(geo["dilation"]), geo["groups"], tuple(sorted(spans.items())),
                          layout.max_block_k, forced, x.element_size(), str(device),
-                         (knobs.indexing,))
+                         torch.backends.cudnn.enabled, (knobs.indexing,))
         shape = plan.shape[1:] if unbatched else plan.shape
         strides = plan.strides[1:] if unbatched else plan.strides
         operands = {}
