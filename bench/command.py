@@ -18,8 +18,8 @@ from bench import harness, host, quant
 from specgen.families import FAMILIES as KERNEL_FAMILIES
 from specgen.families.contract import resolve
 
-# family -> cases(quick) -> list[harness.Case], from each kernel family's `bench` (a family whose
-# rows another's section holds has none). Each gets its own `## family` section.
+# family -> cases(quick) -> list[harness.Case], from each kernel family's `bench` (a family with
+# a section of its own has none: attention). Each gets its own `## family` section.
 FAMILIES = {name: family.bench for name, family in KERNEL_FAMILIES.items() if family.bench}
 # Sections that are not harness.Case rows timed by do_bench: name -> section(run) -> markdown.
 # host: host time per call on tiny inputs against eager (bench/host.py); --quick leaves it as is;

@@ -57,6 +57,13 @@ class Case:
     flops: int | None = None  # when set, the case is reported in TFLOP/s rather than GB/s
 
 
+def ours():
+    """The `generated` package, imported at the first call of a row's specgen function: `bench
+    --help` works before a build, and a missing op fails only the specgen column of its rows."""
+    import generated
+
+    return generated
+
 
 def gradient_of(fn: Callable) -> Callable:
     """A training step of ``fn`` as a case's function: its forward and the gradients of every

@@ -258,6 +258,7 @@ def test_the_recompute_keeps_the_inputs_strides():
     for got, want in zip(*results):
         torch.testing.assert_close(got, want)
 
+
 def test_an_unused_output_gets_a_zero_gradient():
     # add_rms_norm returns (x + residual, rms_norm(x + residual)): back-propagating the norm
     # alone must still reach x and residual through it
@@ -363,7 +364,6 @@ def test_an_omitted_tensor_stands_in_as_its_constant_where_the_dtype_holds_it():
     # bfloat16 does not hold 0.1, which the forward computes with in float32: no stand-in (the
     # reference's gradient serves)
     assert rowwise.stand_ins(x, (1, 2), (None, 0.1)) == (None,)
-
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])

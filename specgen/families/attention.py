@@ -773,6 +773,7 @@ mask = "j <= i"
 # --- Its property tests, opcheck samples and benchmark cases -------------------------------------
 # The tests and the bench call these (``FAMILY``'s draw_case, samples and bench); they import
 # hypothesis, specgen.testing and bench where they run: the generator needs none of them.
+# compile_kernels compiles its kernels for sm_90 without a GPU (the CPU tier's compile test).
 
 # |actual - expected| <= atol + rtol * |expected|. The softmax weights are rounded to the inputs'
 # dtype before they meet the values (as every flash kernel does): up to one rounding of each
@@ -959,9 +960,10 @@ def _mask(draw, batch, heads, length, keys, dtype, seed) -> torch.Tensor | None:
 
 
 def samples(info, make) -> dict[str, list[tuple]]:
-    """Opcheck calls (``make``: specgen.testing.samples.Make): A batched call with every argument at its default (the mask given, then omitted), and a
-    query in the (B, L, H, E) layout; its sizes (B 2, H 2, L 3, S 5, E 4, Ev 6) differ from each
-    other but for B and H, so that most dims mixed up fail."""
+    """Opcheck calls (``make``: specgen.testing.samples.Make): a batched call with every
+    argument at its default (the mask given, then omitted), and a query in the (B, L, H, E)
+    layout; its sizes (B 2, H 2, L 3, S 5, E 4, Ev 6) differ from each other but for B and H, so
+    that most dims mixed up fail."""
     from specgen.testing.samples import default
 
     role = _roles(info)

@@ -46,7 +46,6 @@ OP_RESERVED = IMPORTS | frozenset(
     if isinstance(node, ast.FunctionDef))
 
 
-
 def symbols_of(spec_args: Iterable, host: Iterable[str] = ()) -> dict[str, Symbol]:
     """The names an expression may read among the arguments: tensors, float/int/bool scalars,
     choices; shape arguments and those named in ``host`` (a row-wise dim, keepdim, dtype),
@@ -313,8 +312,6 @@ class CommonPlan:
     def differentiable(self) -> bool:
         """Whether the op has a gradient (argmax and argmin have none)."""
         return True
-
-
 
 
 def common_plan(spec: OpSpec, output_names: tuple[str, ...],

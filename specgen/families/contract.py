@@ -7,7 +7,7 @@ the modules of its package, so a new family is registered by its module alone.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 # the names the public function that runtime/op.py compiles for every op binds besides its
@@ -19,8 +19,8 @@ PUBLIC_FUNCTION_NAMES = frozenset({"_key", "_replay"})
 
 @dataclass(frozen=True)
 class Family:
-    """A kernel family: its spec stage (parsing, derived ops), planning, template, and its
-    property tests, opcheck samples and benchmark cases."""
+    """A kernel family: its spec stage (parsing, derived ops), planning, template, runtime, and
+    its property tests, opcheck samples and benchmark cases."""
 
     name: str
     parse_body: Callable          # (top Table, args, op name) -> the family's frozen body
@@ -52,8 +52,8 @@ class Family:
     # hypothesis's draw; samples(OpInfo, testing.samples.Make) -> {operator: [args, ...]}, opcheck
     # calls of every operator an op registers; bench(quick) -> [bench.harness.Case], the family's
     # rows of the benchmark (None: another family's rows or its own section hold its ops)
-    draw_case: Callable | None = None     # required (None only as a dataclass default)
-    samples: Callable | None = None       # required
+    draw_case: Callable = field(kw_only=True)
+    samples: Callable = field(kw_only=True)
     bench: Callable | None = None
     # "module:function" of a benchmark section of its own (bench.harness.Run -> markdown), for a
     # family whose peers are not harness.Case's eager and compiled columns (attention: SDPA's
@@ -62,13 +62,6 @@ class Family:
     # "module:function" of the cases `specgen tune` searches where the benchmark is such a
     # section (quick -> list of bench.harness.Case)
     tune_cases: str = ""
-
-    def __post_init__(self):
-        # the property suite and opcheck draw every family's ops (bench rows are optional)
-        missing = [f for f in ("draw_case", "samples") if not callable(getattr(self, f))]
-        if missing:
-            raise TypeError(f"family '{self.name}' declares no {' or '.join(missing)} (a function "
-                            "of its module: docs/families.md, \"Adding a family\")")
 
     @property
     def template(self) -> str:

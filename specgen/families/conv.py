@@ -46,7 +46,6 @@ GEOMETRY = {"stride": ("pair", 1), "padding": ("padding", 0), "dilation": ("pair
 SWIZZLES = ("grouped", "none")
 
 
-
 # The default config space (BLOCK_M output pixels x BLOCK_N output channels, BLOCK_K input
 # channels a step); the first is what the interpreter runs unless a test forces another. Blocks
 # are clamped to the problem at launch (runtime/conv.py, prune_configs): a group of 32 channels
@@ -213,7 +212,6 @@ class ConvPlan(CommonPlan, EpiloguePlan):
     @property
     def optional_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.optional_inputs)
-
 
 
 def plan(spec: OpSpec) -> ConvPlan:
@@ -418,8 +416,9 @@ def draw_case(draw, info):
 
 
 def samples(info, make) -> dict[str, list[tuple]]:
-    """Opcheck calls (``make``: specgen.testing.samples.Make): An NCHW call with every argument, a channels-last one without the optional operands, and
-    a grouped one where the op takes groups; geometry spelled out as the operator takes it."""
+    """Opcheck calls (``make``: specgen.testing.samples.Make): an NCHW call with every argument,
+    a channels-last one without the optional operands, and a grouped one where the op takes
+    groups; geometry spelled out as the operator takes it."""
     kinds = _kinds(info)
 
     def call(channels_last: bool, full: bool, groups: int) -> tuple:
@@ -453,7 +452,6 @@ def samples(info, make) -> dict[str, list[tuple]]:
     return {info.name: calls}
 
 
-
 # the benchmark's cells: (batch, channels, height, width, out channels, filter)
 BENCH_CELLS = ((32, 64, 56, 56, 64, 3), (32, 256, 14, 14, 256, 3), (8, 128, 128, 128, 128, 3),
                (32, 64, 56, 56, 256, 1))
@@ -470,11 +468,7 @@ def bench_cases(quick: bool) -> list:
     """
     import torch.nn.functional as F
 
-    def ours():
-        # imported on the first call: bench --help works before a build
-        import generated
-
-        return generated
+    from bench.harness import ours
 
     # Python functions rather than torch builtins, so torch.compile traces them as eager code
     def conv(n, c, h, w, k, r, channels_last):

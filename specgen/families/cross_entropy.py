@@ -118,16 +118,18 @@ label_smoothing = {{ kind = "float", default = 0.0 }}
 # The tests and the bench call these (``FAMILY``'s draw_case, samples and bench); they import
 # hypothesis, specgen.testing and bench where they run: the generator needs none of them.
 
+# float32 math over C classes (float64 for float64 logits); the loss is rounded once to the
+# logits dtype
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-3, 1e-4),
+              torch.bfloat16: (8e-3, 1e-4), torch.float64: (1e-10, 1e-12)}
+
+
 def draw_case(draw, info):
     """A property-test call: any logits layout, ignored rows, weights, smoothing."""
     from hypothesis import strategies as st
 
     from specgen.testing.core import Case, device, knobs, layouts, make_tensor, sizes
 
-    # float32 math over C classes (float64 for float64 logits); the loss is rounded once to
-    # the logits dtype
-    tolerances = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-3, 1e-4),
-                  torch.bfloat16: (8e-3, 1e-4), torch.float64: (1e-10, 1e-12)}
     n_rows = draw(sizes(40))
     n_classes = draw(sizes(300, allow_zero=False))
     dtype = draw(st.sampled_from(info.dtypes))
@@ -147,11 +149,10 @@ def draw_case(draw, info):
             "ignore_index": ignore_index,
             "reduction": draw(st.sampled_from(["mean", "sum", "none"])),
             "label_smoothing": draw(st.sampled_from([0.0, 0.0, 0.1, 1.0]))}
-    return Case(args, (), draw(knobs()), tolerances=tolerances,
+    return Case(args, (), draw(knobs()), tolerances=TOLERANCES,
                 describe=f"logits {tuple(logits.shape)} {dtype} strides {logits.stride()}; "
                          f"weight {weight is not None}; {args['reduction']} "
                          f"smoothing {args['label_smoothing']} ignore {ignore_index}")
-
 
 
 def samples(info, make) -> dict[str, list[tuple]]:
@@ -177,13 +178,10 @@ def bench_cases(quick: bool) -> list:
     torch.compile compiles that same function. --quick divides the rows by 16."""
     import torch.nn.functional as F
 
-    from bench.harness import Case
+    from bench.harness import Case, ours
 
-    def ours(x, target):
-        # imported on the first call: bench --help works before a build
-        import generated
-
-        return generated.cross_entropy(x, target)
+    def specgen(x, target):
+        return ours().cross_entropy(x, target)
 
     def eager(x, target):
         return F.cross_entropy(x.float(), target).to(x.dtype)
@@ -203,11 +201,11 @@ def bench_cases(quick: bool) -> list:
     # the forward reads the logits once; with the backward it reads them again and writes the
     # gradient
     return [Case(family="cross_entropy", op=op, shape=f"{rows}x{vocab}", dtype=dtype,
-                 make_inputs=make_inputs, specgen=specgen, eager=reference,
+                 make_inputs=make_inputs, specgen=ours_fn, eager=eager_fn,
                  bytes_moved=passes * rows * vocab * dtype.itemsize)
-            for op, specgen, reference, passes in (
-                ("cross_entropy fwd", ours, eager, 1),
-                ("cross_entropy fwd+bwd", gradient(ours), gradient(eager), 3))]
+            for op, ours_fn, eager_fn, passes in (
+                ("cross_entropy fwd", specgen, eager, 1),
+                ("cross_entropy fwd+bwd", gradient(specgen), gradient(eager), 3))]
 
 
 FAMILY = Family(

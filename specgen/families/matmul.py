@@ -75,7 +75,6 @@ Q = "q"
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
-
 # The default config space, an explicit list (a product of lists would either miss these or
 # explode). The first is what the interpreter runs unless a test forces another. Blocks are
 # clamped to the problem at launch (a 16-row problem runs every config with 16 rows), and configs
@@ -977,8 +976,9 @@ SAMPLE_DIMS = {"M": 3, "K": 4, "N": 5, "B": 2}
 
 
 def samples(info, make) -> dict[str, list[tuple]]:
-    """Opcheck calls (``make``: specgen.testing.samples.Make): Every operand at its dims (with a batch of 2 where it takes one), then without the batch,
-    the A operand transposed and the optional operands omitted."""
+    """Opcheck calls (``make``: specgen.testing.samples.Make): every operand at its dims (with a
+    batch of 2 where it takes one), then without the batch, the A operand transposed and the
+    optional operands omitted."""
     from specgen.testing.samples import default
 
     quant = _quantized(info)
@@ -1021,7 +1021,6 @@ def _a_operand(info) -> int:
     return next(i for i, a in enumerate(info.args) if {"M", "K"} <= set(a.dims))
 
 
-
 def bench_cases(quick: bool) -> list:
     """The benchmark's rows (bench.harness.Case), bf16, in TFLOP/s (2 * M * N * K over the time).
 
@@ -1033,11 +1032,7 @@ def bench_cases(quick: bool) -> list:
     """
     import torch.nn.functional as F
 
-    def ours():
-        # imported on the first call: bench --help works before a build
-        import generated
-
-        return generated
+    from bench.harness import ours
 
     # Python functions rather than torch builtins, so torch.compile traces them as eager code
     def linear_gelu(m, n, k):

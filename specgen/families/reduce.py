@@ -299,6 +299,12 @@ def _strategies(info) -> tuple[str | None, ...]:
     return (None,) + forced
 
 
+# a reduction of n float32 terms carries error growing with n; the output rounding dominates
+# below; argmax/argmin: the very index (integer results are exact)
+TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-3, 1e-4),
+              torch.bfloat16: (8e-3, 1e-4), torch.float64: (1e-9, 1e-10), torch.int64: (0, 0)}
+
+
 def draw_case(draw, info):
     """A property-test call: any layout, dims drawn as None, an int or a tuple, every strategy."""
     from hypothesis import strategies as st
@@ -307,11 +313,6 @@ def draw_case(draw, info):
                                       integer_range, knobs, layouts, make_tensor, scalar_value,
                                       shapes)
 
-    # a reduction of n float32 terms carries error growing with n; the output rounding
-    # dominates below; argmax/argmin: the very index (integer results are exact)
-    tolerances = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-3, 1e-4),
-                  torch.bfloat16: (8e-3, 1e-4), torch.float64: (1e-9, 1e-10),
-                  torch.int64: (0, 0)}
     dim_info = next(a for a in info.args if a.name == "dim")
     single = dim_info.kind == "dim"
     rank = draw(st.sampled_from([0, 1, 2, 3, 4]))
@@ -379,9 +380,8 @@ def draw_case(draw, info):
         # (an integer dtype= keeps the reference exact as it is)
         if args[dtype_name] is not None and args[dtype_name].is_floating_point:
             reference_args = cast_first(args, x_info.name, dtype_name)
-    return Case(args, (), overrides, describe=describe, tolerances=tolerances,
+    return Case(args, (), overrides, describe=describe, tolerances=TOLERANCES,
                 reference_args=reference_args)
-
 
 
 def _empty_reduction(shape: tuple[int, ...], dim) -> bool:
@@ -391,7 +391,6 @@ def _empty_reduction(shape: tuple[int, ...], dim) -> bool:
     if not dims:
         return 0 in shape
     return any(shape[d] == 0 for d in dims) if shape else False
-
 
 
 def samples(info, make) -> dict[str, list[tuple]]:
@@ -420,15 +419,8 @@ def bench_cases(quick: bool) -> list:
     """The benchmark's rows (bench.harness.Case), bf16: sums over the last dim, over all and over
     the first, judged against the copy bandwidth and torch.compile. --quick divides every element
     count by 16."""
-    
-    from bench.harness import Case
 
-    def ours():
-        # imported on the first call: bench --help works before a build, and a missing op
-        # fails only the specgen column of its rows
-        import generated
-
-        return generated
+    from bench.harness import Case, ours
 
     dtype = torch.bfloat16
 

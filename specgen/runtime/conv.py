@@ -203,7 +203,8 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     out_w = (padded_w - extent_w) // stride[1] + 1
     shape = (batch, out_channels, out_h, out_w)
     # torch's memory format: channels-last where the input or the weight is (on CUDA, as cuDNN)
-    if output_channels_last(device, element_size, _channels_last(x_shape, x_strides),
+    # (the only 8-byte dtype a convolution takes is float64)
+    if output_channels_last(device, element_size == 8, _channels_last(x_shape, x_strides),
                             _channels_last(w_shape, w_strides), cudnn):
         strides = (out_h * out_w * out_channels, 1, out_w * out_channels, out_channels)
     else:
@@ -306,20 +307,20 @@ def _pruned(configs, named_args, max_block_n: int | None = None) -> list:
     return [c for c in fitted if tile_fits(c, x.element_size(), limit)] or fitted[:1]
 
 
-def precision_setting() -> tuple[bool, bool]:
+def replay_settings() -> tuple[bool, bool]:
     """The global state conv launches depend on (part of a replay's call signature): cuDNN's
     float32 precision setting, and whether cuDNN is enabled (torch's CUDA output layout)."""
     return torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled
 
 
-def output_channels_last(device: str, element_size: int, x_channels_last: bool,
+def output_channels_last(device: str, float64: bool, x_channels_last: bool,
                          w_channels_last: bool, cudnn: bool) -> bool:
     """Whether torch lays a convolution's output out channels-last: where the input or the weight
     is, on the CPU; on CUDA as its cuDNN path does (cudnn_conv_suggest_memory_format), which
     keeps float64 contiguous, and contiguous where cuDNN is off (torch's own CUDA kernels)."""
     if not (x_channels_last or w_channels_last):
         return False
-    return not device.startswith("cuda") or (cudnn and element_size != 8)
+    return not device.startswith("cuda") or (cudnn and not float64)
 
 
 # ---- the family runtime --------------------------------------------------------------------------
@@ -331,7 +332,7 @@ class Conv(FamilyRuntime):
     doc_note = "computed by one fused kernel (after a channels-last copy of an NCHW input)."
 
     def replay_state(self) -> Callable[[], object]:
-        return precision_setting
+        return replay_settings
 
     def spell_out(self, op: Op, args: tuple) -> tuple:
         layout: Launch = op.description.launch

@@ -271,7 +271,7 @@ class Observe(torch.overrides.TorchFunctionMode):
 
 def draw_case(data, info: OpInfo) -> "Case":
     """One drawn case of ``info``'s family (``CASES``), noted for hypothesis's failure report."""
-    from specgen.testing import CASES  # the family strategies import this module
+    from specgen.testing import CASES  # specgen.testing imports this module
 
     case = data.draw(CASES[info.family](info))
     note(case.describe)

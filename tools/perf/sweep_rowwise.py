@@ -1,7 +1,7 @@
 """GPU sweep of the row-wise planner constants and strategies: one line per variant.
 
-For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in bench/rowwise.py
-(``--only`` also takes log_softmax and logsumexp; ``--dtype`` another input dtype):
+For softmax, layer_norm (weight and bias) and rms_norm (weight), bf16, as in the row-wise
+family's bench rows (specgen/families/rowwise.py, BENCH_SHAPES and bench_cases) (``--only`` also takes log_softmax and logsumexp; ``--dtype`` another input dtype):
 
 - part ``single``: the single-tile kernel at 32768x1024 and 4096x4096 over
   ``TILE_TARGET`` x ``ELEMENTS_PER_THREAD`` (specgen.runtime.rowwise constants, patched here;
