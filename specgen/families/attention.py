@@ -1012,8 +1012,8 @@ def samples(info, make) -> dict[str, list[tuple]]:
 def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
     """Compiles every kernel of a generated attention module for float64 inputs to a CUDA binary,
     without a GPU, on the first of ``FLOAT64_CONFIGS``' tiles for its pass at head dim ``dim``
-    (a causal call with a float mask and its gradient, split keys), and raises where the
-    compiled kernel computes anything in float32.
+    (a causal call with split keys, with a float mask and its gradient, then a bool mask, where
+    the op takes a mask), and raises where the compiled kernel computes anything in float32.
 
     The interpreter runs kernels as Python: it lets a loop-carried value change type (a float32
     accumulator that a float64 dot makes float64), which the compiler refuses, and cannot show a
@@ -1042,31 +1042,36 @@ def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
         rows, keys, warps, stages = FLOAT64_CONFIGS[space][bound][0]
         if role == "merge":
             warps, stages = 4, 1
-        constexprs = {"E": dim, "EV": dim, "BLOCK_E": block, "BLOCK_EV": block, held: rows,
-                      streamed: keys, "INDEX_64": False, "INPUT_PRECISION": "ieee",
-                      "MASK_KIND": 2, "MASK_GRAD": True, "SPLIT": True, "PACKED": False,
-                      "NUM_SPLITS": 4, "IS_CAUSAL": True}
-        signature, constants = {}, {}
-        for i, (arg, param) in enumerate(zip(fn.arg_names, fn.params)):
-            if param.is_constexpr:
-                signature[arg] = "constexpr"
-                constants[(i,)] = constexprs.get(arg, False)
-            elif arg.endswith("_ptr"):
-                # the cache lengths are int32; every other tensor (the mask, statistics,
-                # workspaces and gradient buffers included) float64
-                per_batch = any(arg == f"{a.name}_ptr" and a.dims == ("B",)
-                                for a in module.DESCRIPTION.args if a.kind == "tensor")
-                signature[arg] = "*i32" if per_batch else "*fp64"
-            elif arg in floats or arg == "scale":
-                signature[arg] = "fp64"
-            else:
-                signature[arg] = "i32"
-        binary = triton.compile(ASTSource(fn, signature, constants),
-                                target=GPUTarget("cuda", arch, 32),
-                                options={"num_warps": warps, "num_stages": stages})
-        narrow = [line.strip() for line in binary.asm["ttgir"].splitlines() if "f32" in line]
-        if narrow:
-            raise AssertionError(f"{module.__name__} {role}: float32 in float64 math: {narrow[:3]}")
+        # the mask kinds: float (2), with its gradient, and bool (1), a bool tensor's *i1
+        for mask_kind in (2, 1) if "MASK_KIND" in fn.arg_names else (0,):
+            constexprs = {"E": dim, "EV": dim, "BLOCK_E": block, "BLOCK_EV": block, held: rows,
+                          streamed: keys, "INDEX_64": False, "INPUT_PRECISION": "ieee",
+                          "MASK_KIND": mask_kind, "MASK_GRAD": mask_kind == 2, "SPLIT": True,
+                          "PACKED": False, "NUM_SPLITS": 4, "IS_CAUSAL": True}
+            signature, constants = {}, {}
+            for i, (arg, param) in enumerate(zip(fn.arg_names, fn.params)):
+                if param.is_constexpr:
+                    signature[arg] = "constexpr"
+                    constants[(i,)] = constexprs.get(arg, False)
+                elif arg == "mask_ptr" and mask_kind == 1:
+                    signature[arg] = "*i1"
+                elif arg.endswith("_ptr"):
+                    # the cache lengths are int32; every other tensor (the mask, statistics,
+                    # workspaces and gradient buffers included) float64
+                    per_batch = any(arg == f"{a.name}_ptr" and a.dims == ("B",)
+                                    for a in module.DESCRIPTION.args if a.kind == "tensor")
+                    signature[arg] = "*i32" if per_batch else "*fp64"
+                elif arg in floats or arg == "scale":
+                    signature[arg] = "fp64"
+                else:
+                    signature[arg] = "i32"
+            binary = triton.compile(ASTSource(fn, signature, constants),
+                                    target=GPUTarget("cuda", arch, 32),
+                                    options={"num_warps": warps, "num_stages": stages})
+            narrow = [line.strip() for line in binary.asm["ttgir"].splitlines() if "f32" in line]
+            if narrow:
+                raise AssertionError(f"{module.__name__} {role} (mask kind {mask_kind}): "
+                                     f"float32 in float64 math: {narrow[:3]}")
         done.append(f"{role} {rows}x{keys}")
     return done
 
