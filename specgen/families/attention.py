@@ -70,7 +70,7 @@ GENERATED_NAMES = frozenset({
     "lse", "lse_base", "out_tile", "scores", "b0", "b1", "col_j", "row_i", "lo", "hi",
     "l_safe", "no_full", "out_mask", "out_offsets", "out_ptr", "lse_ptr", "mask_ptr",
     "some_lo", "some_hi", "all_lo", "all_hi", "first_all", "has_all",
-    "mask_tile", "mask_offsets", "mask_stride_b0", "mask_stride_b1", "mask_stride_h",
+    "mask_tile", "keep", "mask_offsets", "mask_stride_b0", "mask_stride_b1", "mask_stride_h",
     "mask_stride_l", "mask_stride_s", "key_offsets", "value_offsets", "query_offsets",
     "out_stride_b0", "out_stride_b1", "out_stride_h", "out_stride_l", "out_stride_e",
     "lse_stride_b0", "lse_stride_b1", "lse_stride_h", "lse_stride_l", "split", "splits",
