@@ -14,6 +14,8 @@ under their own ``__name__`` and does not resolve module attributes. The names a
 import triton
 import triton.language as tl
 
+from specgen.kernel_lib import device_function, row_offset
+
 
 @triton.jit
 def sum_combine_f32(a, b):
@@ -55,29 +57,16 @@ def argmin_combine_f32(a, a_index, b, b_index):
     return tl.where(pick_a, a, b), tl.where(pick_a, a_index, b_index)
 
 
-@triton.jit
+@device_function
 def strided_offsets(index, size_1, size_2, size_3, stride_0, stride_1, stride_2, stride_3,
             DIMS: tl.constexpr):
-    """Offsets of a flat ``index`` over up to 4 dims (slowest 0 to fastest 3; the DIMS fastest used).
+    """Offsets of a flat ``index`` over up to 4 dims (slowest 0 to fastest 3; the DIMS fastest used):
+    kernel_lib's row_offset, whose dims run fastest first.
 
     DIMS is a constexpr so that the common one-dim case is a plain multiply: no division, and the
     compiler sees the contiguity it needs to vectorize loads.
     """
-    if DIMS == 1:
-        result = index * stride_3
-    else:
-        result = (index % size_3) * stride_3
-        rest = index // size_3
-        if DIMS == 2:
-            result += rest * stride_2
-        else:
-            result += (rest % size_2) * stride_2
-            rest = rest // size_2
-            if DIMS == 3:
-                result += rest * stride_1
-            else:
-                result += (rest % size_1) * stride_1 + (rest // size_1) * stride_0
-    return result
+    return row_offset(index, DIMS, size_3, size_2, size_1, stride_3, stride_2, stride_1, stride_0)
 
 
 # Reductions of a tile along one axis. Built-in reductions where possible (the interpreter runs

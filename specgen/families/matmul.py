@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import itertools
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -810,7 +809,7 @@ def draw_case(draw, info):
     small = draw(st.booleans())
     if small:
         overrides["config"] = draw(st.sampled_from(SMALL_CONFIGS))
-    least = _layout(info).min_block_k
+    least = info.launch.min_block_k
     if small and least > 16:
         # int8 dots take 32 columns of K; a packed B's (one per place in a byte) BLOCK_K / packed
         overrides["config"] = dict(overrides["config"],
@@ -929,14 +928,9 @@ class Quantized:
     scales: tuple[str, ...] = ()
 
 
-def _layout(info):
-    """The op's launch layout (runtime/matmul.py's OpLayout)."""
-    return sys.modules[info.function.__module__].OP.description.launch
-
-
 def _quantized(info) -> Quantized:
     """Read off the op's launch layout."""
-    layout = _layout(info)
+    layout = info.launch   # runtime/matmul.py's OpLayout
     if not layout.quantized:
         return Quantized()
     return Quantized(packed=layout.packed, group=layout.group,

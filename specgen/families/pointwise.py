@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import itertools
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -225,10 +224,6 @@ out = "x * sigmoid(alpha * x)"
 # The tests and the bench call these (``FAMILY``'s draw_case, samples and bench); they import
 # hypothesis, specgen.testing and bench where they run: the generator needs none of them.
 
-def _launch(info):
-    return sys.modules[info.function.__module__].OP.description.launch
-
-
 def draw_case(draw, info):
     """A property-test call: operands that broadcast to a drawn shape, in any layout."""
     from hypothesis import assume, strategies as st
@@ -242,7 +237,7 @@ def draw_case(draw, info):
     # its kernels are the forward's template with a longer expression, which the interpreter runs
     # tile by tile (a tall one-column shape under 1 x 1024 tiles: thousands), so its draws stay
     # at a quarter of the forward's elements
-    derived = bool(_launch(info).derived_from)
+    derived = bool(info.launch.derived_from)
     budget = max_numel() // 4 if derived else None
     shape = draw(shapes(max_rank=draw(st.sampled_from([1, 2, 3, 5, 7])), max_elements=budget))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -312,7 +307,7 @@ def samples(info, make) -> dict[str, list[tuple]]:
         return tuple(next(tensors) if a.kind == "tensor" else default(a) for a in info.args)
 
     count = sum(a.kind == "tensor" for a in info.args) - 1
-    if _launch(info).derived_from:   # a derived backward: tensors of one shape
+    if info.launch.derived_from:   # a derived backward: tensors of one shape
         calls = [call(make.r(3, 5, g=True), [make.r(3, 5, g=True, lo=0.5)] * count),
                  call(make.t(3, 5, g=True), [make.r(3, 5, lo=0.5)] * count)]
     else:

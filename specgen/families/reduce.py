@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -292,9 +291,9 @@ map = "x * x"
 # hypothesis, specgen.testing and bench where they run: the generator needs none of them.
 
 def _strategies(info) -> tuple[str | None, ...]:
-    module = sys.modules[info.function.__module__]
-    forced = ("inner", "outer", "split") + (("atomic",) if module.COMBINE == "sum" else ())
-    if module.COMBINE not in ("argmax", "argmin"):
+    combine = info.launch.combine
+    forced = ("inner", "outer", "split") + (("atomic",) if combine == "sum" else ())
+    if combine not in ("argmax", "argmin"):
         forced += ("last",)  # the one-launch split (argmax/argmin split in two launches)
     return (None,) + forced
 
@@ -317,7 +316,7 @@ def draw_case(draw, info):
     single = dim_info.kind == "dim"
     rank = draw(st.sampled_from([0, 1, 2, 3, 4]))
     # max, min and the arg reductions of an empty range raise; those cases are tested on their own
-    has_identity = sys.modules[info.function.__module__].COMBINE in ("sum", "prod")
+    has_identity = info.launch.combine in ("sum", "prod")
     shape = draw(shapes(min_rank=rank, max_rank=rank, max_elements=1024,
                         allow_zero=has_identity))
     layout = draw(layouts(rank))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import itertools
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -996,15 +995,6 @@ TOLERANCES = {torch.float32: (5e-5, 2e-5), torch.float16: (1e-3, 1e-5),
               torch.bfloat16: (8e-3, 1e-5), torch.float64: (1e-9, 1e-10)}
 
 
-def _launch(info):
-    """The op's launch data (runtime/rowwise.py's Launch): which argument plays which part."""
-    return sys.modules[info.function.__module__].OP.description.launch
-
-
-def _strategies(info) -> tuple[str, ...]:
-    return sys.modules[info.function.__module__].STRATEGIES
-
-
 def draw_case(draw, info):
     """A property-test call: a row tensor in any layout, reduced over a drawn dim or over its
     trailing dims, with companions of its shape, tensors along the row (or omitted), -inf
@@ -1016,7 +1006,7 @@ def draw_case(draw, info):
     from specgen.testing.core import (Case, cast_first, dtype_arg, knobs, layouts, make_tensor,
                                       max_numel, scalar_value, shapes)
 
-    launch = _launch(info)
+    launch = info.launch   # runtime/rowwise.py's Launch: which argument plays which part
     x_name = launch.row_tensor
     by_shape = launch.normalized_shape is not None
     dim_arg = launch.dim if isinstance(launch.dim, str) else None
@@ -1080,7 +1070,7 @@ def draw_case(draw, info):
     # -inf entries, in the max-then-sum-of-exp ops only: torch's result for a norm of a row
     # with an infinite entry depends on its device (CUDA's fused rms_norm gives NaN for the whole
     # row, its CPU one x / inf = 0 for the finite entries, as ours does on both)
-    if x.numel() and "online" in _strategies(info) and draw(st.booleans()) and _writable(x):
+    if x.numel() and "online" in launch.strategies and draw(st.booleans()) and _writable(x):
         # one row all -inf (torch: NaN for softmax, -inf for logsumexp) and some scattered ones
         # (partial rows must match torch too)
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -1112,7 +1102,7 @@ def draw_case(draw, info):
 
     forced = draw(knobs())
     rows = math.prod(size for d, size in enumerate(shape) if d not in reduced)
-    strategies = _strategies(info)
+    strategies = launch.strategies
     if interpreting() and rows > CHUNKED_ROWS:
         strategies = ("single",)
     if not single_fits(math.prod(shape[d] for d in reduced)):
@@ -1219,7 +1209,7 @@ def samples(info, make) -> dict[str, list[tuple]]:
     specgen.testing.samples.Make)."""
     from specgen.testing.samples import default
 
-    launch = _launch(info)
+    launch = info.launch   # runtime/rowwise.py's Launch: which argument plays which part
 
     def call(shape: tuple[int, ...], full: bool):
         reduced = shape[1:] if launch.normalized_shape and len(shape) == 3 else shape[-1:]

@@ -250,7 +250,7 @@ class Op:
                       spec_sha256=d.spec_sha256, doc=d.doc, args=d.args, outputs=d.outputs,
                       dtypes=d.dtypes, indexing=d.indexing, autocast=d.autocast,
                       function=self.function, op=self.operator, reference=self.reference,
-                      replays=self.replays)
+                      replays=self.replays, launch=d.launch)
 
     # ---- building ----------------------------------------------------------------------------
 

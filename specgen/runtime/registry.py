@@ -46,6 +46,8 @@ class OpInfo:
     op: Callable                    # torch.ops.specgen.<name>, the registered op
     reference: Callable
     replays: object                 # the generated module's runtime.Replays (tests, tools)
+    launch: object                  # the family's launch data (its description's `launch`): the
+                                    # roles of the arguments, which tests draw calls by
 
 
 # the module that registered each operator name (specgen::<op>), in this process
