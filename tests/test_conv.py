@@ -84,6 +84,16 @@ def test_output_layout_is_torchs_rule_of_the_device(device, float64, x_cl, w_cl,
     # a GPU draw: an unbatched float64 input with a channels_last weight came out channels-last,
     # where torch's CUDA convolution (cudnn_conv_suggest_memory_format) gives a contiguous result
     assert conv_rt.output_channels_last(device, float64, x_cl, w_cl, cudnn) is want
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return   # torch's CUDA rule is checked where there is a GPU (the GPU tier)
+    dtype = torch.float64 if float64 else torch.float32
+    x = torch.randn(2, 4, 5, 6, dtype=dtype, device=device)
+    w = torch.randn(3, 4, 3, 3, dtype=dtype, device=device)
+    x = x.to(memory_format=torch.channels_last) if x_cl else x
+    w = w.to(memory_format=torch.channels_last) if w_cl else w
+    with torch.backends.cudnn.flags(enabled=cudnn):
+        out = F.conv2d(x, w)
+    assert out.is_contiguous(memory_format=torch.channels_last) is want, "torch's rule"
 
 
 BAD_GEOMETRY = [
