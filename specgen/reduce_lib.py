@@ -11,34 +11,33 @@ under their own ``__name__`` and does not resolve module attributes. The names a
 ``_f32`` suffix, ``strided_offsets``), and the reduce planner rejects an op named like one of them.
 """
 
-import triton
 import triton.language as tl
 
 from specgen.kernel_lib import device_function, row_offset
 
 
-@triton.jit
+@device_function
 def sum_combine_f32(a, b):
     return a + b
 
 
-@triton.jit
+@device_function
 def prod_combine_f32(a, b):
     return a * b
 
 
-@triton.jit
+@device_function
 def max_combine_f32(a, b):
     # torch.amax propagates NaN; tl.max and a plain a > b would drop it
     return tl.where((a != a) | (a > b), a, b)
 
 
-@triton.jit
+@device_function
 def min_combine_f32(a, b):
     return tl.where((a != a) | (a < b), a, b)
 
 
-@triton.jit
+@device_function
 def argmax_combine_f32(a, a_index, b, b_index):
     # torch.argmax: NaN counts as the largest value, and ties go to the first index
     a_nan = a != a
@@ -48,7 +47,7 @@ def argmax_combine_f32(a, a_index, b, b_index):
     return tl.where(pick_a, a, b), tl.where(pick_a, a_index, b_index)
 
 
-@triton.jit
+@device_function
 def argmin_combine_f32(a, a_index, b, b_index):
     a_nan = a != a
     b_nan = b != b
@@ -71,17 +70,17 @@ def strided_offsets(index, size_1, size_2, size_3, stride_0, stride_1, stride_2,
 
 # Reductions of a tile along one axis. Built-in reductions where possible (the interpreter runs
 # tl.reduce with a custom combine one element at a time); prod needs the custom combine.
-@triton.jit
+@device_function
 def sum_reduce_f32(acc, AXIS: tl.constexpr):
     return tl.sum(acc, AXIS)
 
 
-@triton.jit
+@device_function
 def prod_reduce_f32(acc, AXIS: tl.constexpr):
     return tl.reduce(acc, AXIS, prod_combine_f32)
 
 
-@triton.jit
+@device_function
 def max_reduce_f32(acc, AXIS: tl.constexpr):
     if acc.dtype.is_floating():
         # tl.max need not propagate NaN: count NaNs on the side so that one does, as in torch.amax
@@ -91,7 +90,7 @@ def max_reduce_f32(acc, AXIS: tl.constexpr):
         return tl.max(acc, AXIS)
 
 
-@triton.jit
+@device_function
 def min_reduce_f32(acc, AXIS: tl.constexpr):
     if acc.dtype.is_floating():
         nans = tl.sum((acc != acc).to(tl.int32), AXIS)
@@ -100,7 +99,7 @@ def min_reduce_f32(acc, AXIS: tl.constexpr):
         return tl.min(acc, AXIS)
 
 
-@triton.jit
+@device_function
 def first_index_of_f32(acc, acc_index, best, AXIS: tl.constexpr):
     # each lane holds the first index of its best value: the smallest among lanes holding the
     # overall best is the first index overall (NaN matches NaN)
@@ -108,7 +107,7 @@ def first_index_of_f32(acc, acc_index, best, AXIS: tl.constexpr):
     return tl.min(tl.where(hit, acc_index, 2**63 - 1), AXIS)
 
 
-@triton.jit
+@device_function
 def argmax_reduce_f32(acc, acc_index, AXIS: tl.constexpr):
     # two built-in reductions instead of tl.reduce over (value, index) pairs, which the
     # interpreter runs one element at a time
@@ -116,7 +115,7 @@ def argmax_reduce_f32(acc, acc_index, AXIS: tl.constexpr):
     return best, first_index_of_f32(acc, acc_index, best, AXIS)
 
 
-@triton.jit
+@device_function
 def argmin_reduce_f32(acc, acc_index, AXIS: tl.constexpr):
     best = min_reduce_f32(acc, AXIS)
     return best, first_index_of_f32(acc, acc_index, best, AXIS)
