@@ -229,3 +229,74 @@ def col_offset(col, COL_DIMS: tl.constexpr, size_0, size_1, stride_0, stride_1, 
     """A tensor's offset of flat column index `col` over its COL_DIMS column dims: row_offset's,
     over at most three (a fourth dim's size and stride are never read)."""
     return row_offset(col, COL_DIMS, size_0, size_1, 1, stride_0, stride_1, stride_2, 0)
+
+
+# Helpers of a row-wise mean/variance pair (layer_norm's) and of column outputs. A chunked pass
+# keeps a mean and squared deviations per lane (Welford) and merges the lanes once a row (Chan
+# et al.): as exact as two passes, with no block-wide reduction inside the loop. A split launch
+# merges its programs' partials the same way.
+
+@device_function
+def welford_step(run_mean, run_m2, x, mask, chunk):
+    """Chunk `x` (the pass's `chunk`-th, from 0) into each lane's running mean and sum of squared
+    deviations; masked lanes take their own mean, which leaves them unchanged."""
+    value = tl.where(mask, x, run_mean)
+    delta = value - run_mean
+    # a lane inside the row has seen one element of every chunk so far (masks only cut the end
+    # of a row): one reciprocal a chunk rather than a division an element
+    run_mean += delta * (1.0 / tl.cast(chunk + 1, run_mean.dtype))
+    run_m2 += delta * (value - run_mean)
+    return run_mean, run_m2
+
+
+@device_function
+def _lane_sum(x, WHOLE: tl.constexpr):
+    # per row ([BLOCK_M, 1]), or over the whole tile (a scalar: a split program's one row)
+    if WHOLE:
+        total = tl.sum(x)
+    else:
+        total = tl.sum(x, axis=1, keep_dims=True)
+    return total
+
+
+@device_function
+def merge_lanes(run_mean, run_m2, span, BLOCK_N: tl.constexpr, WHOLE: tl.constexpr):
+    """The mean and sum of squared deviations of the `span` elements the lanes' welford_step
+    took in chunks of BLOCK_N: per row, or a scalar with WHOLE."""
+    # elements each lane has seen: the chunks that reach it
+    lane_n = ((span - tl.arange(0, BLOCK_N)[None, :] + BLOCK_N - 1) // BLOCK_N).to(run_mean.dtype)
+    mean = _lane_sum(lane_n * run_mean, WHOLE) / tl.maximum(span, 1)
+    deviation = run_mean - mean
+    m2 = _lane_sum(run_m2 + lane_n * deviation * deviation, WHOLE)
+    # the mean moved by the mean deviation from it: exact for a constant row, whose rounded sum
+    # may miss the value by an ulp (then x - mean is exactly 0 there, as in torch, rather than an
+    # ulp that rsqrt(var + eps) scales up); the squared deviations need no correction
+    mean += _lane_sum(lane_n * deviation, WHOLE) / tl.maximum(span, 1)
+    return mean, m2
+
+
+@device_function
+def merge_splits(ws_ptr, mean_slot, rows, n_rows, n_splits, splits, split_mask):
+    """A split row's mean and sum of squared deviations from its programs' partials: their means,
+    squared deviations and counts, in slots mean_slot, mean_slot + 1 and mean_slot + 2 of the
+    workspace (slot-major, then row, then split)."""
+    slots = ws_ptr + (mean_slot * n_rows + rows) * n_splits + splits
+    part_mean = tl.load(slots, mask=split_mask, other=0.0)
+    part_m2 = tl.load(slots + n_rows * n_splits, mask=split_mask, other=0.0)
+    part_n = tl.load(slots + 2 * n_rows * n_splits, mask=split_mask, other=0.0)
+    total = tl.maximum(tl.sum(part_n), 1.0)
+    mean = tl.sum(part_n * part_mean) / total
+    deviation = part_mean - mean
+    m2 = tl.sum(part_m2 + part_n * deviation * deviation)
+    mean += tl.sum(part_n * deviation) / total   # corrected as in merge_lanes
+    return mean, m2
+
+
+@device_function
+def add_to_partials(part_ptr, carry_ptr, value, mask):
+    """compensated_add of `value` to the column partials at `part_ptr`, whose carries are at
+    `carry_ptr`: a chunked program's sums over its blocks of rows, kept in memory."""
+    total, carry = compensated_add(tl.load(part_ptr, mask=mask, other=0.0),
+                                   tl.load(carry_ptr, mask=mask, other=0.0), value)
+    tl.store(part_ptr, total, mask=mask)
+    tl.store(carry_ptr, carry, mask=mask)

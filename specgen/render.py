@@ -90,9 +90,10 @@ def _seal(text: str) -> str:
 
 
 def _tidy(text: str) -> str:
-    """Strips trailing spaces and the runs of blank lines that template control flow leaves
-    behind: at most two between top-level statements, one inside a block."""
-    lines = [line.rstrip() for line in text.splitlines()]
+    """Strips trailing spaces and the blank lines that template control flow leaves behind: a
+    line of spaces alone is an indented macro call that emitted nothing, and runs of blank lines
+    keep at most two between top-level statements, one inside a block."""
+    lines = [line.rstrip() for line in text.splitlines() if not line or line.strip()]
     tidy: list[str] = []
     for i, line in enumerate(lines):
         if not line and tidy and not tidy[-1]:

@@ -35,19 +35,29 @@ def _entry_kernels(module) -> list[ast.FunctionDef]:
 def _is_cast(statement: ast.stmt, name: str, float64: bool) -> bool:
     """``name = tl.cast(name, tl.float32)`` (a Python float in the interpreter has no ``.to``),
     or with ``float64``, ``name = tl.full([], name, tl.float64 if <tensor>_ptr.dtype.element_ty
-    == tl.float64 else tl.float32)``, or ``tl.full([], name, MATH)`` where the kernel has set
-    MATH that way (the matmul and convolution kernels: their epilogue's type, from the output)"""
+    == tl.float64 else tl.float32)``, or ``tl.full([], name, MATH)`` or ``COMPUTE`` where the
+    kernel has set that type so, from a tensor's (the matmul and convolution kernels: their
+    epilogue's, from the output; the row-wise kernels: the math's, before their scalars)"""
     if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
             and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == name):
         return False
     value = ast.unparse(statement.value)
     if not float64:
         return value == f"tl.cast({name}, tl.float32)"
-    if value == f"tl.full([], {name}, MATH)":
+    if value in (f"tl.full([], {name}, MATH)", f"tl.full([], {name}, COMPUTE)"):
         return True
     head, _, rest = value.partition(" if ")
     return (head == f"tl.full([], {name}, tl.float64" and rest.endswith(
         "_ptr.dtype.element_ty == tl.float64 else tl.float32)"))
+
+
+def _sets_compute(statement: ast.stmt) -> bool:
+    """``COMPUTE: tl.constexpr = tl.float64 if <tensor>_ptr.dtype.element_ty == tl.float64 else
+    tl.float32``"""
+    return (isinstance(statement, ast.AnnAssign) and ast.unparse(statement.target) == "COMPUTE"
+            and ast.unparse(statement.value).startswith("tl.float64 if ")
+            and ast.unparse(statement.value).endswith(
+                "_ptr.dtype.element_ty == tl.float64 else tl.float32"))
 
 
 @pytest.mark.parametrize("name", sorted(generated.REGISTRY))
@@ -69,7 +79,12 @@ def test_float_arguments_are_of_the_math_type_before_any_use(name):
                 reads = [n for n in ast.walk(statement)
                          if isinstance(n, ast.Name) and n.id == float_arg]
                 if reads:
-                    # the first statement that names it must be its cast
+                    # the first statement that names it must be its cast, and a type it casts
+                    # to by name was set by the float64 rule before it
+                    before = kernel.body[:kernel.body.index(statement)]
+                    if ast.unparse(statement.value).endswith(", COMPUTE)"):
+                        assert any(_sets_compute(s) for s in before), (
+                            f"{name}: {kernel.name} casts {float_arg!r} to an unset COMPUTE")
                     assert _is_cast(statement, float_arg, float64), (
                         f"{name}: {kernel.name} uses {float_arg!r} before casting it to its "
                         f"math's type: {ast.unparse(statement)[:120]}")

@@ -855,9 +855,11 @@ def plan(spec: OpSpec) -> RowwisePlan:
                          *(helpers(o.expr) for o in body.outputs + body.column_outputs))
     called |= {COMBINE[s.op] for s in body.steps if s.op in COMBINE}
     if variance is not None:
-        called.add("add_pairs")   # the deviations' sum and sum of squares, reduced together
+        # the single tile's deviations and squares reduced together; the chunked passes' lanes
+        called |= {"add_pairs", "welford_step", "merge_lanes", "merge_splits"}
     if columns:
-        called.add("compensated_add")   # a program's column sums over its blocks of rows
+        # a program's column sums over its blocks of rows
+        called |= {"compensated_add", "add_to_partials"}
     # the row and column tiles and their offsets, in every row kernel
     called |= {"tile_rows", "tile_columns", "row_offset", "col_offset"}
     common = common_plan(spec, tuple(o.name for o in body.outputs + body.column_outputs))
