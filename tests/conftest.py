@@ -15,6 +15,12 @@ from specgen.runtime import interpreting
 # the hypothesis profiles an author's tests load too (specgen/testing/profiles.py)
 testing.use_profile()
 
+# the GPU tier spread over a machine's GPUs (tools/gpu_run.sh with GPUS=n): pytest-xdist's worker
+# k takes GPU k % n, set before anything initializes CUDA (which reads the variable then)
+if os.environ.get("SPECGEN_GPUS") and os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(
+        int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")) % int(os.environ["SPECGEN_GPUS"]))
+
 
 def pytest_collection_modifyitems(config, items):
     """GPU-marked tests need CUDA and real compilation; say so instead of failing."""
@@ -31,8 +37,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def one_big_test_at_a_time(request):
     """Under pytest-xdist (`tools/gpu_run.sh`), tests marked big_memory hold a lock shared by the
-    run's workers, so that no two of them fill the GPU's memory at once; each gives its cached
-    blocks back before the next starts. (A lock rather than xdist's `loadgroup`, which pytest 9.2
+    run's workers on their GPU, so that no two of them fill its memory at once; each gives its
+    cached blocks back before the next starts. (A lock rather than xdist's `loadgroup`, which pytest 9.2
     with pytest-xdist 3.8 ignores.)"""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None or request.node.get_closest_marker("big_memory") is None:
@@ -40,7 +46,9 @@ def one_big_test_at_a_time(request):
         return
     import torch
 
-    path = os.path.join(tempfile.gettempdir(), f"specgen-big-memory-{run}.lock")
+    # one lock a GPU: workers on other GPUs go on
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    path = os.path.join(tempfile.gettempdir(), f"specgen-big-memory-{run}-{gpu}.lock")
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

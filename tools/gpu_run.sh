@@ -8,7 +8,9 @@
 # cores; WORKERS=0 runs them in one). The whole tier outlasts one 10-minute device call, so it
 # runs in five groups, one call each (H200, 8 workers: the property and gradient suites together
 # took 8m53s on a machine that started cold, and 9m45s when a failing case shrank for 7 minutes;
-# groups 3-5 2m43s, 2m57s and 7m17s after them, warm).
+# groups 3-5 2m43s, 2m57s and 7m17s after them, warm). On a machine of several GPUs, GPUS=n
+# spreads the workers over n of them (worker k on GPU k % n; default WORKERS 12 a GPU), so that
+# the whole tier fits one call.
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
 set -uo pipefail
@@ -37,8 +39,13 @@ esac
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
 "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$LOGS/versions.txt"
 status=0
-WORKERS=${WORKERS:-8}
+GPUS=${GPUS:-1}
+WORKERS=${WORKERS:-$((GPUS > 1 ? 12 * GPUS : 8))}
 test_env=(SPECGEN_PROFILE="${SPECGEN_PROFILE:-gpu}")
+if [ "$GPUS" -gt 1 ]; then
+    # tests/conftest.py gives each worker its GPU
+    test_env+=(SPECGEN_GPUS="$GPUS")
+fi
 parallel=()
 if [ "$WORKERS" != 0 ]; then
     # tests marked big_memory take turns (a lock in tests/conftest.py)
@@ -60,6 +67,6 @@ if [ -n "${TUNE:-}" ]; then
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
     # shellcheck disable=SC2086
-    python3 -m bench ${BENCH:-} --out "$LOGS/RESULTS.md" 2>&1 | tee "$LOGS/bench.log"
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} python3 -m bench ${BENCH:-} --out "$LOGS/RESULTS.md" 2>&1 | tee "$LOGS/bench.log"
 fi
 exit $status
