@@ -107,10 +107,10 @@ def _vjp_grads(reference, args, wanted, grads):
     return dict(zip(wanted, vjp(cotangents)))
 
 
-def _backward(ctx, reference: Callable, grads, skip: int = 0) -> tuple:
-    """The gradient of each argument after the first ``skip`` inputs of ``ctx``'s call."""
+def _backward(ctx, reference: Callable, grads) -> tuple:
+    """The gradient of each argument of ``ctx``'s call (the registered operator's)."""
     args = _saved(ctx)
-    wanted = [i for i, need in enumerate(ctx.needs_input_grad[skip:]) if need]
+    wanted = [i for i, need in enumerate(ctx.needs_input_grad) if need]
     found = reference_grads(reference, args, wanted, grads)
     return tuple(found.get(i) for i in range(len(args)))
 
@@ -126,33 +126,76 @@ def differentiate_by_reference(op: str, reference: Callable) -> None:
                                     setup_context=lambda ctx, inputs, output: _save(ctx, inputs))
 
 
+class Call:
+    """An untraced differentiable call but for its tensors: the op's public function, its
+    reference and derived backward, its other arguments, and for a replayed signature
+    (``replays``: the op's) the replay of its plain call, once one is recorded (``inner``)."""
+
+    __slots__ = ("function", "reference", "derived", "args", "positions", "replays", "inner")
+
+    def __init__(self, function: Callable, reference: Callable, derived: Callable | None,
+                 args: Sequence[object], positions: Sequence[int], replays=None) -> None:
+        self.function, self.reference, self.derived = function, reference, derived
+        # the tensors' places left empty: a kept replay must not hold its first call's tensors
+        self.args = tuple(None if i in positions else a for i, a in enumerate(args))
+        self.positions = tuple(positions)
+        self.replays = replays
+        self.inner = None
+
+    def arguments(self, tensors: Sequence[torch.Tensor | None]) -> list[object]:
+        args = list(self.args)
+        for i, tensor in zip(self.positions, tensors):
+            args[i] = tensor
+        return args
+
+    def forward(self, tensors: Sequence[torch.Tensor | None]):
+        """The plain call (grad mode is off). A replayed signature's plain call has a signature
+        of its own, the same at every call of this one: its replay, once recorded, serves the
+        later calls without the public function's lookup."""
+        if self.inner is not None:
+            return self.inner(*tensors)
+        result = self.function(*self.arguments(tensors))
+        if self.replays is not None:
+            scalars = [a for i, a in enumerate(self.args) if i not in self.positions]
+            self.inner = self.replays.recorded(tensors, scalars)
+        return result
+
+    def backward(self, tensors: Sequence[torch.Tensor | None], needed: Sequence[bool],
+                 grads: tuple) -> tuple:
+        """Each tensor's gradient where ``needed``: by the derived backward where it gives every
+        one needed, else through the reference."""
+        args = self.arguments(tensors)
+        found = None if self.derived is None else self.derived(args, grads)
+        if found is None or any(need and found[i] is None
+                                for i, need in zip(self.positions, needed)):
+            wanted = [i for i, need in zip(self.positions, needed) if need]
+            by_reference = reference_grads(self.reference, args, wanted, grads)
+            found = [by_reference.get(i) for i in range(len(args))]
+        return tuple(found[i] if need else None for i, need in zip(self.positions, needed))
+
+
 class _ByReference(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, function, reference, backward, *args):
-        _save(ctx, args)
-        ctx.reference = reference
-        ctx.derived = backward
-        # grad mode is off in here: ``function`` takes its plain eager path
-        return function(*args)
+    def forward(ctx, call, *tensors):
+        ctx.save_for_backward(*tensors)
+        ctx.call = call
+        # grad mode is off in here: the public function takes its plain eager path
+        return call.forward(tensors)
 
     @staticmethod
     def backward(ctx, *grads):
-        found = None
-        if ctx.derived is not None:
-            found = ctx.derived(_saved(ctx), grads)
-        needed = ctx.needs_input_grad[3:]
-        if found is None or any(need and g is None for need, g in zip(needed, found)):
-            found = _backward(ctx, ctx.reference, grads, skip=3)
-        return (None, None, None, *(g if need else None for g, need in zip(found, needed)))
+        return (None, *ctx.call.backward(ctx.saved_tensors, ctx.needs_input_grad[1:], grads))
 
 
-def differentiable_call(function: Callable, reference: Callable, *args: object,
-                        backward: Callable | None = None):
-    """``function(*args)`` (a generated op's public function, its arguments in the op's order)
-    for an untraced call whose inputs need a gradient: its plain eager call, differentiated
-    through ``reference``, or by ``backward(args, output_grads)`` where that gives every needed
-    gradient (a tuple in argument order; None: it does not apply to these arguments)."""
-    return _by_reference_of(function.__name__).apply(function, reference, backward, *args)
+def differentiable_call(function: Callable, reference: Callable, args: Sequence[object],
+                        positions: Sequence[int], backward: Callable | None = None):
+    """``function(*args)`` (a generated op's public function, its arguments in the op's order;
+    ``positions``: its tensors') for an untraced call whose inputs need a gradient: its plain
+    eager call, differentiated through ``reference``, or by ``backward(args, output_grads)``
+    where that gives every needed gradient (a sequence in argument order; None: it does not
+    apply to these arguments)."""
+    call = Call(function, reference, backward, args, positions)
+    return _by_reference_of(function.__name__).apply(call, *(args[i] for i in positions))
 
 
 def op_function(op: str, base: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
@@ -163,14 +206,15 @@ def op_function(op: str, base: type[torch.autograd.Function]) -> type[torch.auto
 
 
 def differentiable_replay(function: Callable, reference: Callable, args: Sequence[object],
-                          tensor_positions: Sequence[int],
-                          backward: Callable | None = None) -> Callable:
-    """``differentiable_call(function, reference, *args, backward=backward)`` for a later call of
-    the same signature (runtime/replay.py: the same layouts, the same inputs needing a gradient,
-    the same scalars), as a function of its tensors alone: the checks the first call passed hold
-    for it, and its scalars, spelled out, are these."""
-    return bound_call(_by_reference_of(function.__name__).apply, (function, reference, backward),
-                      args, tensor_positions, function.__name__)
+                          positions: Sequence[int], backward: Callable | None = None,
+                          replays=None) -> Callable:
+    """``differentiable_call(function, reference, args, positions, backward)`` for a later call
+    of the same signature (runtime/replay.py: the same layouts, the same inputs needing a
+    gradient, the same scalars), as a function of its tensors alone: the checks the first call
+    passed hold for it, and its other arguments are these. ``replays``: the op's, where its
+    plain call's replay may serve the forward (``Call.forward``)."""
+    call = Call(function, reference, backward, args, positions, replays)
+    return functools.partial(_by_reference_of(function.__name__).apply, call)
 
 
 def bound_call(apply: Callable, leading: Sequence[object], args: Sequence[object],

@@ -202,9 +202,13 @@ class Op:
             # the checks above (its key tells which inputs need a gradient)
             backward = self.family.backward(self)
             if key is not None:
+                # its forward replays the plain call directly, where the public function returns
+                # what a replay does
+                inner = self.replays if self.family.public_output is None else None
                 self.replays.keep(key, differentiable_replay(
-                    self.function, self.reference, args, d.tensor_positions, backward))
-            return differentiable_call(self.function, self.reference, *args, backward=backward)
+                    self.function, self.reference, args, d.tensor_positions, backward, inner))
+            return differentiable_call(self.function, self.reference, args, d.tensor_positions,
+                                       backward)
         return self.operator(*args)
 
     def _outs(self, out: Any) -> tuple:

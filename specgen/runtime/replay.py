@@ -676,6 +676,15 @@ class Replays:
         self.replayed += 1
         return key, self._entries[key]
 
+    def recorded(self, tensors: Sequence[object], scalars: Sequence[object]) -> Callable | None:
+        """The replay recorded for a call's signature, if any (not counted as a replayed call:
+        a caller that keeps it counts its own calls)."""
+        key = _generic_key(len(tensors), len(scalars))(*tensors, *scalars, self.state)
+        try:
+            return None if key is None else self.ready.get(key)
+        except TypeError:  # an unhashable scalar: the call is not keyed
+            return None
+
     def keep(self, key: tuple, run: Callable) -> None:
         """Serves later calls of ``key`` with ``run`` (taking the call's tensors): a call that
         needs a gradient, whose checks this signature passed (``autograd.bound_call``)."""

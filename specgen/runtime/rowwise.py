@@ -670,7 +670,7 @@ class Rowwise(FamilyRuntime):
     def backward(self, op: Op) -> Callable | None:
         if op.description.launch.backward is None:
             return None
-        return lambda args, grads: _derived_backward(op, args, grads)
+        return _DerivedBackward(op)
 
 
 RUNTIME = Rowwise()
@@ -763,6 +763,36 @@ def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
         (ws,) = cols_ws
         launch(kernels["columns"], columns_grid, ws, *(named[n] for n in columns), ws.shape[0],
                ws.shape[1], space.n, **columns_meta, INDEX_64=plan.index_64, **options)
+
+
+class _DerivedBackward:
+    """``_derived_backward`` of one op, with the places of what its derived op takes and gives
+    looked up once: a call whose every tensor is given and that casts to no dtype (the common
+    one) goes straight to the derived op (every eager training step of the op calls this)."""
+
+    def __init__(self, op: Op) -> None:
+        back: Backward = op.description.launch.backward
+        index = {a.name: i for i, a in enumerate(op.description.args)}
+        self.op = op
+        # each argument of the derived op: (True, an output's gradient) or (False, an argument)
+        self.takes = tuple((True, a) if isinstance(a, int) else (False, index[a])
+                           for a in back.call)
+        # each forward argument's gradient among its results
+        self.gives = tuple(None if g is None else back.results.index(g) for g in back.grads)
+        self.dtype = index[back.dtype] if back.dtype else None
+        self.absent = tuple(index[n] for n, _ in back.absent)
+        self.function: Callable | None = None
+
+    def __call__(self, args: Sequence, grads: tuple) -> tuple | None:
+        # a dtype= cast or an omitted tensor: the general path sees to them
+        if (self.dtype is not None and args[self.dtype] is not None
+                or any(args[i] is None for i in self.absent)):
+            return _derived_backward(self.op, args, grads)
+        if self.function is None:
+            self.function = sibling(self.op.module, self.op.description.launch.backward.op)
+        found = self.function(*[grads[i] if grad else args[i] for grad, i in self.takes])
+        found = found if isinstance(found, tuple) else (found,)
+        return tuple(None if r is None else found[r] for r in self.gives)
 
 
 def _derived_backward(op: Op, args: tuple, grads: tuple) -> tuple | None:
