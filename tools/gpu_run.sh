@@ -54,8 +54,9 @@ if [ "$WORKERS" != 0 ]; then
     test_env+=(TORCHINDUCTOR_COMPILE_THREADS=1)
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
+    # tee -i: a run cut short (timeout -s INT) still logs pytest's summary of what failed
     env "${test_env[@]}" python3 -m pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" \
-        "${selected[@]}" "$@" 2>&1 | tee "$LOGS/tests.log"
+        "${selected[@]}" "$@" 2>&1 | tee -i "$LOGS/tests.log"
     status=${PIPESTATUS[0]}
 fi
 if [ -n "${TUNE:-}" ]; then
