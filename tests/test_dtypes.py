@@ -297,6 +297,22 @@ def test_refusals_name_the_op_and_argument():
         generated.sum(torch.randn(3, 4, requires_grad=True), dtype=torch.int32)
 
 
+@pytest.mark.parametrize("name", ["sum", "prod"])
+def test_dynamo_traces_an_integer_dtype_check_whole(name):
+    """torch's verdict on an integer dtype= (asked of torch on CPU tensors, outside any mode) is a
+    constant of the traced graph: dynamo does not trace into it, which would break a fullgraph
+    compile. Where torch.compile runs (the GPU tier, tests/gpu/test_autocast_gpu.py) the call
+    then completes; on the CPU the trace reaches the operator, which says it needs a GPU."""
+    x = torch.tensor([True, False, True], device=testing.device())
+    compiled = torch.compile(lambda x: getattr(generated, name)(x, [0], dtype=torch.uint8),
+                             fullgraph=True, backend="eager")
+    if runtime.interpreting():
+        with pytest.raises(Exception, match="torch.compile of specgen ops needs a GPU"):
+            compiled(x)
+    else:
+        assert torch.equal(compiled(x), getattr(torch, name)(x, 0, dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("name", ["sum", "prod", "amax", "argmin"])
 @pytest.mark.parametrize("strategy", ["inner", "outer", "split", "last", "atomic"])
 def test_integer_reductions_in_every_strategy(name, strategy):

@@ -304,6 +304,21 @@ def test_dtype_casts_the_input_before_the_op(strategy, dtype):
             torch.testing.assert_close(wide, ref(x.to(dtype).double(), 0).float())
 
 
+@pytest.mark.parametrize("strategy", ["single", "looped", "online", "split"])
+def test_a_float64_input_is_cast_to_float16_as_torch_casts_it(strategy):
+    """softmax(x, dtype=float16) of float64 data: torch converts each value through float32,
+    rounding twice. 1024.5 + 2**-30 rounds to 1025 directly, but to the float32 1024.5 first,
+    a tie the second rounding takes to the even 1024: so torch's softmax over (that, 1024) is
+    (0.5, 0.5), and (0.73, 0.27) from the direct conversion."""
+    x = torch.tensor([[1024.5 + 2**-30, 1024.0]] * 3, dtype=torch.float64, device=device())
+    with runtime.override(strategy=strategy):
+        for op, ref in ((generated.softmax, torch.softmax),
+                        (generated.log_softmax, torch.log_softmax)):
+            expected = ref(x, -1, dtype=torch.float16)
+            assert expected[0, 0].item() == expected[0, 1].item()  # the case is as described
+            torch.testing.assert_close(op(x, -1, dtype=torch.float16), expected)
+
+
 def test_edge_cases_match_torch():
     empty_rows = randn(3, 0)
     torch.testing.assert_close(generated.logsumexp(empty_rows, 1), torch.logsumexp(empty_rows, 1))

@@ -33,7 +33,7 @@ def torch_result(op: str, reference: Callable, args: tuple, tensor_positions: Se
     other arguments (a dim list, a dtype=, a choice: they may change the answer)."""
     key = tuple(_key_of(i, a, tensor_positions) for i, a in enumerate(args))
     try:
-        verdict = _verdict(reference, key)
+        verdict = (_traced_verdict if torch.compiler.is_compiling() else _verdict)(reference, key)
     except TypeError:  # an argument that does not hash (a symbolic int): no cache
         verdict = _verdict.__wrapped__(reference, key)
     if isinstance(verdict, torch.dtype):
@@ -76,6 +76,14 @@ def _verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[type, str]:
             lines = str(err).strip().splitlines()
             return type(err), lines[0] if lines else type(err).__name__
     return (result[0] if isinstance(result, tuple) else result).dtype
+
+
+@torch.compiler.assume_constant_result
+def _traced_verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[type, str]:
+    """``_verdict`` for a call dynamo traces: run as it traces, its answer a constant of the
+    graph (it depends on dtypes and ranks alone, which the graph's guards fix); traced, its
+    escape from the active modes would break the graph."""
+    return _verdict(reference, key)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
