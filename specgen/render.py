@@ -40,6 +40,7 @@ def environment() -> jinja2.Environment:
     env.filters["pyrepr"] = repr   # a value as a Python literal
     env.filters["docstring"] = docstring_text   # spec text inside a module's docstring
     env.filters["shell"] = shlex.quote   # a path in a command line (a folder name with a space)
+    env.filters["wrapped_sum"] = wrapped_sum   # terms joined by +, over lines past 100 columns
     env.globals["TEXT_SHA256"] = TEXT_SHA256
     return env
 
@@ -87,6 +88,24 @@ def _seal(text: str) -> str:
     first, rest = text.split("\n", 1)
     assert TEXT_SHA256 in first, "every template's first line carries TEXT_SHA256"
     return first.replace(TEXT_SHA256, text_sha256(rest)) + "\n" + rest
+
+
+def wrapped_sum(terms: list[str], head: str, indent: int, width: int = 100) -> str:
+    """``head + t0 + t1 + ...``, in parentheses over several lines when it would pass ``width``.
+
+    The first line is returned unindented (the template indents it); later lines carry ``indent``.
+    """
+    flat = head + " + ".join(terms)
+    if indent + len(flat) <= width:
+        return flat
+    pad = " " * (indent + len(head) + 1)  # under the opening parenthesis
+    lines = [" " * indent + head + "(" + terms[0]]
+    for term in terms[1:]:
+        if len(lines[-1]) + 3 + len(term) > width:
+            lines.append(f"{pad}+ {term}")
+        else:
+            lines[-1] += f" + {term}"
+    return "\n".join(lines)[indent:] + ")"
 
 
 def _tidy(text: str) -> str:

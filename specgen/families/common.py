@@ -216,24 +216,6 @@ def arg_info_code(spec: OpSpec, promoted: tuple[str, ...] = ()) -> tuple[str, ..
     return tuple(infos)
 
 
-def wrap(head: str, terms: list[str], indent: int, width: int = 100) -> str:
-    """``head + t0 + t1 + ...``, in parentheses over several lines when it would pass ``width``.
-
-    The first line is returned unindented (the template indents it); later lines carry ``indent``.
-    """
-    flat = head + " + ".join(terms)
-    if indent + len(flat) <= width:
-        return flat
-    pad = " " * (indent + len(head) + 1)  # under the opening parenthesis
-    lines = [" " * indent + head + "(" + terms[0]]
-    for term in terms[1:]:
-        if len(lines[-1]) + 3 + len(term) > width:
-            lines.append(f"{pad}+ {term}")
-        else:
-            lines[-1] += f" + {term}"
-    return "\n".join(lines)[indent:] + ")"
-
-
 @dataclass(frozen=True)
 class CommonPlan:
     """What every generated module states the same way: identity, metadata, signatures."""
@@ -366,11 +348,6 @@ class EpiloguePlan:
     @property
     def optional_inputs(self) -> tuple:
         return tuple(o for o in self.epilogue_inputs if o.optional)
-
-    @property
-    def epilogue_params(self) -> str:
-        """The epilogue's pointer parameters: its input tensors', then the outputs'."""
-        return ", ".join([o.ptr for o in self.epilogue_inputs] + [o.ptr for o in self.outputs])
 
     @property
     def block_ks(self) -> tuple[int, ...]:

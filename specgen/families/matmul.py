@@ -476,16 +476,6 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
     helpers: tuple[str, ...] = ()       # specgen.kernel_lib functions the epilogue calls
 
     @property
-    def acc_type(self) -> str:
-        return "tl.int32" if self.integer_product else "ACC"
-
-    @property
-    def dot_type(self) -> str:
-        """tl.dot's out_dtype argument: the accumulator's type (an int8 product's int32, float64
-        operands' float64): Triton 3.6 does not infer it from the accumulator."""
-        return ", out_dtype=tl.int32" if self.integer_product else ", out_dtype=ACC"
-
-    @property
     def min_block_k(self) -> int:
         """The least BLOCK_K the kernels' dots take: 32 for int8 operands (NVIDIA's least K of
         an 8-bit dot), MIN_BLOCK a place in a packed B's bytes (a dot each)."""
@@ -494,11 +484,10 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         return MIN_BLOCK * (self.dequant.packed if self.dequant else 1)
 
     @property
-    def prune(self) -> str:
-        """The autotuner's early_config_prune (runtime/matmul.py)."""
-        if self.min_block_k > MIN_BLOCK:
-            return f"matmul_rt.prune_for({self.min_block_k})"
-        return "matmul_rt.prune_configs"
+    def prune_block_k(self) -> int | None:
+        """The least BLOCK_K the autotuner keeps (runtime/matmul.py's prune_for), where the
+        dots need more than MIN_BLOCK; None: its plain pruning."""
+        return self.min_block_k if self.min_block_k > MIN_BLOCK else None
 
     @property
     def split_levels(self) -> int:
@@ -554,14 +543,9 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         return tuple(name for name in self.uncast if name not in own)
 
     @property
-    def own_dtypes_code(self) -> str:
-        return "(" + "".join(f'("{name}", (' + "".join(f"torch.{d}, " for d in dtypes) + ")), "
-                             for name, dtypes in self.own_dtypes) + ")"
-
-    @property
-    def dims_code(self) -> str:
-        """The inputs in call order with their dims, as a tuple of (name, dims) pairs."""
-        return repr(tuple((o.name, o.dims) for o in self.inputs))
+    def input_dims(self) -> tuple[tuple[str, str], ...]:
+        """The inputs in call order with their dims."""
+        return tuple((o.name, o.dims) for o in self.inputs)
 
     @property
     def tensors(self) -> tuple:
@@ -570,28 +554,6 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
     def batched(self, tensor) -> bool:
         """Whether ``tensor`` has batch strides (outputs have them whenever the op is batched)."""
         return self.batch_rank > 0 and (isinstance(tensor, OutputTensor) or tensor.batched)
-
-    def stride_names(self, tensor) -> list[str]:
-        names = [f"{tensor.name}_stride_b{d}" for d in range(self.batch_rank)] \
-            if self.batched(tensor) else []
-        return names + [f"{tensor.name}_stride_{letter}" for letter in tensor.letters]
-
-    def strides_param(self, tensor) -> str:
-        return ", ".join(self.stride_names(tensor))
-
-    def base_expr(self, tensor) -> str:
-        """Where the tile's batch element starts in ``tensor``."""
-        terms = [f"i_{d} * {tensor.name}_stride_b{d}" for d in range(self.batch_rank)]
-        return " + ".join(terms)
-
-    def base_term(self, tensor) -> str:
-        """`` + x_base`` for a batched tensor, nothing for one that is the same in every batch."""
-        return f" + {tensor.name}_base" if self.batched(tensor) else ""
-
-    @property
-    def batch_sizes(self) -> str:
-        """Kernel parameters for the batch: the count, and the inner sizes to split it by."""
-        return ", ".join(["batch"] + [f"size_b{d}" for d in range(1, self.batch_rank)])
 
     @property
     def inputs(self) -> tuple[Operand, ...]:

@@ -17,7 +17,7 @@ from specgen import promotion
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     symbols_of, tile_pairs, warps_list, wrap)
+                                     symbols_of, tile_pairs, warps_list)
 from specgen.model import OpSpec, Output, TensorArg
 from specgen.table import Table, check_type
 
@@ -143,22 +143,6 @@ class PointwisePlan(CommonPlan):
     @property
     def outer_dims(self) -> range:
         return range(self.outer_rank)
-
-    @property
-    def pointers(self) -> str:
-        return ", ".join(t.ptr for t in self.inputs + self.outputs)
-
-    @property
-    def sizes(self) -> str:
-        return ", ".join([f"size_{d}" for d in self.outer_dims] + ["size_m", "size_n"])
-
-    def strides_of(self, tensor: Tensor) -> str:
-        return ", ".join(f"{tensor.name}_stride_{d}" for d in [*self.outer_dims, "m", "n"])
-
-    def base_expr(self, tensor: Tensor) -> str:
-        """``x_base = i_0 * x_stride_0 + ...``, wrapped at about 100 columns."""
-        terms = [f"i_{d} * {tensor.name}_stride_{d}" for d in self.outer_dims]
-        return wrap(f"{tensor.name}_base = ", terms, indent=8)
 
     @property
     def max_tile(self) -> int:
