@@ -97,6 +97,26 @@ def test_differentiated_calls_replay_their_forward():
     testing.assert_matches(grad, want, "softmax grad after a replayed forward")
 
 
+def test_a_kept_differentiated_call_replays_its_plain_call_on_each_calls_tensors():
+    # once a signature's differentiated call is kept and the plain call inside its Function
+    # recorded, the Function's forward calls that replay itself (autograd.Call: no second
+    # lookup by the public function, so one replayed call counted a call), on each call's own
+    # tensors, and the gradients are each call's
+    with replay.record_at_once():
+        for step in range(4):
+            x, w, grad_out = _randn(4, 6).requires_grad_(), _randn(6).requires_grad_(), _randn(4, 6)
+            before = _replayed("rms_norm")
+            out = generated.rms_norm(x, [6], w)
+            if step >= 2:
+                assert _replayed("rms_norm") == before + 1
+            got = torch.autograd.grad(out, (x, w), grad_out)
+            wide = [t.detach().double().requires_grad_() for t in (x, w)]
+            want = torch.nn.functional.rms_norm(wide[0], [6], wide[1])
+            testing.assert_matches(out, want.detach(), f"rms_norm, call {step}")
+            for g, h in zip(got, torch.autograd.grad(want, wide, grad_out.double())):
+                testing.assert_matches(g, h, f"rms_norm grad, call {step}")
+
+
 def test_cross_entropy_checks_targets_on_a_replay():
     # in validating mode (this test runs under it) a replayed call checks its targets too
     logits = _randn(6, 11)
