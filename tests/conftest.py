@@ -16,10 +16,14 @@ from specgen.runtime import interpreting
 testing.use_profile()
 
 # the GPU tier spread over a machine's GPUs (tools/gpu_run.sh with GPUS=n): pytest-xdist's worker
-# k takes GPU k % n, set before anything initializes CUDA (which reads the variable then)
+# k takes the (k % n)-th of the GPUs it may see, set before anything initializes CUDA (which
+# reads the variable then). Each worker sees one GPU: tests/gpu/test_multi_gpu.py skips there
 if os.environ.get("SPECGEN_GPUS") and os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(
-        int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")) % int(os.environ["SPECGEN_GPUS"]))
+    _visible = os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(
+        str(i) for i in range(int(os.environ["SPECGEN_GPUS"])))
+    _gpus = _visible.split(",")[:int(os.environ["SPECGEN_GPUS"])]
+    os.environ["CUDA_VISIBLE_DEVICES"] = _gpus[
+        int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")) % len(_gpus)]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -313,6 +313,32 @@ def test_dynamo_traces_an_integer_dtype_check_whole(name):
         assert torch.equal(compiled(x), getattr(torch, name)(x, 0, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_refusal_traced_by_dynamo_is_the_eager_error(fullgraph):
+    """torch's refusal (mean of an integer dtype=), a constant of the traced graph by its type's
+    name, raises the eager error under torch.compile too."""
+    x = torch.tensor([1.0, 2.0, 3.0], device=testing.device())
+    with pytest.raises(TypeError) as eager:
+        generated.mean(x, [0], dtype=torch.int32)
+    compiled = torch.compile(lambda x: generated.mean(x, [0], dtype=torch.int32),
+                             fullgraph=fullgraph, backend="eager")
+    with pytest.raises(TypeError) as traced:
+        compiled(x)
+    assert str(traced.value) == str(eager.value)
+
+
+def test_the_default_dtype_is_part_of_torchs_verdict():
+    """torch's true division of integers gives the default dtype: the cached verdict keys on it."""
+    a = torch.tensor([3, 4], dtype=torch.int32, device=testing.device())
+    assert generated.div(a, a).dtype == torch.float32
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert generated.div(a, a).dtype == torch.div(a, a).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(default)
+
+
 @pytest.mark.parametrize("name", ["sum", "prod", "amax", "argmin"])
 @pytest.mark.parametrize("strategy", ["inner", "outer", "split", "last", "atomic"])
 def test_integer_reductions_in_every_strategy(name, strategy):

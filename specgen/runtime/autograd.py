@@ -126,12 +126,17 @@ def differentiate_by_reference(op: str, reference: Callable) -> None:
                                     setup_context=lambda ctx, inputs, output: _save(ctx, inputs))
 
 
+# how many forwards of a kept call look for its plain call's replay before it stops looking
+_INNER_TRIES = 3
+
+
 class Call:
     """An untraced differentiable call but for its tensors: the op's public function, its
     reference and derived backward, its other arguments, and for a replayed signature
     (``replays``: the op's) the replay of its plain call, once one is recorded (``inner``)."""
 
-    __slots__ = ("function", "reference", "derived", "args", "positions", "replays", "inner")
+    __slots__ = ("function", "reference", "derived", "args", "positions", "replays", "inner",
+                 "misses")
 
     def __init__(self, function: Callable, reference: Callable, derived: Callable | None,
                  args: Sequence[object], positions: Sequence[int], replays=None) -> None:
@@ -141,6 +146,7 @@ class Call:
         self.positions = tuple(positions)
         self.replays = replays
         self.inner = None
+        self.misses = 0
 
     def arguments(self, tensors: Sequence[torch.Tensor | None]) -> list[object]:
         args = list(self.args)
@@ -155,9 +161,12 @@ class Call:
         if self.inner is not None:
             return self.inner(*tensors)
         result = self.function(*self.arguments(tensors))
-        if self.replays is not None:
+        if self.replays is not None and self.misses < _INNER_TRIES:
             scalars = [a for i, a in enumerate(self.args) if i not in self.positions]
             self.inner = self.replays.recorded(tensors, scalars)
+            # a plain call recorded at its second sighting is found by the second try; one that
+            # is never recorded (no replay for it) stops the lookups
+            self.misses += self.inner is None
         return result
 
     def backward(self, tensors: Sequence[torch.Tensor | None], needed: Sequence[bool],

@@ -31,9 +31,16 @@ def torch_result(op: str, reference: Callable, args: tuple, tensor_positions: Se
     ``tensor_positions``; None for an omitted optional one), or torch's exception, of its type,
     naming ``op`` and the first argument that is not floating. Cached per dtypes, ranks and
     other arguments (a dim list, a dtype=, a choice: they may change the answer)."""
-    key = tuple(_key_of(i, a, tensor_positions) for i, a in enumerate(args))
+    # the default dtype too: torch's true division of integers gives it
+    key = (("default", torch.get_default_dtype()),
+           *(_key_of(i, a, tensor_positions) for i, a in enumerate(args)))
     try:
-        verdict = (_traced_verdict if torch.compiler.is_compiling() else _verdict)(reference, key)
+        if torch.compiler.is_compiling():
+            verdict = _traced_verdict(reference, key)
+            if not isinstance(verdict, torch.dtype):
+                verdict = _REFUSALS[verdict[0]], verdict[1]
+        else:
+            verdict = _verdict(reference, key)
     except TypeError:  # an argument that does not hash (a symbolic int): no cache
         verdict = _verdict.__wrapped__(reference, key)
     if isinstance(verdict, torch.dtype):
@@ -60,7 +67,7 @@ def _key_of(i: int, arg: object, tensor_positions: Sequence[int]) -> tuple:
 @functools.lru_cache(maxsize=1024)
 def _verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[type, str]:
     args = []
-    for kind, *rest in key:
+    for kind, *rest in key[1:]:   # key[0]: the default dtype, under which this runs
         if kind == "tensor":
             dtype, rank = rest
             args.append(torch.ones((1,) * rank, dtype=dtype))
@@ -74,16 +81,23 @@ def _verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[type, str]:
             result = reference(*args)
         except Exception as err:  # torch's refusal, whatever its type
             lines = str(err).strip().splitlines()
+            _REFUSALS[type(err).__qualname__] = type(err)
             return type(err), lines[0] if lines else type(err).__name__
     return (result[0] if isinstance(result, tuple) else result).dtype
 
 
+# the exception types of torch's refusals, by name: a traced verdict names its type (dynamo
+# cannot hold a class as a constant of the graph)
+_REFUSALS: dict[str, type] = {}
+
+
 @torch.compiler.assume_constant_result
-def _traced_verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[type, str]:
+def _traced_verdict(reference: Callable, key: tuple) -> torch.dtype | tuple[str, str]:
     """``_verdict`` for a call dynamo traces: run as it traces, its answer a constant of the
-    graph (it depends on dtypes and ranks alone, which the graph's guards fix); traced, its
-    escape from the active modes would break the graph."""
-    return _verdict(reference, key)
+    graph (it depends on dtypes, ranks and the default dtype, which the graph's guards fix);
+    traced, its escape from the active modes would break the graph. A refusal's type by name."""
+    verdict = _verdict(reference, key)
+    return verdict if isinstance(verdict, torch.dtype) else (verdict[0].__qualname__, verdict[1])
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
