@@ -117,6 +117,31 @@ def test_a_kept_differentiated_call_replays_its_plain_call_on_each_calls_tensors
                 testing.assert_matches(g, h, f"rms_norm grad, call {step}")
 
 
+def test_a_kept_call_serves_its_own_signature_alone():
+    # a kept training call (and the plain replay its forward keeps) serves calls of its own
+    # signature only: another eps, one tensor passed for two, or launch logs take their own path
+    with replay.record_at_once():
+        x, w = _randn(4, 6).requires_grad_(), _randn(6).requires_grad_()
+        for _ in range(3):
+            generated.rms_norm(x, [6], w, eps=1e-5)
+        wide = [t.detach().double() for t in (x, w)]
+        out = generated.rms_norm(x, [6], w, eps=0.5)
+        testing.assert_matches(out, torch.nn.functional.rms_norm(*wide[:1], [6], wide[1], eps=0.5),
+                               "rms_norm, another eps")
+        a, b = _randn(5, 8).requires_grad_(), _randn(5, 8).requires_grad_()
+        for _ in range(3):
+            generated.geglu(a, b)
+        alias = generated.geglu(a, a)
+        (grad,) = torch.autograd.grad(alias, a, torch.ones_like(alias))
+        wide_a = a.detach().double().requires_grad_()
+        want = torch.nn.functional.gelu(wide_a, approximate="tanh") * wide_a
+        testing.assert_matches(alias, want.detach(), "geglu(a, a)")
+        testing.assert_matches(grad, torch.autograd.grad(want.sum(), wide_a)[0], "geglu(a, a) grad")
+        with runtime.record_launches() as launches:
+            generated.rms_norm(x, [6], w, eps=1e-5)
+        assert [launch.op for launch in launches] == ["rms_norm"], "logged calls launch anew"
+
+
 def test_cross_entropy_checks_targets_on_a_replay():
     # in validating mode (this test runs under it) a replayed call checks its targets too
     logits = _randn(6, 11)
