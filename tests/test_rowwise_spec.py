@@ -467,3 +467,20 @@ def test_launch_data_gives_the_roles_the_runtime_launches_by():
     derived = family.plan(spec.derived[0]).launch_data
     assert not derived["fp_fusion"]
     assert ("column", "grad_weight", (), "weight") in derived["outputs"]
+
+
+def test_row_values_the_outputs_share_are_computed_once_a_row():
+    """A call over row values alone that the element and column outputs repeat (the derived
+    gradients' rsqrt(var + eps)) is named and computed once a row, before the outputs' loop; an
+    element output equal to an earlier one is that one."""
+    for name, call in (("layer_norm_backward", "tl.rsqrt(row_var + eps)"),
+                       ("rms_norm_backward", "tl.rsqrt(row_ms + eps)"),
+                       ("add_rms_norm_backward", "tl.rsqrt(row_ms + eps)")):
+        source = Path(generated.__file__).with_name(f"{name}.py").read_text()
+        for kernel in ast.parse(source).body:
+            if not isinstance(kernel, ast.FunctionDef) or "grad_x = " not in ast.unparse(kernel):
+                continue
+            text = ast.unparse(kernel)
+            assert text.count(call) == 1 and f"row_rsqrt = {call}" in text, (name, kernel.name)
+    source = Path(generated.__file__).with_name("add_rms_norm_backward.py").read_text()
+    assert "grad_residual = grad_x\n" in source

@@ -550,6 +550,8 @@ class RowwisePlan(CommonPlan):
     online_passes: tuple[PassPlan, ...] = ()
     outputs: tuple[OutputPlan, ...] = ()
     columns: tuple[OutputPlan, ...] = ()       # [columns]: outputs summed over the rows
+    # calls over row values that the element and column outputs share: computed once a row
+    row_terms: tuple[tuple[str, str], ...] = ()
     output_tensors: tuple[str, ...] = ()       # what element and column outputs load
     strategy: str = "auto"
     chunked_configs: tuple[dict, ...] = ()   # looped and online kernels
@@ -833,12 +835,20 @@ def plan(spec: OpSpec) -> RowwisePlan:
     online = _passes(steps, body.steps, pair, variance) if pair is not None else ()
     layouts = {name: (layout, like) for name, layout, like in body.output_layouts}
     dtypes = dict(body.output_dtypes)
-    outputs = tuple(OutputPlan(o.name, emit(_rewrite(o.expr, shift, per_row), names),
-                               o.name in body.row_outputs, *layouts.get(o.name, ("contiguous", ())),
-                               dtype=dtypes.get(o.name))
+    rewritten = {o.name: _rewrite(o.expr, shift, per_row)
+                 for o in body.outputs + body.column_outputs}
+    element = [o.name for o in body.outputs if o.name not in body.row_outputs]
+    shared = _shared_row_terms(rewritten, element + [c.name for c in body.column_outputs],
+                               tensor_names | set(rewritten),
+                               set(names.values()) | {a.name for a in spec.args})
+    codes = {name: emit(expr, names) for name, expr in rewritten.items()}
+    for i, name in enumerate(element):
+        # an element output equal to an earlier one (add_rms_norm's two gradients) is that one
+        codes[name] = next((e for e in element[:i] if codes[e] == codes[name]), codes[name])
+    outputs = tuple(OutputPlan(o.name, codes[o.name], o.name in body.row_outputs,
+                               *layouts.get(o.name, ("contiguous", ())), dtype=dtypes.get(o.name))
                     for o in body.outputs)
-    columns = tuple(OutputPlan(c.name, emit(_rewrite(c.expr, shift, per_row), names), False,
-                               dtype=dtypes.get(c.name))
+    columns = tuple(OutputPlan(c.name, codes[c.name], False, dtype=dtypes.get(c.name))
                     for c in body.column_outputs)
     # the output pass computes every element and column output, so it loads what any reads
     output_tensors = tuple(sorted({t for o in body.outputs + body.column_outputs
@@ -871,7 +881,7 @@ def plan(spec: OpSpec) -> RowwisePlan:
         dtype=body.dtype, tensors=tuple(tensors),
         steps=steps, variance=variance, reads_n=reads_n, looped_passes=looped,
         online_passes=online, outputs=outputs,
-        columns=columns,
+        columns=columns, row_terms=tuple((name, emit(tree, names)) for name, tree in shared),
         output_tensors=output_tensors, strategy=body.strategy, chunked_configs=configs,
         split_configs=split_configs,
         # under the interpreter: two rows a program and 16-wide chunks, so tiny rows still take
@@ -881,6 +891,42 @@ def plan(spec: OpSpec) -> RowwisePlan:
         max_chunk=max(c["BLOCK_N"] for c in split_configs),
         widest_chunk=max(c["BLOCK_N"] for c in configs), helpers=tuple(sorted(called)),
         backward=eager_call(spec), derived_from=body.derived_from)
+
+
+def _shared_row_terms(exprs: dict[str, Expr], element: list[str], tensors: set[str],
+                      taken: set[str]) -> list[tuple[str, ast.expr]]:
+    """The calls that read no tensor (row values, scalars) and stand more than once in the
+    element and column outputs' expressions, outermost ones: each named ``row_<function>`` and
+    its places in ``exprs`` read the name (layer_norm_backward's rsqrt(var + eps), four times in
+    grad_x, is computed once a row). The same operations in the same order: the same values."""
+    counts: dict[str, int] = {}
+    nodes: dict[str, ast.expr] = {}
+    for name in element:
+        for node in ast.walk(exprs[name].tree):
+            if isinstance(node, ast.Call) and not any(
+                    isinstance(n, ast.Name) and n.id in tensors for n in ast.walk(node)):
+                key = ast.dump(node)
+                counts[key] = counts.get(key, 0) + 1
+                nodes.setdefault(key, node)
+    repeated = {key for key, count in counts.items() if count > 1}
+    # a repeated call inside another is computed with it
+    inner = {ast.dump(n) for key in repeated for n in ast.walk(nodes[key]) if n is not nodes[key]}
+    shared: dict[str, str] = {}
+    for key in sorted(repeated - inner, key=list(counts).index):
+        function = nodes[key].func.id
+        label = next(f"row_{function}{suffix}" for suffix in ("", *range(1, len(repeated) + 1))
+                     if f"row_{function}{suffix}" not in taken | set(shared.values()))
+        shared[key] = label
+
+    class Share(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            label = shared.get(ast.dump(node))
+            return ast.Name(label, ast.Load()) if label else self.generic_visit(node)
+
+    for name in element:
+        tree = Share().visit(ast.parse(ast.unparse(exprs[name].tree), mode="eval").body)
+        exprs[name] = Expr(exprs[name].source, ast.fix_missing_locations(tree), exprs[name].names)
+    return [(label, nodes[key]) for key, label in shared.items()]
 
 
 def _rewrite(expr: Expr, shift: tuple[Step, str] | None, per_row: set[str]) -> Expr:
