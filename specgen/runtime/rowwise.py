@@ -766,56 +766,45 @@ def _launch(op: Op, named: dict, reduced: tuple[int, ...]) -> None:
 
 
 class _DerivedBackward:
-    """``_derived_backward`` of one op, with the places of what its derived op takes and gives
-    looked up once: a call whose every tensor is given and that casts to no dtype (the common
-    one) goes straight to the derived op (every eager training step of the op calls this)."""
+    """An op's gradients by the backward op derived from its spec (None where it does not apply:
+    the reference's gradient then serves), with the places of what the derived op takes and
+    gives looked up once (every eager training step of the op calls this)."""
 
     def __init__(self, op: Op) -> None:
-        back: Backward = op.description.launch.backward
+        spec: Launch = op.description.launch
+        back: Backward = spec.backward
         index = {a.name: i for i, a in enumerate(op.description.args)}
         self.op = op
+        self.x = index[spec.row_tensor]
         # each argument of the derived op: (True, an output's gradient) or (False, an argument)
         self.takes = tuple((True, a) if isinstance(a, int) else (False, index[a])
                            for a in back.call)
         # each forward argument's gradient among its results
         self.gives = tuple(None if g is None else back.results.index(g) for g in back.grads)
         self.dtype = index[back.dtype] if back.dtype else None
-        self.absent = tuple(index[n] for n, _ in back.absent)
+        self.absent = tuple((index[n], value) for n, value in back.absent)
         self.function: Callable | None = None
 
     def __call__(self, args: Sequence, grads: tuple) -> tuple | None:
-        # a dtype= cast or an omitted tensor: the general path sees to them
-        if (self.dtype is not None and args[self.dtype] is not None
-                or any(args[i] is None for i in self.absent)):
-            return _derived_backward(self.op, args, grads)
+        x = args[self.x]
+        cast = None if self.dtype is None else args[self.dtype]
+        if cast is not None and not exact_cast(x.dtype, cast):
+            # the derived op computes without the cast: it serves one that leaves x's values as
+            # they are (bfloat16 to float32), not one that rounds them
+            return None
+        if any(args[i] is None for i, _ in self.absent):
+            # the derived op takes every tensor: an omitted one is the constant it stands for
+            # (an eps of None resolves here to the value the derived op would give it)
+            args = list(args)
+            named = dict(zip((a.name for a in self.op.description.args), args))
+            stood = stand_ins(x, _checked(self.op, named),
+                              *((args[i], value) for i, value in self.absent))
+            for (i, _), tensor in zip(self.absent, stood):
+                if tensor is None:
+                    return None  # a constant the input's dtype does not hold
+                args[i] = tensor
         if self.function is None:
             self.function = sibling(self.op.module, self.op.description.launch.backward.op)
         found = self.function(*[grads[i] if grad else args[i] for grad, i in self.takes])
         found = found if isinstance(found, tuple) else (found,)
         return tuple(None if r is None else found[r] for r in self.gives)
-
-
-def _derived_backward(op: Op, args: tuple, grads: tuple) -> tuple | None:
-    """The gradients by the backward op derived from the op's spec (None where it does not
-    apply: the reference's gradient then serves)."""
-    spec: Launch = op.description.launch
-    back: Backward = spec.backward
-    named = dict(zip((a.name for a in op.description.args), args))
-    x = named[spec.row_tensor]
-    if back.dtype and named[back.dtype] is not None and not exact_cast(x.dtype,
-                                                                        named[back.dtype]):
-        # the derived op computes without the cast: it serves one that leaves x's values as they
-        # are (bfloat16 to float32), not one that rounds them
-        return None
-    if any(named[n] is None for n, _ in back.absent):
-        # the derived op takes every tensor: an omitted one is the constant it stands for (an
-        # eps of None resolves here to the value the derived op would give it)
-        reduced = _checked(op, named)
-        stood = stand_ins(x, reduced, *((named[n], value) for n, value in back.absent))
-        named.update(zip((n for n, _ in back.absent), stood))
-        if any(named[n] is None for n, _ in back.absent):
-            return None  # a constant the input's dtype does not hold
-    call = [grads[a] if isinstance(a, int) else named[a] for a in back.call]
-    found = sibling(op.module, back.op)(*call)
-    found = dict(zip(back.results, found if isinstance(found, tuple) else (found,)))
-    return tuple(None if g is None else found[g] for g in back.grads)
