@@ -90,12 +90,14 @@ def _seal(text: str) -> str:
     return first.replace(TEXT_SHA256, text_sha256(rest)) + "\n" + rest
 
 
-def wrapped_sum(terms: list[str], head: str, indent: int, width: int = 100) -> str:
-    """``head + t0 + t1 + ...``, in parentheses over several lines when it would pass ``width``.
+def wrapped_sum(total: str, head: str, indent: int, width: int = 100) -> str:
+    """``head + total`` (terms joined by `` + ``), in parentheses over several lines when it
+    would pass ``width``.
 
     The first line is returned unindented (the template indents it); later lines carry ``indent``.
     """
-    flat = head + " + ".join(terms)
+    terms = total.split(" + ")
+    flat = head + total
     if indent + len(flat) <= width:
         return flat
     pad = " " * (indent + len(head) + 1)  # under the opening parenthesis
