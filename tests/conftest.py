@@ -42,8 +42,8 @@ def pytest_collection_modifyitems(config, items):
 def one_big_test_at_a_time(request):
     """Under pytest-xdist (`tools/gpu_run.sh`), tests marked big_memory hold a lock shared by the
     run's workers on their GPU, so that no two of them fill its memory at once; each gives its
-    cached blocks back before the next starts. (A lock rather than xdist's `loadgroup`, which pytest 9.2
-    with pytest-xdist 3.8 ignores.)"""
+    cached blocks back before the next starts. (A lock rather than xdist's `loadgroup`, which
+    pytest 9.2 with pytest-xdist 3.8 ignores.)"""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None or request.node.get_closest_marker("big_memory") is None:
         yield
