@@ -3,15 +3,17 @@
 # or ./gpu-logs. Usage: tools/gpu_run.sh [pytest args...]; BENCH="--only pointwise" to pick families,
 # SKIP_TESTS=1 or SKIP_BENCH=1 to do one half; GROUP=1..5 runs parts of the tier (below; "3 4 5");
 # TUNE="OPS" (or all) runs specgen tune between them and copies the GPU's table to the logs.
-# The tier's time is mostly Triton and Inductor compiling on the host, one test after another.
-# pytest-xdist (in the GPU image) spreads the tests over WORKERS processes (default 8 of the 16
-# cores; WORKERS=0 runs them in one). The whole tier outlasts one 10-minute device call, so it
-# runs in five groups, one call each (H200, 8 workers: the property and gradient suites together
-# took 8m53s on a machine that started cold, and 9m45s when a failing case shrank for 7 minutes;
-# groups 3-5 2m43s, 2m57s and 7m17s after them, warm). On a machine of several GPUs, GPUS=n
-# spreads the workers over n of them (worker k on GPU k % n; default WORKERS 12 a GPU): on four
-# H200s, 56 workers ran all but the last ~70 of the tier's tests in one 10-minute call. Each
-# worker then sees one GPU, so tests/gpu/test_multi_gpu.py skips: run it apart (GPUS=1).
+# The tier's time is mostly Triton and Inductor compiling on the host: its property and gradient
+# suites (tests/test_ops.py, tests/test_autograd.py; 167 tests of 50 drawn cases, most cases a new
+# compilation) are nearly all of it. pytest-xdist (in the GPU image) spreads the tests over WORKERS
+# processes (default 8 of the 16 cores; WORKERS=0 runs them in one), the hypothesis tests first.
+# The whole tier outlasts one 10-minute device call: GROUP picks some of its five groups (below),
+# and RESUME="logs" leaves out what earlier calls' logs list as passed. H200, 8 workers: groups 1
+# and 2 took 8m53s on a machine that started cold; groups 3-5 2m43s, 2m57s and 7m17s warm. On a
+# machine of several GPUs, GPUS=n spreads the workers over n of them (worker k on GPU k % n;
+# default 12 workers a GPU). On four H200s (2026-11-28, 56 workers): groups 3-5 1654 of their
+# 1667 tests in 7 minutes, groups 1-2 124 of 167 in 9.5 (each test 4-8 minutes at that load).
+# Each worker then sees one GPU, so tests/gpu/test_multi_gpu.py skips: run it apart (GPUS=1).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
 set -uo pipefail
@@ -30,7 +32,10 @@ groups=(
 )
 selected=()
 for group in ${GROUP:-}; do
-    case "$group" in 1|2|3|4|5) ;; *) echo "GROUP lists groups 1 to 5, got '$GROUP'" >&2; exit 2 ;; esac
+    case "$group" in
+        1|2|3|4|5) ;;
+        *) echo "GROUP lists groups 1 to 5, got '$GROUP'" >&2; exit 2 ;;
+    esac
 done
 if [[ " ${GROUP:-} " == *" 5 "* ]]; then
     # group 5 is every file the groups 1-4 leave out: ignore those of the groups not asked for
@@ -57,13 +62,28 @@ parallel=()
 if [ "$WORKERS" != 0 ]; then
     # tests marked big_memory take turns (a lock in tests/conftest.py)
     parallel=(-n "$WORKERS")
-    # each worker compiles its graphs in-process rather than starting a pool of 16 compile workers
-    test_env+=(TORCHINDUCTOR_COMPILE_THREADS=1)
+    # each worker compiles its graphs in-process rather than starting a pool of 16 compile workers,
+    # and runs torch's CPU work on its share of the cores, not on threads for all of them (56
+    # workers of a 64-core host would otherwise start 56 x 64)
+    cores=$(nproc)
+    threads=$(( cores > WORKERS ? cores / WORKERS : 1 ))
+    test_env+=(TORCHINDUCTOR_COMPILE_THREADS=1 OMP_NUM_THREADS=$threads)
+fi
+resume=()
+if [ -n "${RESUME:-}" ]; then
+    # RESUME="earlier tests.log files": what they list as passed is left out. By --deselect, which
+    # passes over a name this run does not collect, where naming the tests to run stops the run
+    # at the first such name (a test parametrized apart on the GPU and on the CPU)
+    # shellcheck disable=SC2086 # a list of logs
+    grep -h '^PASSED ' $RESUME | sed 's/^PASSED /--deselect=/' > "$LOGS/resume.args"
+    echo "resuming: $(wc -l < "$LOGS/resume.args") tests passed before are left out"
+    resume=("@$LOGS/resume.args")
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-    # tee -i: a run cut short (timeout -s INT) still logs pytest's summary of what failed
-    env "${test_env[@]}" python3 -m pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" \
-        "${selected[@]}" "$@" 2>&1 | tee -i "$LOGS/tests.log"
+    # tee -i: a run cut short (timeout -s INT) still logs pytest's summary: what failed, and
+    # (-rp) what passed, which RESUME reads
+    env "${test_env[@]}" python3 -m pytest -q -p no:cacheprovider -rfEsp --durations=15 \
+        "${parallel[@]}" "${selected[@]}" "${resume[@]}" "$@" 2>&1 | tee -i "$LOGS/tests.log"
     status=${PIPESTATUS[0]}
 fi
 if [ -n "${TUNE:-}" ]; then
