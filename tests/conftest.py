@@ -27,17 +27,9 @@ if os.environ.get("SPECGEN_GPUS") and os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU-marked tests need CUDA and real compilation; say so instead of failing. Under
-    pytest-xdist the hypothesis tests go first: they are the long ones (minutes each on the GPU
-    tier), and one started last would hold the whole run up alone."""
+    """GPU-marked tests need CUDA and real compilation; say so instead of failing."""
     import torch
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # a stable sort: every worker collects the same order, as xdist requires
-        def long_first(item):
-            return not getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
-
-        items.sort(key=long_first)
     if torch.cuda.is_available() and not interpreting():
         return
     reason = "GPU tier: needs a CUDA device without TRITON_INTERPRET (see README, Tests)"

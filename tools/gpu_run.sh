@@ -6,7 +6,7 @@
 # The tier's time is mostly Triton and Inductor compiling on the host: its property and gradient
 # suites (tests/test_ops.py, tests/test_autograd.py; 167 tests of 50 drawn cases, most cases a new
 # compilation) are nearly all of it. pytest-xdist (in the GPU image) spreads the tests over WORKERS
-# processes (default 8 of the 16 cores; WORKERS=0 runs them in one), the hypothesis tests first.
+# processes (default 8 of the 16 cores; WORKERS=0 runs them in one).
 # The whole tier outlasts one 10-minute device call: GROUP picks some of its five groups (below),
 # and RESUME="logs" leaves out what earlier calls' logs list as passed. H200, 8 workers: groups 1
 # and 2 took 8m53s on a machine that started cold; groups 3-5 2m43s, 2m57s and 7m17s warm. On a
