@@ -16,6 +16,7 @@ which tensors each pass loads.
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 import math
 from dataclasses import dataclass
@@ -924,7 +925,8 @@ def _shared_row_terms(exprs: dict[str, Expr], element: list[str], tensors: set[s
             return ast.Name(label, ast.Load()) if label else self.generic_visit(node)
 
     for name in element:
-        tree = Share().visit(ast.parse(ast.unparse(exprs[name].tree), mode="eval").body)
+        # (on a copy: the spec's own tree stays as parsed)
+        tree = Share().visit(copy.deepcopy(exprs[name].tree))
         exprs[name] = Expr(exprs[name].source, ast.fix_missing_locations(tree), exprs[name].names)
     return [(label, nodes[key]) for key, label in shared.items()]
 
