@@ -11,8 +11,8 @@
 # and RESUME="logs" leaves out what earlier calls' logs list as passed. H200, 8 workers: groups 1
 # and 2 took 8m53s on a machine that started cold; groups 3-5 2m43s, 2m57s and 7m17s warm. On a
 # machine of several GPUs, GPUS=n spreads the workers over n of them (worker k on GPU k % n;
-# default 12 workers a GPU). On four H200s (2026-11-28, 56 workers): groups 3-5 1654 of their
-# 1667 tests in 7 minutes, groups 1-2 124 of 167 in 9.5 (each test 4-8 minutes at that load).
+# default 12 workers a GPU). On two H200s of 32 cores (2026-11-28, GPUS=2 WORKERS=24): the whole
+# tier, 1780 of its 1834 tests in one call (7m48s) and the rest but four in a resumed one.
 # Each worker then sees one GPU, so tests/gpu/test_multi_gpu.py skips: run it apart (GPUS=1).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
@@ -62,6 +62,10 @@ parallel=()
 if [ "$WORKERS" != 0 ]; then
     # tests marked big_memory take turns (a lock in tests/conftest.py)
     parallel=(-n "$WORKERS")
+    # worksteal (pytest-xdist 3.2 on): an idle worker takes the tests queued on a busy one. Under
+    # the default load mode a resumed run of 50 tests on 24 workers hands each worker two at the
+    # start, so a short test waits out a 200-second gradient check queued before it
+    if python3 -m pytest --help 2>/dev/null | grep -q worksteal; then parallel+=(--dist worksteal); fi
     # each worker compiles its graphs in-process rather than starting a pool of 16 compile workers,
     # and runs torch's CPU work on its share of the cores, not on threads for all of them (56
     # workers of a 64-core host would otherwise start 56 x 64)
