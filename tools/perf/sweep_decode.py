@@ -1,0 +1,101 @@
+"""GPU sweep of decode_attention (flash decoding): device time per split count and tile.
+
+    PYTHONPATH=. python3 tools/perf/sweep_decode.py            # the bench's two cells, ~3 minutes
+    PYTHONPATH=. python3 tools/perf/sweep_decode.py --quick    # the planner's splits and tiles only
+
+At the bench's decoding cells (bf16, one query row, full caches), each forced split count
+(``override(strategy="split:N")``) and tile (``override(config=...)``, BLOCK_M down to 16: one
+query row, or a packed group of four, fills a fraction of the space's 64-row tiles) is timed as
+bench/attention.py times the op (do_bench's median, L2 flushed), the merge kernel included, next
+to a device copy of the same bytes timed the same way; "auto" is the planner's split and the
+frozen table's tile. One line per variant, its share of the copy; then the ten best per cell.
+The numbers set SPLIT_PROGRAMS_PER_SM, SPLIT_MIN_KEYS and MAX_SPLITS in
+specgen/runtime/attention.py and the decode spec's tiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton
+
+import generated
+from bench import harness
+from specgen import runtime
+
+DTYPE = torch.bfloat16
+# (batch, query heads, key/value heads, cached keys, head dim): bench/attention.py's DECODE_SHAPES
+CELLS = ((8, 32, 8, 32768, 128), (1, 32, 32, 131072, 128))
+SPLITS = (4, 8, 12, 16, 24, 32, 48, 64)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+TILES = [(m, n, w, s) for m, n, w, s in
+         itertools.product((16, 64), (64, 128, 256), (4, 8), (2, 3))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="the planner's split only")
+    options = parser.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          flush=True)
+    for batch, heads, heads_kv, keys, dim in CELLS:
+        cell = f"B{batch} Hq{heads} Hkv{heads_kv} S{keys} E{dim}"
+        q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=DTYPE)
+        k, v = (torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=DTYPE)
+                for _ in range(2))
+        lengths = torch.full((batch,), keys, device="cuda", dtype=torch.int32)
+        moved = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
+        target = torch.empty_like(source)
+        copy_ms = harness.bench_ms(lambda: target.copy_(source))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), enable_gqa=True)
+
+        def call():
+            return generated.decode_attention(q, k, v, lengths, enable_gqa=True)
+
+        # the planner's own split, as its launch notes it
+        with runtime.record_launches() as log:
+            call()
+        planned = next(launch.details["splits"] for launch in log if "splits" in launch.details)
+        print(f"\n{cell}: copy of the same {moved / 2**20:.0f} MiB {copy_ms * 1e3:.1f} us; "
+              f"the planner splits {planned} ways", flush=True)
+        results = [("auto", _timed(call, want))]
+        print(f"  {'auto':34s} {_line(results[-1][1], copy_ms)}", flush=True)
+        variants = ([(planned, tile) for tile in TILES] if options.quick
+                    else list(itertools.product(SPLITS, TILES)))
+        for splits, (m, n, w, s) in variants:
+            name = f"split {splits:2d}, {m:3d} x {n:3d}, {w} warps, {s} stages"
+            config = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
+            with runtime.override(strategy=f"split:{splits}", config=config):
+                result = _timed(call, want)
+            results.append((name, result))
+            print(f"  {name:34s} {_line(result, copy_ms)}", flush=True)
+        timed = sorted((r for r in results if not isinstance(r[1], str)), key=lambda r: r[1])
+        print(f"{cell}, best first:")
+        for name, ms in timed[:10]:
+            print(f"  {name:34s} {_line(ms, copy_ms)}")
+        del q, k, v, source, target
+
+
+def _timed(call, want: torch.Tensor) -> float | str:
+    """The call's median ms, or why it failed; a wrong result is a failure, not a time."""
+    try:
+        error = (call().float() - want).abs().max().item()
+        if not error < 2e-2:
+            return f"wrong: max error {error:.1e}"
+        return harness.bench_ms(call)
+    except Exception as err:  # one variant that does not compile must not end the sweep
+        return f"failed: {type(err).__name__}: {str(err)[:100]}"
+
+
+def _line(result: float | str, copy_ms: float) -> str:
+    if isinstance(result, str):
+        return result
+    return f"{result * 1e3:8.1f} us  {100 * copy_ms / result:5.1f}% of copy"
+
+
+if __name__ == "__main__":
+    main()
