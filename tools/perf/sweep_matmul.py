@@ -1,14 +1,19 @@
 """Device time of the matmul kernels per forced config, next to torch's, to set the config space.
 
-One GPU call, under 4 minutes: for mm and linear_gelu at 4096^3 and 8192^3 (bf16) and the decode
-shape linear_gelu 16 x 4096 x 4096, every variant (a config forced with
+One GPU call, under 4 minutes: for mm and linear_gelu at 4096^3 and 8192^3 (bf16), the decode
+shape linear_gelu 16 x 4096 x 4096 and the weight-only int4 (group 128) and int8 linears at
+M = 1 and 16 by 4096 x 4096, every variant (a config forced with
 ``runtime.override(config=...)``, and for decode a split-K strategy) is timed with
 ``triton.testing.do_bench_cudagraph``: the calls are captured in a CUDA graph, so the time is
 the kernels' alone (the split-K reduction and workspace allocation included), not the Python
 that starts them. Inputs rotate over copies that together exceed L2, so the weights stream from
 HBM as they would in a model. One line per variant: device us, TFLOP/s, the fraction of the speed
 of light (max of FLOPs at peak bf16 dense and bytes at peak HBM bandwidth) and torch's time
-(cuBLAS; for linear_gelu eager's linear + gelu, and the cuBLAS linear alone). The "auto" line is
+(cuBLAS; for linear_gelu eager's linear + gelu, and the cuBLAS linear alone; for the weight-only
+ops the cuBLAS linear of the dequantized bf16 weight, which reads 4 (int4) or 2 (int8) times the
+weight bytes). With ``--no-graph`` next to the graph run, a weight-only case shows how much of its
+time is the split-K launches' own start-up (issue 39: int4 at M = 1 took 19.6 us in the bench,
+as long as the bf16 linear). The "auto" line is
 what the autotuner picks from the spec's space (the config it chose is printed).
 ``linear`` at the large shapes, with the configs that win, separates the GELU epilogue's cost
 from the layout's (it has linear_gelu's operands and batch loop, and no GELU).
@@ -31,6 +36,7 @@ import triton
 import triton.testing
 
 import generated
+from specgen import quant
 from specgen import runtime as rt
 
 # the module (specgen.runtime exports its launch function under the same name)
@@ -66,6 +72,10 @@ DECODE = [
     config(32, 64, 128, 4, 4), config(16, 32, 128, 4, 4), config(16, 32, 256, 4, 4),
 ]
 DECODE_STRATEGIES = ["direct", "two_stage:2", "two_stage:4", "two_stage:8"]
+# weight-only linears at decode sizes: K is split further (a program's K slice is short at M = 1)
+WEIGHT_ONLY_STRATEGIES = ["direct", "two_stage:4", "two_stage:8", "two_stage:16", "atomic:8",
+                          "atomic:16"]
+GROUP_SIZE = 128
 
 
 def gelu_linear(x, w, b):
@@ -75,6 +85,9 @@ def gelu_linear(x, w, b):
 # name -> (op, M, N, K, configs, strategies), in the order they run
 CASES = {
     "linear_gelu16": ("linear_gelu", 16, 4096, 4096, DECODE, DECODE_STRATEGIES),
+    "int4_1": ("int4_weight_linear", 1, 4096, 4096, DECODE, WEIGHT_ONLY_STRATEGIES),
+    "int4_16": ("int4_weight_linear", 16, 4096, 4096, DECODE, WEIGHT_ONLY_STRATEGIES),
+    "int8_1": ("int8_weight_linear", 1, 4096, 4096, DECODE, WEIGHT_ONLY_STRATEGIES),
     "mm8192": ("mm", 8192, 8192, 8192, LARGE, ["direct"]),
     "linear_gelu8192": ("linear_gelu", 8192, 8192, 8192, LARGE, ["direct"]),
     "linear8192": ("linear", 8192, 8192, 8192, LARGE[:4], ["direct"]),
@@ -91,14 +104,29 @@ def inputs(op, m, n, k, seed):
         return torch.randn(*shape, device=DEVICE, dtype=DTYPE, generator=g)
     if op == "mm":
         return randn(m, k), randn(k, n)
+    if op == "int4_weight_linear":
+        return (randn(m, k), *quant.quantize_int4(randn(n, k) * k ** -0.5, GROUP_SIZE))
+    if op == "int8_weight_linear":
+        return (randn(m, k), *quant.quantize_int8(randn(n, k) * k ** -0.5))
     return randn(m, k), randn(n, k) * k ** -0.5, randn(n)
+
+
+def torch_inputs(op, args):
+    """The arguments of torch's versions of ``op``: a weight-only op's weight dequantized."""
+    if op == "int4_weight_linear":
+        x, qweight, scales, zeros = args
+        return x, quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).to(DTYPE)
+    if op == "int8_weight_linear":
+        x, qweight, scales = args
+        return x, quant.dequantize_int8(qweight, scales).to(DTYPE)
+    return args
 
 
 def torch_fns(op):
     """(label, fn) of torch's versions of ``op``."""
     if op == "mm":
         return [("cublas", torch.mm)]
-    if op == "linear":
+    if op in ("linear", "int4_weight_linear", "int8_weight_linear"):
         return [("cublas", F.linear)]
     return [("eager", gelu_linear), ("cublas linear", F.linear)]
 
@@ -117,9 +145,10 @@ def device_us(fn, sets, graph: bool) -> float:
     return ms * 1e3
 
 
-def speed_of_light_us(op, m, n, k) -> float:
-    elements = m * k + k * n + m * n + (n if op != "mm" else 0)
-    return max(2 * m * n * k / PEAK_FLOPS, 2 * elements / PEAK_BYTES_PER_S) * 1e6
+def speed_of_light_us(args, m, n, k) -> float:
+    """FLOPs at peak, or the operands' bytes and a bf16 output's at peak bandwidth."""
+    moved = sum(t.numel() * t.element_size() for t in args) + 2 * m * n
+    return max(2 * m * n * k / PEAK_FLOPS, moved / PEAK_BYTES_PER_S) * 1e6
 
 
 def shown(meta) -> str:
@@ -141,17 +170,18 @@ def run_case(name, graph, quick, start) -> None:
     sets = [args] + [inputs(op_name, m, n, k, seed)
                      for seed in range(1, math.ceil(ROTATION_BYTES / size))]
     flops = 2 * m * n * k
-    sol = speed_of_light_us(op_name, m, n, k)
+    sol = speed_of_light_us(args, m, n, k)
+    torch_sets = [torch_inputs(op_name, s) for s in sets]
     head = f"{name:16s} {op_name} M={m} N={n} K={k}"
     print(f"{head}: speed of light {sol:.1f} us ({len(sets)} input sets)", flush=True)
     reference = {}
     for label, fn in torch_fns(op_name):
-        us = device_us(fn, sets, graph)
+        us = device_us(fn, torch_sets, graph)
         reference[label] = us
         print(f"{head} | {label:34s} | {us:9.1f} us | {flops / us / 1e6:6.1f} TFLOP/s "
               f"| {sol / us:5.1%} SOL", flush=True)
     base = next(iter(reference.values()))
-    expected = torch_fns(op_name)[0][1](*args).float()
+    expected = torch_fns(op_name)[0][1](*torch_sets[0]).float()
 
     def line(label, us, extra=""):
         print(f"{head} | {label:34s} | {us:9.1f} us | {flops / us / 1e6:6.1f} TFLOP/s "
@@ -173,7 +203,7 @@ def run_case(name, graph, quick, start) -> None:
         except Exception as exc:  # noqa: BLE001 - a sweep reports a failing variant and goes on
             print(f"{head} | {label:34s} | FAILED {type(exc).__name__}: {str(exc)[:120]}",
                   flush=True)
-    del args, sets
+    del args, sets, torch_sets
     torch.cuda.empty_cache()
 
 
