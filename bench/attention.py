@@ -177,14 +177,20 @@ def _peak_mib(fn: Callable) -> str:
 DECODE_SHAPES = ((8, 32, 8, 32768, 128), (1, 32, 32, 131072, 128))
 
 
+def decode_inputs(batch: int, heads: int, heads_kv: int, keys: int, dim: int):
+    """A decoding cell's query, full caches and lengths, and the bytes a call moves (the caches,
+    the query and the output once)."""
+    q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=DTYPE)
+    k, v = (torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=DTYPE) for _ in range(2))
+    lengths = torch.full((batch,), keys, device="cuda", dtype=torch.int32)
+    moved = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+    return q, k, v, lengths, moved
+
+
 def _decode(g) -> list[list[str]]:
     rows = []
     for batch, heads, heads_kv, keys, dim in DECODE_SHAPES:
-        q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=DTYPE)
-        k, v = (torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=DTYPE)
-                for _ in range(2))
-        lengths = torch.full((batch,), keys, device="cuda", dtype=torch.int32)
-        moved = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        q, k, v, lengths, moved = decode_inputs(batch, heads, heads_kv, keys, dim)
         source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
         target = torch.empty_like(source)
         times = {

@@ -22,12 +22,9 @@ import torch
 import triton
 
 import generated
-from bench import harness
+from bench import attention, harness
 from specgen import runtime
 
-DTYPE = torch.bfloat16
-# (batch, query heads, key/value heads, cached keys, head dim): bench/attention.py's DECODE_SHAPES
-CELLS = ((8, 32, 8, 32768, 128), (1, 32, 32, 131072, 128))
 SPLITS = (4, 8, 12, 16, 24, 32, 48, 64)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 TILES = [(m, n, w, s) for m, n, w, s in
@@ -40,13 +37,9 @@ def main() -> None:
     options = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           flush=True)
-    for batch, heads, heads_kv, keys, dim in CELLS:
+    for batch, heads, heads_kv, keys, dim in attention.DECODE_SHAPES:
         cell = f"B{batch} Hq{heads} Hkv{heads_kv} S{keys} E{dim}"
-        q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=DTYPE)
-        k, v = (torch.randn(batch, heads_kv, keys, dim, device="cuda", dtype=DTYPE)
-                for _ in range(2))
-        lengths = torch.full((batch,), keys, device="cuda", dtype=torch.int32)
-        moved = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        q, k, v, lengths, moved = attention.decode_inputs(batch, heads, heads_kv, keys, dim)
         source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
         target = torch.empty_like(source)
         copy_ms = harness.bench_ms(lambda: target.copy_(source))
