@@ -1,7 +1,7 @@
 """GPU sweep of decode_attention (flash decoding): device time per split count and tile.
 
     PYTHONPATH=. python3 tools/perf/sweep_decode.py            # the bench's two cells, ~3 minutes
-    PYTHONPATH=. python3 tools/perf/sweep_decode.py --quick    # the planner's splits and tiles only
+    PYTHONPATH=. python3 tools/perf/sweep_decode.py --quick    # the planner's split, every tile
 
 At the bench's decoding cells (bf16, one query row, full caches), each forced split count
 (``override(strategy="split:N")``) and tile (``override(config=...)``, BLOCK_M down to 16: one
@@ -27,13 +27,12 @@ from specgen import runtime
 
 SPLITS = (4, 8, 12, 16, 24, 32, 48, 64)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
-TILES = [(m, n, w, s) for m, n, w, s in
-         itertools.product((16, 64), (64, 128, 256), (4, 8), (2, 3))]
+TILES = list(itertools.product((16, 64), (64, 128, 256), (4, 8), (2, 3)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="the planner's split only")
+    parser.add_argument("--quick", action="store_true", help="the planner's split, every tile")
     options = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           flush=True)

@@ -36,6 +36,7 @@ import triton
 import triton.testing
 
 import generated
+from bench.quant import GROUP_SIZE
 from specgen import quant
 from specgen import runtime as rt
 
@@ -75,7 +76,6 @@ DECODE_STRATEGIES = ["direct", "two_stage:2", "two_stage:4", "two_stage:8"]
 # weight-only linears at decode sizes: K is split further (a program's K slice is short at M = 1)
 WEIGHT_ONLY_STRATEGIES = ["direct", "two_stage:4", "two_stage:8", "two_stage:16", "atomic:8",
                           "atomic:16"]
-GROUP_SIZE = 128
 
 
 def gelu_linear(x, w, b):
