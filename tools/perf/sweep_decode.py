@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 tools/perf/sweep_decode.py            # the bench's two cells, ~3 minutes
     PYTHONPATH=. python3 tools/perf/sweep_decode.py --quick    # the planner's split, every tile
+    PYTHONPATH=. python3 tools/perf/sweep_decode.py --splits 4,8 --tiles 16x128x4x2 --repeat 2
 
 At the bench's decoding cells (bf16, one query row, full caches), each forced split count
 (``override(strategy="split:N")``) and tile (``override(config=...)``, BLOCK_M down to 16: one
@@ -9,6 +10,8 @@ query row, or a packed group of four, fills a fraction of the space's 64-row til
 bench/attention.py times the op (do_bench's median, L2 flushed), the merge kernel included, next
 to a device copy of the same bytes timed the same way; "auto" is the planner's split and the
 frozen table's tile. One line per variant, its share of the copy; then the ten best per cell.
+``--repeat`` times each variant again after the others (best of the rounds, and the spread), to tell
+a variant that is slow from one that met a slow moment.
 The numbers set SPLIT_PROGRAMS_PER_SM, SPLIT_MIN_KEYS and MAX_SPLITS in
 specgen/runtime/attention.py and the decode spec's tiles.
 """
@@ -33,7 +36,14 @@ TILES = list(itertools.product((16, 64), (64, 128, 256), (4, 8), (2, 3)))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the planner's split, every tile")
+    parser.add_argument("--splits", type=lambda text: [int(n) for n in text.split(",")],
+                        help="split counts, as 4,8 (default: the sweep's)")
+    parser.add_argument("--tiles", type=lambda text: [tuple(int(n) for n in tile.split("x"))
+                                                      for tile in text.split(",")],
+                        help="tiles BLOCK_MxBLOCK_NxWARPSxSTAGES, as 16x128x4x2,64x64x4x3")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants")
     options = parser.parse_args()
+    splits, tiles = options.splits or SPLITS, options.tiles or TILES
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           flush=True)
     for batch, heads, heads_kv, keys, dim in attention.DECODE_SHAPES:
@@ -54,21 +64,28 @@ def main() -> None:
         planned = next(launch.details["splits"] for launch in log if "splits" in launch.details)
         print(f"\n{cell}: copy of the same {moved / 2**20:.0f} MiB {copy_ms * 1e3:.1f} us; "
               f"the planner splits {planned} ways", flush=True)
-        results = [("auto", _timed(call, want))]
-        print(f"  {'auto':34s} {_line(results[-1][1], copy_ms)}", flush=True)
-        variants = ([(planned, tile) for tile in TILES] if options.quick
-                    else list(itertools.product(SPLITS, TILES)))
-        for splits, (m, n, w, s) in variants:
-            name = f"split {splits:2d}, {m:3d} x {n:3d}, {w} warps, {s} stages"
+        variants = [("auto", None, None)]
+        for count, (m, n, w, s) in ([(planned, tile) for tile in tiles] if options.quick
+                                    else itertools.product(splits, tiles)):
+            name = f"split {count:2d}, {m:3d} x {n:3d}, {w} warps, {s} stages"
             config = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
-            with runtime.override(strategy=f"split:{splits}", config=config):
-                result = _timed(call, want)
-            results.append((name, result))
-            print(f"  {name:34s} {_line(result, copy_ms)}", flush=True)
-        timed = sorted((r for r in results if not isinstance(r[1], str)), key=lambda r: r[1])
-        print(f"{cell}, best first:")
-        for name, ms in timed[:10]:
-            print(f"  {name:34s} {_line(ms, copy_ms)}")
+            variants.append((name, f"split:{count}", config))
+        rounds: dict[str, list] = {name: [] for name, _, _ in variants}
+        for round_ in range(options.repeat):
+            if round_:
+                print(f"  round {round_ + 1}", flush=True)
+            for name, strategy, config in variants:
+                with runtime.override(strategy=strategy, config=config):
+                    result = _timed(call, want)
+                rounds[name].append(result)
+                print(f"  {name:34s} {_line(result, copy_ms)}", flush=True)
+        timed = sorted(((name, min(times), max(times)) for name, times in rounds.items()
+                        if not any(isinstance(t, str) for t in times)), key=lambda r: r[1])
+        print(f"{cell}, best first" + (" (best of the rounds; slowest)" if options.repeat > 1
+                                        else "") + ":")
+        for name, best, worst in timed[:10]:
+            spread = f"  slowest {worst * 1e3:.1f} us" if options.repeat > 1 else ""
+            print(f"  {name:34s} {_line(best, copy_ms)}{spread}")
         del q, k, v, source, target
 
 
