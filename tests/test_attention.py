@@ -257,12 +257,13 @@ def test_split_keys_merge_to_one_softmax(splits):
 
 def test_split_count_fills_the_gpu_only_where_rows_do_not():
     # the planner's choice: one program per row block where those fill the multiprocessors
-    # (2 per SM, 264 on an H100); else enough splits to fill them, each of at least
-    # SPLIT_MIN_KEYS keys, at most MAX_SPLITS
+    # (2 per SM, 264 on an H100); else the most splits that keep the grid within that, each of
+    # at least SPLIT_MIN_KEYS keys, at most MAX_SPLITS
     cpu = torch.device("cpu")
     assert runtime._splits(264, 32768, cpu) == 1
-    assert runtime._splits(64, 32768, cpu) == 5            # B8 Hkv8, a group packed a program
-    assert runtime._splits(32, 131072, cpu) == 9           # B1 H32, one row each
+    assert runtime._splits(200, 32768, cpu) == 1           # 400 programs: past the second wave
+    assert runtime._splits(64, 32768, cpu) == 4            # B8 Hkv8, a group packed a program
+    assert runtime._splits(32, 131072, cpu) == 8           # B1 H32, one row each: 256, not 288
     assert runtime._splits(8, 1000, cpu) == 1              # too few keys to share
     assert runtime._splits(1, 10**6, cpu) == runtime.MAX_SPLITS
 
