@@ -1,0 +1,177 @@
+"""Probe for issue 39: an int4 weight-only GEMV without tl.dot, against the generated op and cuBLAS.
+
+At M = 1 the generated int4_weight_linear reads its 8 MiB of weights at about 0.6 TB/s (14.4 us in
+a CUDA graph on an H200, cuBLAS's bf16 linear of the dequantized weight 12.3 us;
+tools/perf/sweep_matmul.py, 2026-11-28): its tiles pad one row to 16 for tl.dot, and a program's
+K loop moves a few KiB an iteration, so too few bytes are in flight to cover HBM's latency, and
+a split-K launch adds a second kernel. This kernel is the shape the decode GEMVs of the
+practitioner guide take: a program holds BLOCK_N weight rows, reads BLOCK_K of K a step as
+bytes (two elements each), multiplies them by x in float32 registers and sums each group's
+products, then applies the group's scale and zero once:
+``sum_k x[k] (q[n, k] - z[n, g]) s[n, g] = sum_g s[n, g] (sum_{k in g} x[k] q[n, k] - z[n, g]
+sum_{k in g} x[k])``. SPLIT_K > 1 adds its partial sums into a zeroed float32 buffer (the
+buffer's zeroing and the cast to the output dtype are in the time). Each variant is checked
+against the dequantized weight's float32 product before it is timed (CUDA graphs, inputs
+rotating past L2, as sweep_matmul times).
+
+    PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py            # GPU: M = 1 and 16, all variants
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py --check   # CPU: correctness
+
+The numbers decide whether the matmul family gets a GEMV strategy for weight-only ops at small M
+(docs/performance.md, issue 39).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(__file__))
+import sweep_matmul as sweep  # noqa: E402  (the rotation, timing and inputs of the matmul sweep)
+
+import generated  # noqa: E402
+from bench.quant import GROUP_SIZE  # noqa: E402
+from specgen import quant  # noqa: E402
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # whole groups a K block: each group's scale and zero apply once to its summed products
+    tl.static_assert(BLOCK_K % GROUP == 0)
+    GROUPS: tl.constexpr = BLOCK_K // GROUP
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_byte = tl.arange(0, BLOCK_K // 2)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_g = tl.arange(0, GROUPS)
+    share = K // SPLIT_K
+    k_first = pid_k * share
+    for m in range(M):
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
+            # BLOCK_N rows of BLOCK_K // 2 bytes, each row's bytes contiguous
+            q_bytes = tl.load(q_ptr + offs_n[:, None] * q_stride_n + (k // 2 + offs_byte)[None, :])
+            x = tl.load(x_ptr + m * x_stride_m + k + offs_k).to(tl.float32)
+            # x's elements by their place in a byte: x_low meets the low nibble
+            x_low, x_high = tl.split(tl.reshape(x, (BLOCK_K // 2, 2)))
+            products = ((q_bytes & 15).to(tl.float32) * x_low[None, :]
+                        + (q_bytes >> 4).to(tl.float32) * x_high[None, :])
+            group_products = tl.sum(tl.reshape(products, (BLOCK_N, GROUPS, GROUP // 2)), axis=2)
+            group_x = tl.sum(tl.reshape(x_low + x_high, (GROUPS, GROUP // 2)), axis=1)
+            groups = k // GROUP + offs_g
+            group_offsets = offs_n[:, None] * group_stride_n + groups[None, :]
+            scales = tl.load(scales_ptr + group_offsets).to(tl.float32)
+            zeros = tl.load(zeros_ptr + group_offsets).to(tl.float32)
+            acc += tl.sum(scales * (group_products - zeros * group_x[None, :]), axis=1)
+        out_ptrs = out_ptr + m * out_stride_m + offs_n
+        if SPLIT_K == 1:
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
+        else:
+            tl.atomic_add(out_ptrs, acc)
+
+
+def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages):
+    """x (M, K) @ the int4 weight's transpose; N a multiple of block_n, K of block_k * split_k."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
+        torch.zeros(m, n, device=x.device, dtype=torch.float32)
+    _int4_gemv_kernel[(n // block_n, split_k)](
+        x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0),
+        out.stride(0), GROUP=GROUP_SIZE, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+        STAGES=stages, num_warps=warps)
+    return out if split_k == 1 else out.to(x.dtype)
+
+
+# (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages): 4 warps, and 8 for the tiles of 16 Ki elements or
+# more (32 Ki: 64 float32 products a thread at 8 warps, with the bytes and x in registers too)
+VARIANTS = [(n, k, split, warps, stages)
+            for n, k, split, warps, stages in itertools.product(
+                (8, 16, 32, 64), (256, 512, 1024), (1, 2, 4), (4, 8), (1, 3))
+            if n * k <= 32768 and (warps == 4 or n * k >= 16384)]
+
+
+def check() -> None:
+    """Every variant's result at a small size against the dequantized weight's product."""
+    m, n, k = 3, 128, 2048
+    x = torch.randn(m, k)
+    qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k) * k ** -0.5, GROUP_SIZE)
+    want = x.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
+    for block_n, block_k, split_k in ((16, 128, 1), (32, 256, 2), (8, 1024, 2), (64, 512, 4)):
+        got = gemv(x, qweight, scales, zeros, block_n, block_k, split_k, 4, 1)
+        error = ((got.double() - want).norm() / want.norm()).item()
+        print(f"BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k}: relative error {error:.1e}")
+        assert error < 1e-5, error
+
+
+def sweep_m(m: int, n: int, k: int, start: float, budget: float) -> None:
+    args = sweep.inputs("int4_weight_linear", m, n, k, 0)
+    size = sum(t.numel() * t.element_size() for t in args)
+    sets = [args] + [sweep.inputs("int4_weight_linear", m, n, k, seed)
+                     for seed in range(1, math.ceil(sweep.ROTATION_BYTES / size))]
+    torch_sets = [sweep.torch_inputs("int4_weight_linear", s) for s in sets]
+    expected = F.linear(*torch_sets[0]).float()
+    cublas = sweep.device_us(F.linear, torch_sets, True)
+    ours = sweep.device_us(generated.int4_weight_linear, sets, True)
+    sol = sweep.speed_of_light_us(args, m, n, k)
+    head = f"int4 M={m} N={n} K={k}"
+    print(f"{head}: speed of light {sol:.1f} us; cuBLAS bf16 (dequantized) {cublas:.1f} us; "
+          f"generated int4_weight_linear {ours:.1f} us ({cublas / ours:.2f}x cuBLAS)", flush=True)
+    results = []
+    for variant in VARIANTS:
+        block_n, block_k, split_k, warps, stages = variant
+        if n % block_n or k % (block_k * split_k):
+            continue
+        if time.perf_counter() - start > budget:
+            print(f"{head}: time budget spent, the remaining variants left out", flush=True)
+            break
+        label = f"BLOCK_N {block_n:3d} BLOCK_K {block_k:5d} split {split_k} w{warps} s{stages}"
+        try:
+            out = gemv(*args, *variant).float()
+            error = ((out - expected).norm() / expected.norm()).item()
+            if not error < 2e-2:
+                print(f"{head} | {label} | WRONG: relative error {error:.1e}", flush=True)
+                continue
+            us = sweep.device_us(lambda *a: gemv(*a, *variant), sets, True)
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported
+            print(f"{head} | {label} | FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+            continue
+        results.append((us, label))
+        print(f"{head} | {label} | {us:6.1f} us | {sol / us:5.1%} SOL | {cublas / us:5.2f}x cuBLAS",
+              flush=True)
+    print(f"{head}, best first:")
+    for us, label in sorted(results)[:8]:
+        print(f"  {label} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS | {ours / us:5.2f}x generated")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
+    parser.add_argument("--budget", type=float, default=300, help="seconds for the sweep")
+    options = parser.parse_args()
+    if options.check:
+        check()
+        return
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          flush=True)
+    start = time.perf_counter()
+    for m in (1, 16):
+        # M = 16 times the kernels M = 1 compiled (M is not a constexpr): little time of its own
+        sweep_m(m, 4096, 4096, start, options.budget * (0.75 if m == 1 else 1.0))
+
+
+if __name__ == "__main__":
+    main()
