@@ -261,7 +261,7 @@ def test_split_count_fills_the_gpu_only_where_rows_do_not():
     # at least SPLIT_MIN_KEYS keys, at most MAX_SPLITS
     cpu = torch.device("cpu")
     assert runtime._splits(264, 32768, cpu) == 1
-    assert runtime._splits(200, 32768, cpu) == 1           # 400 programs: past the second wave
+    assert runtime._splits(200, 32768, cpu) == 1           # two splits: 400 programs, past 264
     assert runtime._splits(64, 32768, cpu) == 4            # B8 Hkv8, a group packed a program
     assert runtime._splits(32, 131072, cpu) == 8           # B1 H32, one row each: 256, not 288
     assert runtime._splits(8, 1000, cpu) == 1              # too few keys to share

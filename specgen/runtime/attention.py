@@ -71,9 +71,10 @@ FLOAT64_CONFIGS = {
 SPLIT_PROGRAMS_PER_SM = 2
 SPLIT_MIN_KEYS = 512
 MAX_SPLITS = 64
-# the query block the split count assumes: a decoding call's rows (one query, or a packed GQA
-# group) fit one such block whatever the tile
-SPLIT_BLOCK_M = 64
+# the query block the split count assumes: the least a spec may declare (tl.dot's 16), so the
+# grid stays within the cap whatever tile runs (a space of larger tiles may split less than it
+# could; decoding's rows, one query or a packed GQA group, often fit one such block)
+SPLIT_BLOCK_M = 16
 # a group of query heads sharing a key/value head is packed into one program's rows where the
 # group's rows number at most this (decoding: each head's program would read the keys again)
 PACK_MAX_ROWS = 128
@@ -540,8 +541,8 @@ def _vectors(call: Call) -> tuple[tuple[torch.Tensor, ...], list[int]]:
 def _splits(programs: int, keys: int, device: torch.device) -> int:
     """How many programs share a row block's keys, given the row blocks' ``programs``: the most
     that keeps the grid within ``SPLIT_PROGRAMS_PER_SM`` programs a multiprocessor, each split
-    at least ``SPLIT_MIN_KEYS`` keys; 1 where the row blocks alone fill it. The tests force a
-    count (``override(strategy="split:N")``)."""
+    at least ``SPLIT_MIN_KEYS`` keys; 1 where two splits would pass that (more than half of it
+    in row blocks alone). The tests force a count (``override(strategy="split:N")``)."""
     forced = overrides().strategy
     if forced and forced.startswith("split:"):
         return int(forced.split(":")[1])

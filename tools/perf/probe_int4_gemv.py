@@ -1,21 +1,26 @@
 """Probe for issue 39: an int4 weight-only GEMV without tl.dot, against the generated op and cuBLAS.
 
 At M = 1 the generated int4_weight_linear reads its 8 MiB of weights at about 0.6 TB/s (14.4 us in
-a CUDA graph on an H200, cuBLAS's bf16 linear of the dequantized weight 12.3 us;
-tools/perf/sweep_matmul.py, 2026-11-28): its tiles pad one row to 16 for tl.dot, and a program's
-K loop moves a few KiB an iteration, so too few bytes are in flight to cover HBM's latency, and
-a split-K launch adds a second kernel. This kernel is the shape the decode GEMVs of the
+a CUDA graph on an H200 at its best forced config, 14.9 as frozen; cuBLAS's bf16 linear of the
+dequantized weight 12.3 us; tools/perf/sweep_matmul.py, 2026-11-28): its tiles pad one row to 16
+for tl.dot, every weight nibble goes through an int-to-float conversion (quarter rate), and a
+split-K launch adds a second kernel. This kernel is the shape the decode GEMVs of the
 practitioner guide take: a program holds BLOCK_N weight rows, reads BLOCK_K of K a step as
 bytes (two elements each), multiplies them by x in float32 registers and sums each group's
 products, then applies the group's scale and zero once:
 ``sum_k x[k] (q[n, k] - z[n, g]) s[n, g] = sum_g s[n, g] (sum_{k in g} x[k] q[n, k] - z[n, g]
-sum_{k in g} x[k])``. SPLIT_K > 1 adds its partial sums into a zeroed float32 buffer (the
-buffer's zeroing and the cast to the output dtype are in the time). Each variant is checked
-against the dequantized weight's float32 product before it is timed (CUDA graphs, inputs
-rotating past L2, as sweep_matmul times).
+sum_{k in g} x[k])``; the nibbles become float32 by an OR into 2**23's mantissa (MAGIC) or by
+a conversion. SPLIT_K > 1 adds its partial sums into a zeroed float32 buffer (the buffer's
+zeroing and the cast to the output dtype are in the time). Each variant is checked against the
+dequantized weight's float32 product before it is timed (CUDA graphs, inputs rotating past L2,
+as sweep_matmul times). Item 000u of docs/performance.md records an earlier plain GEMV on an
+H100 (2-32 rows a program, to 512 bytes of K a step, 1-4 splits, every nibble converted) at
+20.3 us, no better than the tile kernel then; this one differs in its group sums and the
+conversion. M = 16 reads each program's weights once a row (through L2 after the first): a
+first look at whether one kernel can serve both sizes.
 
-    PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py            # GPU: M = 1 and 16, all variants
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py --check   # CPU: correctness
+    PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py         # GPU: M = 1 and 16, all variants
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py --check   # correctness
 
 The numbers decide whether the matmul family gets a GEMV strategy for weight-only ops at small M
 (docs/performance.md, issue 39).
@@ -89,13 +94,19 @@ def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         if SPLIT_K == 1:
             tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
         else:
-            tl.atomic_add(out_ptrs, acc)
+            # relaxed: the sums need no ordering with other memory, only atomicity
+            tl.atomic_add(out_ptrs, acc, sem="relaxed")
 
 
 def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, magic):
-    """x (M, K) @ the int4 weight's transpose; N a multiple of block_n, K of block_k * split_k."""
+    """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G))."""
     m, k = x.shape
     n = qweight.shape[0]
+    # what the kernel takes without masks or strides of its own
+    assert n % block_n == 0 and k % (block_k * split_k) == 0, (n, k, block_n, block_k, split_k)
+    assert block_k % GROUP_SIZE == 0 and (block_k // GROUP_SIZE) & (block_k // GROUP_SIZE - 1) == 0
+    assert x.stride(1) == qweight.stride(1) == scales.stride(1) == 1
+    assert zeros.stride() == scales.stride()
     out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
         torch.zeros(m, n, device=x.device, dtype=torch.float32)
     _int4_gemv_kernel[(n // block_n, split_k)](
@@ -165,11 +176,12 @@ def sweep_m(m: int, n: int, k: int, start: float, budget: float) -> None:
             print(f"{head} | {label} | FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
             continue
         results.append((us, label))
-        print(f"{head} | {label} | {us:6.1f} us | {sol / us:5.1%} SOL | {cublas / us:5.2f}x cuBLAS",
-              flush=True)
+        print(f"{head} | {label} | {us:6.1f} us | {sol / us:5.1%} SOL "
+              f"| {cublas / us:5.2f}x cuBLAS", flush=True)
     print(f"{head}, best first:")
     for us, label in sorted(results)[:8]:
-        print(f"  {label} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS | {ours / us:5.2f}x generated")
+        print(f"  {label} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS "
+              f"| {ours / us:5.2f}x generated")
 
 
 def main() -> None:
@@ -184,8 +196,9 @@ def main() -> None:
           flush=True)
     start = time.perf_counter()
     for m in (1, 16):
-        # M = 16 times the kernels M = 1 compiled (M is not a constexpr): little time of its own
-        sweep_m(m, 4096, 4096, start, options.budget * (0.75 if m == 1 else 1.0))
+        # half the budget each: Triton specializes an integer argument equal to 1 as a constant,
+        # so M = 16 compiles every variant again
+        sweep_m(m, 4096, 4096, start, options.budget * (0.5 if m == 1 else 1.0))
 
 
 if __name__ == "__main__":

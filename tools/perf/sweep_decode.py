@@ -5,15 +5,15 @@
     PYTHONPATH=. python3 tools/perf/sweep_decode.py --splits 4,8 --tiles 16x128x4x2 --repeat 2
 
 At the bench's decoding cells (bf16, one query row, full caches), each forced split count
-(``override(strategy="split:N")``) and tile (``override(config=...)``, BLOCK_M down to 16: one
-query row, or a packed group of four, fills a fraction of the space's 64-row tiles) is timed as
+(``override(strategy="split:N")``) and tile (``override(config=...)``, BLOCK_M 16 or 64: one
+query row, or a packed group of four, fills a fraction of a 64-row tile) is timed as
 bench/attention.py times the op (do_bench's median, L2 flushed), the merge kernel included, next
 to a device copy of the same bytes timed the same way; "auto" is the planner's split and the
 frozen table's tile. One line per variant, its share of the copy; then the ten best per cell.
-``--repeat`` times each variant again after the others (best of the rounds, and the spread), to tell
-a variant that is slow from one that met a slow moment.
-The numbers set SPLIT_PROGRAMS_PER_SM, SPLIT_MIN_KEYS and MAX_SPLITS in
-specgen/runtime/attention.py and the decode spec's tiles.
+``--repeat`` times each variant again after the others (best of the rounds, and the slowest), to
+tell a variant that is slow from one that met a slow moment. The numbers set the split planner
+(``_splits`` in specgen/runtime/attention.py) and the decode spec's tiles (docs/performance.md,
+item 000y).
 """
 
 from __future__ import annotations
@@ -33,16 +33,39 @@ SPLITS = (4, 8, 12, 16, 24, 32, 48, 64)
 TILES = list(itertools.product((16, 64), (64, 128, 256), (4, 8), (2, 3)))
 
 
+def _counts(text: str) -> list[int]:
+    """``4,8``: split counts, each at least 1, in order, without repeats."""
+    counts = [int(n) for n in text.split(",")]
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"split counts are at least 1, got {text}")
+    return list(dict.fromkeys(counts))
+
+
+def _tiles(text: str) -> list[tuple[int, ...]]:
+    """``16x128x4x2,64x64x4x3``: BLOCK_M x BLOCK_N x warps x stages, in order, without repeats."""
+    tiles = [tuple(int(n) for n in tile.split("x")) for tile in text.split(",")]
+    if any(len(tile) != 4 for tile in tiles):
+        raise argparse.ArgumentTypeError(f"a tile is BLOCK_MxBLOCK_NxWARPSxSTAGES, got {text}")
+    return list(dict.fromkeys(tiles))
+
+
+def _rounds(text: str) -> int:
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"at least one round, got {text}")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the planner's split, every tile")
-    parser.add_argument("--splits", type=lambda text: [int(n) for n in text.split(",")],
-                        help="split counts, as 4,8 (default: the sweep's)")
-    parser.add_argument("--tiles", type=lambda text: [tuple(int(n) for n in tile.split("x"))
-                                                      for tile in text.split(",")],
+    parser.add_argument("--splits", type=_counts, help="split counts, as 4,8 (default: the "
+                        "sweep's; not with --quick)")
+    parser.add_argument("--tiles", type=_tiles,
                         help="tiles BLOCK_MxBLOCK_NxWARPSxSTAGES, as 16x128x4x2,64x64x4x3")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants")
+    parser.add_argument("--repeat", type=_rounds, default=1, help="rounds over the variants")
     options = parser.parse_args()
+    if options.quick and options.splits:
+        parser.error("--quick times the planner's split: --splits goes without it")
     splits, tiles = options.splits or SPLITS, options.tiles or TILES
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           flush=True)
