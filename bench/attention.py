@@ -187,16 +187,22 @@ def decode_inputs(batch: int, heads: int, heads_kv: int, keys: int, dim: int):
     return q, k, v, lengths, moved
 
 
+def same_bytes_copy(moved: int) -> Callable[[], object]:
+    """A device copy that reads and writes ``moved`` bytes in all: a decoding cell's bar."""
+    source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
+    target = torch.empty_like(source)
+    return lambda: target.copy_(source)
+
+
 def _decode(g) -> list[list[str]]:
     rows = []
     for batch, heads, heads_kv, keys, dim in DECODE_SHAPES:
         q, k, v, lengths, moved = decode_inputs(batch, heads, heads_kv, keys, dim)
-        source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
-        target = torch.empty_like(source)
+        copy = same_bytes_copy(moved)
         times = {
             "specgen": _time(lambda: g.decode_attention(q, k, v, lengths, enable_gqa=True)),
             "sdpa": _time(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)),
-            "copy": _time(lambda: target.copy_(source)),
+            "copy": _time(copy),
         }
         ours = g.decode_attention(q, k, v, lengths, enable_gqa=True)
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
@@ -216,7 +222,7 @@ def _decode(g) -> list[list[str]]:
                  share(rate["sdpa"]), f"{error:.1e}"]
         print(" | ".join(cells), flush=True)
         rows.append(cells)
-        del q, k, v, source, target
+        del q, k, v, copy
     return rows
 
 

@@ -12,7 +12,8 @@
 # and 2 took 8m53s on a machine that started cold; groups 3-5 2m43s, 2m57s and 7m17s warm. On a
 # machine of several GPUs, GPUS=n spreads the workers over n of them (worker k on GPU k % n;
 # default 12 workers a GPU). On two H200s of 32 cores (2026-11-28, GPUS=2 WORKERS=24): the whole
-# tier, 1780 of its 1834 tests in one call (7m48s) and the rest but four in a resumed one.
+# tier, 1780 of the 1833 tests the GPU machine collects in one call (7m48s), the rest in two
+# resumed ones (the slowest, the sliding-window gradient check, about 200 s).
 # Each worker then sees one GPU, so tests/gpu/test_multi_gpu.py skips: run it apart (GPUS=1).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.

@@ -72,9 +72,8 @@ def main() -> None:
     for batch, heads, heads_kv, keys, dim in attention.DECODE_SHAPES:
         cell = f"B{batch} Hq{heads} Hkv{heads_kv} S{keys} E{dim}"
         q, k, v, lengths, moved = attention.decode_inputs(batch, heads, heads_kv, keys, dim)
-        source = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
-        target = torch.empty_like(source)
-        copy_ms = harness.bench_ms(lambda: target.copy_(source))
+        copy = attention.same_bytes_copy(moved)
+        copy_ms = harness.bench_ms(copy)
         want = torch.nn.functional.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), enable_gqa=True)
 
@@ -109,7 +108,7 @@ def main() -> None:
         for name, best, worst in timed[:10]:
             spread = f"  slowest {worst * 1e3:.1f} us" if options.repeat > 1 else ""
             print(f"  {name:34s} {_line(best, copy_ms)}{spread}")
-        del q, k, v, source, target
+        del q, k, v, copy
 
 
 def _timed(call, want: torch.Tensor) -> float | str:
