@@ -73,11 +73,14 @@ def test_quantize_refuses_what_the_formats_cannot_hold():
 # --- the kernels --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("group_size, groups, rows", [(32, 3, 96), (64, 1, 64), (32, 3, 16)])
-def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows):
+@pytest.mark.parametrize("group_size, groups, rows, strategy",
+                         [(32, 3, 96, "direct"), (64, 1, 64, "direct"), (32, 3, 16, "direct"),
+                          (32, 3, 1, "gemv"), (64, 3, 8, "gemv")])
+def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, strategy):
     # x = I: row k of the result is column k of the dequantized weight, so every element of the
     # weight (both nibbles of every byte, every group) is read once; in launches of `rows` rows
-    # (under 64 the per-block scaling, from 64 the value per weight element: PER_TILE)
+    # (under 64 the per-block scaling, from 64 the value per weight element: PER_TILE; the GEMV
+    # kernel a row a program, its K blocks of two groups here: a partial last block at 3)
     k, n = group_size * groups, 24
     generator = torch.Generator().manual_seed(groups)
     qweight = torch.randint(0, 256, (n, k // 2), generator=generator, dtype=torch.uint8)
@@ -85,8 +88,9 @@ def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows):
     zeros = torch.randint(0, 16, (n, groups), generator=generator).float()
     args = [t.to(device()) for t in (qweight, scales, zeros)]
     eye = torch.eye(k, device=device())
-    with override(config={"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 1,
-                          "num_warps": 4, "num_stages": 2}):
+    with override(config={"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32 if strategy == "direct"
+                          else 2 * group_size, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
+                  strategy=strategy):
         result = torch.cat([generated.int4_weight_linear(eye[start:start + rows], *args, group_size)
                             for start in range(0, k, rows)])
     expected = quant.dequantize_int4(*args, group_size).T
@@ -108,6 +112,26 @@ def test_int8_linear_accumulates_exactly_in_int32():
         with override(strategy=strategy):
             result = generated.int8_linear(x, ones_m, w, ones_n, out_dtype=torch.float32)
         assert torch.equal(result, exact), strategy
+
+
+def test_one_row_of_a_quantized_weight_takes_the_gemv_kernel():
+    # at M = 1 (leading dims folded) the GEMV kernel; from 2 rows the tile kernels; never for an
+    # int8 A (W8A8: exact int32 dots)
+    int4 = sys.modules["generated.int4_weight_linear"].LAYOUT
+    qweight = torch.zeros(64, 128, dtype=torch.uint8)
+    scales = torch.ones(64, 2)
+    for shape, gemv in (((1, 256), True), ((256,), True), ((1, 1, 256), True),
+                        ((2, 256), False), ((16, 256), False), ((2, 1, 256), False)):
+        x = torch.ones(shape)
+        plan = matmul_rt.launch_plan(int4, x, qweight, scales, scales, None, group=128)
+        assert (plan.strategy.kind == "gemv") == gemv, (shape, plan.strategy)
+    assert sys.modules["generated.int8_weight_linear"].LAYOUT.gemv
+    assert not sys.modules["generated.int8_linear"].LAYOUT.gemv
+    x = torch.ones(1, 64, dtype=torch.int8)
+    # (in the layout's order: A, B, then the epilogue's operands)
+    plan = matmul_rt.launch_plan(sys.modules["generated.int8_linear"].LAYOUT, x, x.expand(8, 64),
+                                 torch.ones(1), torch.ones(8), None)
+    assert plan.strategy.kind != "gemv"
 
 
 def test_deterministic_algorithms_get_the_ordered_split():
@@ -315,7 +339,10 @@ def test_authored_formats_of_other_widths(authored, text, mode, k):
     qweight = torch.randint(0, 256, (24, k // packed), generator=generator,
                             dtype=torch.uint8).to(device())
     scales = (torch.rand(24, generator=generator) + 0.5).to(device())
-    for strategy in ("direct", "two_stage:2"):
+    # the GEMV kernel where the value is linear in q (block); a forced one runs the direct
+    # kernel where the module has none (tile)
+    assert module.LAYOUT.gemv == (mode == "block")
+    for strategy in ("direct", "two_stage:2", "gemv"):
         with override(strategy=strategy):
             result = getattr(module, module.OP.name)(x, qweight, scales)
         expected = module.reference(x.double(), qweight, scales.double())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import itertools
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,17 @@ DEFAULT_CONFIGS = (
 PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),
                     "num_warps": (8,), "num_stages": (3,)}
 DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
+# the GEMV kernel's space (a quantized weight at M = 1), the fastest first: the heuristic runs
+# it untuned. Timed on an H200 with int4 at 1 x 4096 x 4096 (tools/perf/probe_int4_gemv.py,
+# docs/performance.md): long K steps win, as they keep the most bytes in flight
+GEMV_CONFIGS = (
+    {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 8},
+    {"BLOCK_N": 8, "BLOCK_K": 4096, "num_warps": 4},
+    {"BLOCK_N": 4, "BLOCK_K": 4096, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 1024, "num_warps": 4},
+)
 # tl.dot needs every block dimension to be at least 16 (runtime/matmul.py's MIN_DOT_BLOCK, which
 # clamps block sizes at launch; tests/test_matmul.py checks that they agree)
 MIN_BLOCK = 16
@@ -520,6 +532,18 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         return self.group_operands + self.loop_channels
 
     @property
+    def gemv(self) -> bool:
+        """Whether the module has the GEMV kernel (M = 1 on the CUDA cores): a float A against
+        a quantized B whose value is linear in q (channel and block modes, which scale sums of
+        products rather than each weight element)."""
+        return (self.dequant is not None and not self.integer_product
+                and self.dequant_mode in ("channel", "block"))
+
+    @property
+    def gemv_configs(self) -> tuple[dict, ...]:
+        return GEMV_CONFIGS if self.gemv else ()
+
+    @property
     def tma(self) -> bool:
         """Whether the module has the TMA kernel: not for a quantized B, whose tiles are
         unpacked in registers after their load."""
@@ -582,14 +606,18 @@ def plan(spec: OpSpec) -> MatmulPlan:
     # an output dtype set by a dtype argument is the call's (runtime/matmul.py reads it there)
     out_dtype_arg = body.out_dtype if body.out_dtype in names_of_kind(spec.args, "dtype") else None
     out_dtype = None if out_dtype_arg else body.out_dtype
-    return MatmulPlan(**fields, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
-                      outputs=outputs, out_dtype=out_dtype, out_dtype_arg=out_dtype_arg,
-                      batch_rank=batch_rank,
-                      swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
-                      split_factors=tuple(sorted(set(t["SPLIT_K"]))), integer_product=integer,
-                      own_dtypes=own,
-                      **dequant_fields,
-                      helpers=tuple(sorted(set().union(*(helpers(e) for e in exprs)))))
+    planned = MatmulPlan(**fields, a=body.a, b=body.b, epilogue_inputs=body.epilogue_inputs,
+                         outputs=outputs, out_dtype=out_dtype, out_dtype_arg=out_dtype_arg,
+                         batch_rank=batch_rank,
+                         swizzle=body.swizzle, split_k=body.split_k, configs=t["configs"],
+                         split_factors=tuple(sorted(set(t["SPLIT_K"]))), integer_product=integer,
+                         own_dtypes=own,
+                         **dequant_fields)
+    used = set().union(*(helpers(e) for e in exprs))
+    if planned.gemv:
+        # the GEMV kernel's integers become float32 without a conversion instruction
+        used.add("small_ints_to_float32")
+    return dataclasses.replace(planned, helpers=tuple(sorted(used)))
 
 
 def names_of_kind(args: tuple, kind: str) -> tuple[str, ...]:
@@ -754,7 +782,7 @@ def draw_case(draw, info):
 
     The roles of an op's tensors come from their dims (A: M, K; B: K, N or N, K; the others
     feed the epilogue). Every case forces a strategy (direct, TMA, two-stage or atomic split-K
-    with 1 to 4 splits) or leaves it to the launcher, and forces a config: one of the spec's
+    with 1 to 4 splits, the GEMV kernel of a quantized B) or leaves it to the launcher, and forces a config: one of the spec's
     space by number (as autotuning would fit it to the sizes: the GPU tier checks every config
     without tuning each size), or a small tile config outside the space so that a few dozen
     rows already span several tiles, partial tiles and grouped/swizzled orderings.
@@ -792,11 +820,19 @@ def draw_case(draw, info):
         k = group * draw(st.integers(0 if zero else 1, 3))
     elif quant.packed > 1:
         k = -(-k // quant.packed) * quant.packed
-    strategy = draw(st.sampled_from([None, "direct", "tma", "two_stage", "atomic"]))
+    kinds = [None, "direct", "tma", "two_stage", "atomic"] + (["gemv"] if info.launch.gemv else [])
+    strategy = draw(st.sampled_from(kinds))
     if strategy in ("two_stage", "atomic"):
         strategy = f"{strategy}:{draw(st.integers(1, 4))}"
     if strategy is not None:
         overrides["strategy"] = strategy
+    if strategy == "gemv":
+        # one row of A a program row; M = 1 in about half the cases, as the planner takes it
+        if draw(st.booleans()):
+            m = min(m, 1)
+        if isinstance(config, dict):
+            # a mapping bypasses the pruning that makes each K block whole groups
+            overrides["config"] = config = dict(config, BLOCK_K=max(config["BLOCK_K"], group or 0))
     if strategy == "tma":
         # rows of 16-byte multiples in contiguous layouts, so the TMA kernel runs (bmm's batch
         # elements too); the layouts it cannot describe (offset, stepped, broadcast over a

@@ -291,9 +291,10 @@ def split_k_factor(m: int, n: int, k: int, batch: int, sms: int, factors: Sequen
 @dataclass(frozen=True)
 class Strategy:
     """``direct`` (one program per tile, fused epilogue), ``tma`` (the same on a persistent grid,
-    A and B through TMA descriptors) or a split-K reduction of ``factor``."""
+    A and B through TMA descriptors), ``gemv`` (a quantized B's columns against one row of A a
+    program, on the CUDA cores) or a split-K reduction of ``factor``."""
 
-    kind: str       # direct | tma | two_stage | atomic
+    kind: str       # direct | tma | gemv | two_stage | atomic
     factor: int = 1
 
     @property
@@ -302,7 +303,7 @@ class Strategy:
         return self.kind in ("two_stage", "atomic")
 
 
-DIRECT, TMA = Strategy("direct"), Strategy("tma")
+DIRECT, TMA, GEMV = Strategy("direct"), Strategy("tma"), Strategy("gemv")
 
 
 def tile_strategy(m: int, device: torch.device, describable: bool) -> Strategy:
@@ -315,16 +316,22 @@ def tile_strategy(m: int, device: torch.device, describable: bool) -> Strategy:
 
 
 def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device,
-             factors: Sequence[int], describable: bool = False) -> Strategy:
-    """The spec's split_k mode (auto | atomic | off) applied to the sizes, with the tile kernel
-    where it does not split; tests may force one (a forced ``tma`` runs wherever its descriptors
-    can describe the operands, ``describable``, and is the direct kernel elsewhere)."""
+             factors: Sequence[int], describable: bool = False, gemv: bool = False) -> Strategy:
+    """The GEMV kernel for one row of A where the op has it (``gemv``: a quantized B), else the
+    spec's split_k mode (auto | atomic | off) applied to the sizes, with the tile kernel where it
+    does not split; tests may force one (a forced ``tma`` runs wherever its descriptors can
+    describe the operands, ``describable``, and is the direct kernel elsewhere, as a forced
+    ``gemv`` is for an op without that kernel)."""
     forced = overrides().strategy
     if forced is not None:
         kind, _, factor = forced.partition(":")
-        if kind == "tma" and not describable:
+        if (kind == "tma" and not describable) or (kind == "gemv" and not gemv):
             return DIRECT
         return Strategy(kind, int(factor or 1))
+    if gemv and m == 1:
+        # a decode GEMV reads the weight once at its bandwidth, where a 16-row dot tile (and
+        # a split of K to fill the GPU with them) took 1.7x as long (docs/performance.md)
+        return GEMV
     tile = tile_strategy(m, device, describable)
     if mode == "off":
         return tile
@@ -484,6 +491,18 @@ def prune_configs(configs, named_args, min_block_k: int = MIN_DOT_BLOCK, **kwarg
     return [c for c in fitting if c.kwargs["BLOCK_M"] >= rows] or fitting or fitted[:1]
 
 
+def prune_gemv(configs, named_args, **kwargs):
+    """``early_config_prune`` of the GEMV kernel: its blocks fitted to N and K, each K block
+    whole groups of a quantized B's scales (GROUP_K) at least."""
+    group = kwargs.get("GROUP_K")
+
+    def adjust(meta: dict) -> None:
+        if group is not None:
+            meta["BLOCK_K"] = max(meta["BLOCK_K"], group)
+
+    return fit_tiles(configs, {"BLOCK_N": named_args["N"], "BLOCK_K": named_args["K"]}, adjust)
+
+
 def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] | None = None
               ) -> list[triton.Config]:
     """``configs`` with each block clamped to its problem size (``sizes``: block key -> size;
@@ -562,6 +581,7 @@ class OpLayout:
     loop_inputs: tuple[str, ...] = ()   # the operands the K loop reads besides A and B
     group: str | None = None            # the group-size argument
     grouped: tuple[str, ...] = ()       # the operands indexed by its groups (dims N, G)
+    gemv: bool = False                  # the module has the GEMV kernel (M = 1)
 
 
 def check_group(op: str, name: str, value: object, least: int) -> int:
@@ -619,6 +639,12 @@ class LaunchPlan:
             # column blocks past 65535 are looped over in the kernel
             return (rows * splits, min(cols, 65535)) + batch
         return (rows * cols * splits,) + batch
+
+    def gemv_grid(self, meta: Mapping) -> tuple[int, ...]:
+        """The GEMV kernel's grid: column blocks, then rows (each program loops over the rows
+        past 65535), then batch elements."""
+        batch = (min(self.batch, 65535),) if self.batched else ()
+        return (triton.cdiv(self.n, meta["BLOCK_N"]), min(self.m, 65535)) + batch
 
     def tma_grid(self, meta: Mapping) -> tuple[int]:
         """The persistent grid of the TMA kernel: its programs walk the output tiles (of every
@@ -703,7 +729,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     tma = None if op.quantized or dtype == torch.float64 else \
         tma_layout(space, op.a, op.b, dtype.itemsize)
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors,
-                         tma is not None)
+                         tma is not None, op.gemv)
     spans = dict(present)
     spans.update({name: stand_in for name in op.outputs})
     if strategy_.split:
@@ -857,7 +883,10 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         # the tile kernels take the same arguments; TMA's adds how its descriptors read A and B
         tile_args = (a, b, *grouped, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
                      *plan.group_strides, *plan.epilogue_strides, *scalars)
-        if strategy.kind == "tma":
+        if strategy.kind == "gemv":
+            launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common,
+                   tune_key=tune_key)
+        elif strategy.kind == "tma":
             batch = ({f"{layout.a}_stride_batch": plan.tma.a_batch,
                       f"{layout.b}_stride_batch": plan.tma.b_batch} if layout.rank else {})
             launch(kernels["tma"], plan.tma_grid, *tile_args, **flags, **common, **batch,

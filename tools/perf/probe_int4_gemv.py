@@ -52,7 +52,8 @@ from specgen import quant  # noqa: E402
 def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT_K: tl.constexpr, STAGES: tl.constexpr, MAGIC: tl.constexpr):
+                      SPLIT_K: tl.constexpr, STAGES: tl.constexpr, MAGIC: tl.constexpr,
+                      PREFETCH: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # whole groups a K block: each group's scale and zero apply once to its summed products
@@ -64,11 +65,22 @@ def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     offs_g = tl.arange(0, GROUPS)
     share = K // SPLIT_K
     k_first = pid_k * share
+    q_rows = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
     for m in range(M):
         acc = tl.zeros((BLOCK_N,), tl.float32)
+        if PREFETCH:
+            q_next = tl.load(q_rows + k_first // 2)
         for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
-            # BLOCK_N rows of BLOCK_K // 2 bytes, each row's bytes contiguous
-            q_bytes = tl.load(q_ptr + offs_n[:, None] * q_stride_n + (k // 2 + offs_byte)[None, :])
+            if PREFETCH:
+                # the next block's bytes are requested before this block's math: two blocks in
+                # flight a program (the last step re-reads the first block, from L2, unmasked)
+                q_bytes = q_next
+                k_ahead = k + BLOCK_K
+                k_ahead = tl.where(k_ahead < k_first + share, k_ahead, k_first)
+                q_next = tl.load(q_rows + k_ahead // 2)
+            else:
+                # BLOCK_N rows of BLOCK_K // 2 bytes, each row's bytes contiguous
+                q_bytes = tl.load(q_rows + k // 2)
             x = tl.load(x_ptr + m * x_stride_m + k + offs_k).to(tl.float32)
             # x's elements by their place in a byte: x_low meets the low nibble
             x_low, x_high = tl.split(tl.reshape(x, (BLOCK_K // 2, 2)))
@@ -98,8 +110,82 @@ def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
             tl.atomic_add(out_ptrs, acc, sem="relaxed")
 
 
-def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, magic):
-    """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G))."""
+@triton.jit
+def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                     x_stride_m, q_stride_n, group_stride_n, out_stride_m,
+                     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, STAGES: tl.constexpr, MAGIC: tl.constexpr,
+                     PREFETCH: tl.constexpr = False):
+    """The tile form at M <= 16: one 16-row tile, the weights dequantized in the activations'
+    dtype (exact integers q - z, then one rounding by the scale) and a dot a nibble place."""
+    BLOCK_M: tl.constexpr = 16
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    tl.static_assert(BLOCK_K % GROUP == 0)
+    GROUPS: tl.constexpr = BLOCK_K // GROUP
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_byte = tl.arange(0, BLOCK_K // 2)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_g = tl.arange(0, GROUPS)
+    share = K // SPLIT_K
+    k_first = pid_k * share
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    q_rows = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
+    if PREFETCH:
+        q_next = tl.load(q_rows + k_first // 2)
+    for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
+        if PREFETCH:
+            q_bytes = q_next
+            k_ahead = k + BLOCK_K
+            k_ahead = tl.where(k_ahead < k_first + share, k_ahead, k_first)
+            q_next = tl.load(q_rows + k_ahead // 2)
+        else:
+            q_bytes = tl.load(q_rows + k // 2)
+        x = tl.load(x_ptr + offs_m[:, None] * x_stride_m + (k + offs_k)[None, :],
+                    mask=mask_m[:, None], other=0.0)
+        x_low, x_high = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
+        group_offsets = offs_n[:, None] * group_stride_n + (k // GROUP + offs_g)[None, :]
+        scales = tl.load(scales_ptr + group_offsets)
+        zeros = tl.load(zeros_ptr + group_offsets)
+        # each group's scale and zero over its GROUP // 2 bytes of a row
+        scales = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
+                            (BLOCK_N, BLOCK_K // 2))
+        zeros = tl.reshape(tl.broadcast_to(zeros[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
+                           (BLOCK_N, BLOCK_K // 2))
+        if MAGIC:
+            # a nibble ORed into the mantissa of BIAS is BIAS + nibble exactly (bf16 128, fp16
+            # 1024), so BIAS + q - (BIAS + z) = q - z with no int-to-float conversion
+            if DTYPE == tl.float16:
+                BITS: tl.constexpr = 0x6400
+                BIAS: tl.constexpr = 1024.0
+            else:
+                BITS: tl.constexpr = 0x4300
+                BIAS: tl.constexpr = 128.0
+            q_words = q_bytes.to(tl.int16)
+            low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
+            high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
+            zeros = zeros + BIAS
+        else:
+            low = (q_bytes & 15).to(DTYPE)
+            high = (q_bytes >> 4).to(DTYPE)
+        w_low = (low - zeros) * scales
+        w_high = (high - zeros) * scales
+        acc = tl.dot(x_low, tl.trans(w_low), acc)
+        acc = tl.dot(x_high, tl.trans(w_high), acc)
+    out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
+
+
+def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, magic, dot=False,
+         prefetch=False):
+    """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G));
+    with ``dot`` the 16-row tile kernel (M <= 16)."""
     m, k = x.shape
     n = qweight.shape[0]
     # what the kernel takes without masks or strides of its own
@@ -109,10 +195,12 @@ def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, ma
     assert zeros.stride() == scales.stride()
     out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
         torch.zeros(m, n, device=x.device, dtype=torch.float32)
-    _int4_gemv_kernel[(n // block_n, split_k)](
+    assert not dot or m <= 16
+    kernel = _int4_dot_kernel if dot else _int4_gemv_kernel
+    kernel[(n // block_n, split_k)](
         x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0),
         out.stride(0), GROUP=GROUP_SIZE, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-        STAGES=stages, MAGIC=magic, num_warps=warps)
+        STAGES=stages, MAGIC=magic, PREFETCH=prefetch, num_warps=warps)
     return out if split_k == 1 else out.to(x.dtype)
 
 
@@ -125,6 +213,24 @@ VARIANTS = [(n, k, split, warps, stages, True)
             if n * k <= 32768 and (warps == 4 or n * k >= 16384)]
 VARIANTS += [(n, k, split, 4, 1, False) for n, k, split in itertools.product(
     (8, 16, 32), (512, 1024), (1, 4))]
+# the 16-row tile kernel: (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, MAGIC, dot)
+DOT_VARIANTS = [(n, k, split, 4, stages, True, True)
+                for n, k, split, stages in itertools.product(
+                    (32, 64, 128), (128, 256), (1, 2, 4, 8), (3, 5))]
+DOT_VARIANTS += [(n, 128, split, 4, 3, False, True) for n, split in itertools.product(
+    (32, 64), (2, 8))]
+
+
+# the second round (2026-11-29): more bytes in flight a program. (BLOCK_N, BLOCK_K, SPLIT_K,
+# warps, stages, MAGIC, dot, PREFETCH)
+GEMV_WIDE = [(n, k, split, warps, 1, True, False, prefetch)
+             for n, k, split, warps, prefetch in itertools.product(
+                 (4, 8, 16), (1024, 2048, 4096), (1, 2), (4, 8), (False, True))
+             if n * k <= 65536 and k * split <= 4096 and not (prefetch and k * split == 4096)]
+DOT_WIDE = [(n, k, split, warps, 1, True, True, True)
+            for n, k, split, warps in itertools.product(
+                (32, 64, 128), (128, 256, 512), (1, 2, 4), (4, 8))
+            if n * k <= 32768 and (warps == 4 or n * k >= 16384)]
 
 
 def check() -> None:
@@ -135,14 +241,27 @@ def check() -> None:
     want = x.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
     for block_n, block_k, split_k, magic in ((16, 128, 1, True), (32, 256, 2, False),
                                              (8, 1024, 2, True), (64, 512, 4, True)):
-        got = gemv(x, qweight, scales, zeros, block_n, block_k, split_k, 4, 1, magic)
+        got = gemv(x, qweight, scales, zeros, block_n, block_k, split_k, 4, 1, magic,
+                   prefetch=block_k < 1024)
         error = ((got.double() - want).norm() / want.norm()).item()
         print(f"BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k} magic {magic}: "
               f"relative error {error:.1e}")
         assert error < 1e-5, error
+    # the tile kernel in float16 (the interpreter's bfloat16 dot is wrong): the weights rounded
+    # to float16 once by their scale
+    x16 = x.half()
+    want = x16.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
+    for block_n, block_k, split_k, magic in ((32, 128, 1, True), (64, 256, 2, True),
+                                             (32, 128, 4, False)):
+        got = gemv(x16, qweight, scales.half(), zeros.half(), block_n, block_k, split_k, 4, 1,
+                   magic, dot=True, prefetch=split_k == 1)
+        error = ((got.double() - want).norm() / want.norm()).item()
+        print(f"dot BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k} magic {magic}: "
+              f"relative error {error:.1e}")
+        assert error < 2e-3, error
 
 
-def sweep_m(m: int, n: int, k: int, start: float, budget: float) -> None:
+def sweep_m(m: int, n: int, k: int, start: float, budget: float, variants) -> None:
     args = sweep.inputs("int4_weight_linear", m, n, k, 0)
     size = sum(t.numel() * t.element_size() for t in args)
     sets = [args] + [sweep.inputs("int4_weight_linear", m, n, k, seed)
@@ -156,15 +275,18 @@ def sweep_m(m: int, n: int, k: int, start: float, budget: float) -> None:
     print(f"{head}: speed of light {sol:.1f} us; cuBLAS bf16 (dequantized) {cublas:.1f} us; "
           f"generated int4_weight_linear {ours:.1f} us ({cublas / ours:.2f}x cuBLAS)", flush=True)
     results = []
-    for variant in VARIANTS:
-        block_n, block_k, split_k, warps, stages, magic = variant
+    for variant in variants:
+        block_n, block_k, split_k, warps, stages, magic = variant[:6]
+        dot = len(variant) > 6 and variant[6]
+        prefetch = len(variant) > 7 and variant[7]
         if n % block_n or k % (block_k * split_k):
             continue
         if time.perf_counter() - start > budget:
             print(f"{head}: time budget spent, the remaining variants left out", flush=True)
             break
-        label = (f"BLOCK_N {block_n:3d} BLOCK_K {block_k:5d} split {split_k} w{warps} s{stages}"
-                 f"{' magic' if magic else ' cvt  '}")
+        label = (f"{'dot ' if dot else 'gemv'} BLOCK_N {block_n:3d} BLOCK_K "
+                 f"{block_k:5d} split {split_k} w{warps} s{stages}{' magic' if magic else ' cvt  '}"
+                 f"{' prefetch' if prefetch else ''}")
         try:
             out = gemv(*args, *variant).float()
             error = ((out - expected).norm() / expected.norm()).item()
@@ -188,6 +310,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
     parser.add_argument("--budget", type=float, default=300, help="seconds for the sweep")
+    parser.add_argument("--wide", action="store_true",
+                        help="the second round: whole-K and prefetching variants")
     options = parser.parse_args()
     if options.check:
         check()
@@ -195,10 +319,15 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           flush=True)
     start = time.perf_counter()
-    for m in (1, 16):
-        # half the budget each: Triton specializes an integer argument equal to 1 as a constant,
-        # so M = 16 compiles every variant again
-        sweep_m(m, 4096, 4096, start, options.budget * (0.5 if m == 1 else 1.0))
+    # half the budget each: Triton specializes an integer argument equal to 1 as a constant, so
+    # M = 16 compiles every variant again; there the tile kernel first (the GEMV reads each
+    # program's weights once a row)
+    if options.wide:
+        sweep_m(1, 4096, 4096, start, options.budget * 0.5, GEMV_WIDE)
+        sweep_m(16, 4096, 4096, start, options.budget, DOT_WIDE)
+        return
+    sweep_m(1, 4096, 4096, start, options.budget * 0.5, VARIANTS + DOT_VARIANTS)
+    sweep_m(16, 4096, 4096, start, options.budget, DOT_VARIANTS + VARIANTS)
 
 
 if __name__ == "__main__":
