@@ -303,15 +303,16 @@ def add_to_partials(part_ptr, carry_ptr, value, mask):
 
 
 @device_function
-def small_ints_to_float32(q):
-    # the integers of a quantized weight (one byte or less) as float32 without an int-to-float
-    # conversion, which runs at a quarter of the ALU's rate (a decode GEMV converts every weight
-    # element): q ORed into the mantissa of 2**23 is 2**23 + q exactly for 0 <= q < 2**23, so an
-    # OR and a subtraction give q; a signed q is shifted into [0, 256) first
-    if q.dtype.is_int_signed():
-        biased = (q.to(tl.int32) + 128) | 0x4B000000
+def small_ints_to_float32(q, SIGNED: tl.constexpr):
+    # the int32 integers of a quantized weight (from bytes: -128 <= q < 256) as float32 without
+    # an int-to-float conversion, which runs at a quarter of the ALU's rate (a decode GEMV
+    # converts every weight element): q ORed into the mantissa of 2**23 is 2**23 + q exactly for
+    # 0 <= q < 2**23, so an OR and a subtraction give q; from SIGNED bytes q is shifted into
+    # [0, 384) first
+    if SIGNED:
+        biased = (q + 128) | 0x4B000000
         result = biased.to(tl.float32, bitcast=True) - 8388736.0
     else:
-        biased = q.to(tl.int32) | 0x4B000000
+        biased = q | 0x4B000000
         result = biased.to(tl.float32, bitcast=True) - 8388608.0
     return result

@@ -117,20 +117,21 @@ def test_int8_linear_accumulates_exactly_in_int32():
 def test_one_row_of_a_quantized_weight_takes_the_gemv_kernel():
     # at M = 1 (leading dims folded) the GEMV kernel; from 2 rows the tile kernels; never for an
     # int8 A (W8A8: exact int32 dots)
+    # (plans read metadata only: meta tensors, as on the GPU tier)
     int4 = sys.modules["generated.int4_weight_linear"].LAYOUT
-    qweight = torch.zeros(64, 128, dtype=torch.uint8)
-    scales = torch.ones(64, 2)
+    qweight = torch.zeros(64, 128, dtype=torch.uint8, device="meta")
+    scales = torch.ones(64, 2, device="meta")
     for shape, gemv in (((1, 256), True), ((256,), True), ((1, 1, 256), True),
                         ((2, 256), False), ((16, 256), False), ((2, 1, 256), False)):
-        x = torch.ones(shape)
+        x = torch.ones(shape, device="meta")
         plan = matmul_rt.launch_plan(int4, x, qweight, scales, scales, None, group=128)
         assert (plan.strategy.kind == "gemv") == gemv, (shape, plan.strategy)
     assert sys.modules["generated.int8_weight_linear"].LAYOUT.gemv
     assert not sys.modules["generated.int8_linear"].LAYOUT.gemv
-    x = torch.ones(1, 64, dtype=torch.int8)
+    x = torch.ones(1, 64, dtype=torch.int8, device="meta")
     # (in the layout's order: A, B, then the epilogue's operands)
     plan = matmul_rt.launch_plan(sys.modules["generated.int8_linear"].LAYOUT, x, x.expand(8, 64),
-                                 torch.ones(1), torch.ones(8), None)
+                                 torch.ones(1, device="meta"), torch.ones(8, device="meta"), None)
     assert plan.strategy.kind != "gemv"
 
 

@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sweep_matmul as sweep  # noqa: E402  (the rotation, timing and inputs of the matmul sweep)
 
 import generated  # noqa: E402
+from specgen.runtime import override  # noqa: E402
 from bench.quant import GROUP_SIZE  # noqa: E402
 from specgen import quant  # noqa: E402
 
@@ -306,10 +307,44 @@ def sweep_m(m: int, n: int, k: int, start: float, budget: float, variants) -> No
               f"| {ours / us:5.2f}x generated")
 
 
+# the generated GEMV kernel's configs to time (--product): (BLOCK_N, BLOCK_K, num_warps)
+PRODUCT_CONFIGS = [(n, k, w) for n, k, w in itertools.product((4, 8, 16), (1024, 2048, 4096), (4, 8))
+                   if n * k <= 65536]
+
+
+def sweep_product(n: int, k: int) -> None:
+    """The generated weight-only ops at M = 1 with their GEMV kernel's configs forced, next to
+    this probe's best form (8 x 2048, 4 warps) and cuBLAS, in one run."""
+    for op in ("int4_weight_linear", "int8_weight_linear"):
+        args = sweep.inputs(op, 1, n, k, 0)
+        size = sum(t.numel() * t.element_size() for t in args)
+        sets = [args] + [sweep.inputs(op, 1, n, k, seed)
+                         for seed in range(1, math.ceil(sweep.ROTATION_BYTES / size))]
+        torch_sets = [sweep.torch_inputs(op, s) for s in sets]
+        expected = F.linear(*torch_sets[0]).float()
+        cublas = sweep.device_us(F.linear, torch_sets, True)
+        function = getattr(generated, op)
+        head = f"{op} M=1 N={n} K={k}"
+        line = f"{head}: cuBLAS bf16 (dequantized) {cublas:.1f} us"
+        if op.startswith("int4"):
+            line += f"; probe 8x2048 w4 {sweep.device_us(lambda *a: gemv(*a, 8, 2048, 1, 4, 1, True), sets, True):.1f} us"
+        print(line, flush=True)
+        for block_n, block_k, warps in PRODUCT_CONFIGS:
+            config = {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
+            with override(strategy="gemv", config=config):
+                out = function(*args).float()
+                error = ((out - expected).norm() / expected.norm()).item()
+                us = sweep.device_us(function, sets, True)
+            print(f"{head} | gemv {block_n:2d} x {block_k:4d} w{warps} | {us:5.1f} us | "
+                  f"{cublas / us:4.2f}x cuBLAS | error {error:.1e}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
     parser.add_argument("--budget", type=float, default=300, help="seconds for the sweep")
+    parser.add_argument("--product", action="store_true",
+                        help="the generated ops' GEMV kernel per forced config")
     parser.add_argument("--wide", action="store_true",
                         help="the second round: whole-K and prefetching variants")
     options = parser.parse_args()
@@ -322,6 +357,10 @@ def main() -> None:
     # half the budget each: Triton specializes an integer argument equal to 1 as a constant, so
     # M = 16 compiles every variant again; there the tile kernel first (the GEMV reads each
     # program's weights once a row)
+    if options.product:
+        sweep_product(4096, 4096)
+        sweep_product(8192, 8192)
+        return
     if options.wide:
         sweep_m(1, 4096, 4096, start, options.budget * 0.5, GEMV_WIDE)
         sweep_m(16, 4096, 4096, start, options.budget, DOT_WIDE)
