@@ -103,9 +103,11 @@ DEFAULT_CONFIGS = (
 PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), "GROUP_M": (8,),
                     "num_warps": (8,), "num_stages": (3,)}
 DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
-# the GEMV kernel's space (a quantized weight at M = 1), the fastest first: the heuristic runs
-# it untuned. Timed on an H200 with int4 at 1 x 4096 x 4096 (tools/perf/probe_int4_gemv.py,
-# docs/performance.md): long K steps win, as they keep the most bytes in flight
+# the GEMV kernel's space (a quantized weight at M = 1); a plan leads it with the config that
+# reads 8 KiB of B a program and K step (MatmulPlan.gemv_configs), which the heuristic runs
+# untuned. Timed on an H200 at 1 x 4096^2 and 1 x 8192^2 (tools/perf/probe_int4_gemv.py
+# --product, docs/performance.md): int4 fastest at 8 x 2048 on 4 warps (9.0 and 27.0 us), int8
+# at 4 x 2048 on 4 warps (8.9 us; 25.0 at 8192^2, where 16 x 4096 on 8 warps took 24.5)
 GEMV_CONFIGS = (
     {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 4},
     {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 4},
@@ -541,7 +543,12 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
 
     @property
     def gemv_configs(self) -> tuple[dict, ...]:
-        return GEMV_CONFIGS if self.gemv else ()
+        """GEMV_CONFIGS, led by the one that reads 8 KiB of B a program and step (the fastest
+        with 4-bit and with 8-bit weights on an H200)."""
+        if not self.gemv:
+            return ()
+        lead = {"BLOCK_N": 4 * self.dequant.packed, "BLOCK_K": 2048, "num_warps": 4}
+        return (lead,) + tuple(c for c in GEMV_CONFIGS if c != lead)
 
     @property
     def tma(self) -> bool:
@@ -826,13 +833,14 @@ def draw_case(draw, info):
         strategy = f"{strategy}:{draw(st.integers(1, 4))}"
     if strategy is not None:
         overrides["strategy"] = strategy
-    if strategy == "gemv":
+    if strategy == "gemv" and draw(st.booleans()):
         # one row of A a program row; M = 1 in about half the cases, as the planner takes it
-        if draw(st.booleans()):
-            m = min(m, 1)
-        if isinstance(config, dict):
-            # a mapping bypasses the pruning that makes each K block whole groups
-            overrides["config"] = config = dict(config, BLOCK_K=max(config["BLOCK_K"], group or 0))
+        m = min(m, 1)
+    if isinstance(config, dict) and (strategy == "gemv" or (strategy is None and m == 1
+                                                             and info.launch.gemv)):
+        # a mapping bypasses the pruning that makes each of the GEMV kernel's K blocks whole
+        # groups (the planner takes that kernel at M = 1)
+        overrides["config"] = config = dict(config, BLOCK_K=max(config["BLOCK_K"], group or 0))
     if strategy == "tma":
         # rows of 16-byte multiples in contiguous layouts, so the TMA kernel runs (bmm's batch
         # elements too); the layouts it cannot describe (offset, stepped, broadcast over a
