@@ -183,6 +183,59 @@ def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
 
 
+@triton.jit
+def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
+    """The dot with its operands swapped (out^T = W x^T): BLOCK_N rows of the dequantized
+    weight are the dot's first operand, which Hopper's wgmma reads from registers (so the
+    dequantized tile never goes through shared memory), and x's at most 16 rows the second."""
+    BLOCK_M: tl.constexpr = 16
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    tl.static_assert(BLOCK_K % GROUP == 0)
+    GROUPS: tl.constexpr = BLOCK_K // GROUP
+    if DTYPE == tl.float16:
+        BITS: tl.constexpr = 0x6400
+        BIAS: tl.constexpr = 1024.0
+    else:
+        BITS: tl.constexpr = 0x4300
+        BIAS: tl.constexpr = 128.0
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_byte = tl.arange(0, BLOCK_K // 2)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_g = tl.arange(0, GROUPS)
+    share = K // SPLIT_K
+    k_first = pid_k * share
+    q_rows = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
+        q_words = tl.load(q_rows + k // 2).to(tl.int16)
+        x = tl.load(x_ptr + offs_m[:, None] * x_stride_m + (k + offs_k)[None, :],
+                    mask=mask_m[:, None], other=0.0)
+        x_low, x_high = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
+        group_offsets = offs_n[:, None] * group_stride_n + (k // GROUP + offs_g)[None, :]
+        scales = tl.load(scales_ptr + group_offsets)
+        zeros = tl.load(zeros_ptr + group_offsets) + BIAS
+        scales = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
+                            (BLOCK_N, BLOCK_K // 2))
+        zeros = tl.reshape(tl.broadcast_to(zeros[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
+                           (BLOCK_N, BLOCK_K // 2))
+        low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
+        high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
+        acc = tl.dot((low - zeros) * scales, tl.trans(x_low), acc)
+        acc = tl.dot((high - zeros) * scales, tl.trans(x_high), acc)
+    out_ptrs = out_ptr + offs_m[None, :] * out_stride_m + offs_n[:, None]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[None, :])
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask_m[None, :], sem="relaxed")
+
+
 def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, magic, dot=False,
          prefetch=False):
     """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G));
@@ -197,6 +250,12 @@ def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, ma
     out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
         torch.zeros(m, n, device=x.device, dtype=torch.float32)
     assert not dot or m <= 16
+    if dot == "swap":
+        _int4_swap_kernel[(n // block_n, split_k)](
+            x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
+            scales.stride(0), out.stride(0), GROUP=GROUP_SIZE, BLOCK_N=block_n, BLOCK_K=block_k,
+            SPLIT_K=split_k, STAGES=stages, num_warps=warps)
+        return out if split_k == 1 else out.to(x.dtype)
     kernel = _int4_dot_kernel if dot else _int4_gemv_kernel
     kernel[(n // block_n, split_k)](
         x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0),
@@ -234,6 +293,13 @@ DOT_WIDE = [(n, k, split, warps, 1, True, True, True)
             if n * k <= 32768 and (warps == 4 or n * k >= 16384)]
 
 
+# the third round (2026-11-29): the swapped dot at M = 1 and 16
+SWAP = [(n, k, split, warps, stages, True, "swap")
+        for n, k, split, warps, stages in itertools.product(
+            (64, 128), (128, 256), (1, 2, 4, 8), (4, 8), (2, 3))
+        if n * k <= 32768 and not (warps == 8 and n == 64)]
+
+
 def check() -> None:
     """Every variant's result at a small size against the dequantized weight's product."""
     m, n, k = 3, 128, 2048
@@ -258,6 +324,13 @@ def check() -> None:
                    magic, dot=True, prefetch=split_k == 1)
         error = ((got.double() - want).norm() / want.norm()).item()
         print(f"dot BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k} magic {magic}: "
+              f"relative error {error:.1e}")
+        assert error < 2e-3, error
+    for block_n, block_k, split_k in ((64, 128, 1), (64, 256, 2)):
+        got = gemv(x16, qweight, scales.half(), zeros.half(), block_n, block_k, split_k, 4, 2,
+                   True, dot="swap")
+        error = ((got.double() - want).norm() / want.norm()).item()
+        print(f"swap BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k}: "
               f"relative error {error:.1e}")
         assert error < 2e-3, error
 
@@ -285,7 +358,7 @@ def sweep_m(m: int, n: int, k: int, start: float, budget: float, variants) -> No
         if time.perf_counter() - start > budget:
             print(f"{head}: time budget spent, the remaining variants left out", flush=True)
             break
-        label = (f"{'dot ' if dot else 'gemv'} BLOCK_N {block_n:3d} BLOCK_K "
+        label = (f"{'swap' if dot == 'swap' else 'dot ' if dot else 'gemv'} BLOCK_N {block_n:3d} BLOCK_K "
                  f"{block_k:5d} split {split_k} w{warps} s{stages}{' magic' if magic else ' cvt  '}"
                  f"{' prefetch' if prefetch else ''}")
         try:
@@ -343,6 +416,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
     parser.add_argument("--budget", type=float, default=300, help="seconds for the sweep")
+    parser.add_argument("--swap", action="store_true", help="the swapped dot at M = 1 and 16")
     parser.add_argument("--product", action="store_true",
                         help="the generated ops' GEMV kernel per forced config")
     parser.add_argument("--wide", action="store_true",
@@ -357,6 +431,10 @@ def main() -> None:
     # half the budget each: Triton specializes an integer argument equal to 1 as a constant, so
     # M = 16 compiles every variant again; there the tile kernel first (the GEMV reads each
     # program's weights once a row)
+    if options.swap:
+        sweep_m(16, 4096, 4096, start, options.budget * 0.6, SWAP)
+        sweep_m(1, 4096, 4096, start, options.budget, SWAP)
+        return
     if options.product:
         sweep_product(4096, 4096)
         sweep_product(8192, 8192)
