@@ -70,6 +70,7 @@ GENERATED_NAMES = frozenset({
     "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "batch", "height",
     "width", "channels", "out_channels", "out_row", "out_col", "out_pixels",
     "tiles_h", "tiles_w", "patch", "image", "row0", "col0", "tap_stride",  # the TMA kernel's
+    "images", "pixels_per_image",  # the flat kernel's
     # the channels-last repack kernel's
     "bid", "dst_ptr", "pixels", "src_ptr", "src_stride_b", "src_stride_c",
 })
@@ -317,8 +318,9 @@ def draw_case(draw, info):
     operands.
 
     Every case forces a strategy (the implicit GEMM on the tensors as they are, after a
-    channels-last repack, or the depthwise kernel where a group has one input channel) or
-    leaves it to the launcher, and forces a config: one of the spec's space by number, or a
+    channels-last repack, the flat kernel where the filter is 1 x 1 at stride 1 without
+    padding, or the depthwise kernel where a group has one input channel) or leaves it to the
+    launcher, and forces a config: one of the spec's space by number, or a
     small tile config outside it so that small images span several tiles.
     """
     from hypothesis import strategies as st
@@ -348,6 +350,11 @@ def draw_case(draw, info):
     if "padding" in kinds:
         forms = [0, 1, 2, (0, 1), (3, 2), "valid"] + (["same"] if stride == 1 else [])
         padding = draw(st.sampled_from(forms))
+    if draw(st.integers(0, 3)) == 0:
+        # a pointwise (1 x 1) convolution at stride 1 without padding, the flat kernel's, in
+        # about one case of four
+        kh = kw = 1
+        stride, padding = (1 if "stride" in kinds else stride), 0
     (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
     pads = four_pads(padding, (kh, kw), (dh, dw))
     # the input at least the dilated filter once padded; non-square
@@ -361,7 +368,7 @@ def draw_case(draw, info):
     out_channels = k_group * groups
     # "tma" where the TMA kernel can take the call (stride 1, one group, Hopper: the GPU tier),
     # else the GEMM kernel after the same copies
-    strategy = draw(st.sampled_from([None, "gemm", "gemm_repack", "tma"]
+    strategy = draw(st.sampled_from([None, "gemm", "gemm_repack", "flat", "tma"]
                                     + (["depthwise"] if c_group == 1 else [])))
     if strategy is not None:
         overrides["strategy"] = strategy

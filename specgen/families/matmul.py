@@ -55,13 +55,16 @@ GENERATED_NAMES = frozenset({
     "k_start", "programs_in_group", "row", "row0", "slot", "tiles", "work", "ws_ptr", "ws_ptrs",
     "m", "n", "rest", "tile",  # the kernels' names the shipped specs' modules do not show
     "q", "group_id", "block",  # a quantized B's integers, their group, a K block's product
+    "products", "group_products", "groups",  # the GEMV kernel's
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_", "size_b")
 # what the template appends to a tensor's or output's name (x_ptr, x_stride_m, a quantized B's
 # bytes and its scales loaded per group or channel, A's columns by their place in B's bytes and
-# its row sums): int8_linear's x_scale extends none of them
+# its row sums; the GEMV kernel's A row, its start, B's rows and their words, A's places):
+# int8_linear's x_scale extends none of them
 DERIVED_SUFFIXES = ("ptr", "tile", "base", "desc", "bytes", "group", "channel", "stride", "parts",
-                    "sums", *(f"p{place}" for place in range(8)))
+                    "sums", "row", "start", "rows", "words", "places",
+                    *(f"p{place}" for place in range(8)))
 
 # operand dims (without batch) by role
 A_DIMS = ("M", "K")

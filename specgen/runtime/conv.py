@@ -30,7 +30,7 @@ from specgen.runtime.layout import span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
 
-STRATEGIES = ("gemm", "gemm_repack", "tma", "depthwise")
+STRATEGIES = ("gemm", "gemm_repack", "flat", "tma", "depthwise")
 # input channels a group from which auto takes the TMA kernel (where it can)
 TMA_CHANNELS = 128
 # the TMA kernel's widest channel block: Triton 3.6 computes wrong results with 256 (every
@@ -152,6 +152,12 @@ class ConvPlan:
         tiles_m = -(-self.m // meta["BLOCK_M"])
         return (tiles_m * -(-self.n // meta["BLOCK_N"]) * self.groups,)
 
+    def flat_grid(self, meta: dict) -> tuple[int]:
+        """The 1 x 1 kernel's: each image's pixel blocks by channel blocks, for every group."""
+        _, _, out_h, out_w = self.shape
+        tiles = -(-(out_h * out_w) // meta["BLOCK_M"]) * -(-self.n // meta["BLOCK_N"])
+        return (self.shape[0] * tiles * self.groups,)
+
     def tma_grid(self, meta: dict) -> tuple[int]:
         """One program per multiprocessor (or per tile, where fewer)."""
         _, _, out_h, out_w = self.shape
@@ -212,12 +218,18 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     n = out_channels // groups
     m = batch * out_h * out_w
     nchw_input = x_strides[1] != 1 and _nchw(x_shape, x_strides)
+    # a 1 x 1 filter at stride 1 without padding over pixels one stride apart (the height's is
+    # the width's times the width): a GEMM per image
+    flat = (kh == kw == 1 and stride == (1, 1) and not any(pads)
+            and x_strides[2] == width * x_strides[3])
     if forced is None:
         # measured on an H100 (docs/performance.md, 000v): the TMA kernel wins from 128 input
         # channels a group (a long K loop), loses below (the pointer kernel's 64-channel 3 x 3:
         # 31.8 us against 36.3); the channels-last copy pays for 3 x 3 filters, not for 1 x 1
-        # ones, which read each input element once (49 us direct against 59)
-        forced = ("depthwise" if c_group == 1 else "tma" if c_group >= TMA_CHANNELS
+        # ones, which read each input element once (49 us direct against 59); 1 x 1 filters
+        # take the flat kernel (item 001b)
+        forced = ("depthwise" if c_group == 1 else "flat" if flat
+                  else "tma" if c_group >= TMA_CHANNELS
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
                   else "gemm")
     # an NCHW input (and weight) copied to channels-last first, for the GEMM kernels' loads
@@ -234,7 +246,8 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     x_after = (height * width * channels, 1, width * channels, channels) if repack_input \
         else x_strides
     w_after = (kh * kw * c_group, 1, kw * c_group, c_group) if repack_weight else w_strides
-    kernel = "depthwise" if forced == "depthwise" else "gemm"
+    kernel = "depthwise" if forced == "depthwise" else "flat" if forced == "flat" and flat \
+        else "gemm"
     if forced == "tma" and tma_describable(x_after, w_shape, w_after, stride, groups,
                                            element_size, index_64, device):
         kernel = "tma"
@@ -495,7 +508,8 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
         launch(op.kernels["tma"], plan.tma_grid, *arguments, **flags, **common,
                TILE_W=plan.tile_w, INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
         return
-    launch(op.kernels["gemm"], plan.grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
+    grid = plan.flat_grid if kernel == "flat" else plan.grid
+    launch(op.kernels[kernel], grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
            INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
 
 
