@@ -144,7 +144,6 @@ class ConvPlan:
     index_64: bool
     even_c: bool
     flat_out: bool                  # outputs' pixels one run per image (NCHW)
-    pixel_major: bool               # the flat kernel's input has contiguous pixels (NCHW)
     pixel_run: int                  # the store hint: runs of this many contiguous pixels
     tile_w: int                     # the TMA kernel's patch width
     sms: int                        # multiprocessors: the TMA kernel's grid
@@ -268,7 +267,6 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
                     strategy=strategy, kernel=kernel, repack_input=repack_input,
                     repack_weight=repack_weight, index_64=index_64,
                     even_c=c_group % max_block_k == 0, flat_out=flat_out,
-                    pixel_major=x_strides[3] == 1 and x_strides[1] != 1,
                     pixel_run=run if flat_out else 1, tile_w=tile_w,
                     sms=multiprocessors(torch.device(device)) if kernel == "tma" else 0)
 
@@ -510,12 +508,8 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
         launch(op.kernels["tma"], plan.tma_grid, *arguments, **flags, **common,
                TILE_W=plan.tile_w, INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
         return
-    if kernel == "flat":
-        launch(op.kernels["flat"], plan.flat_grid, *arguments, **flags, **common,
-               EVEN_C=plan.even_c, PIXEL_MAJOR=plan.pixel_major, INPUT_PRECISION=precision,
-               tune_key=(plan, x.dtype))
-        return
-    launch(op.kernels["gemm"], plan.grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
+    grid = plan.flat_grid if kernel == "flat" else plan.grid
+    launch(op.kernels[kernel], grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
            INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
 
 
