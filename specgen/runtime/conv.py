@@ -219,16 +219,18 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     m = batch * out_h * out_w
     nchw_input = x_strides[1] != 1 and _nchw(x_shape, x_strides)
     # a 1 x 1 filter at stride 1 without padding over pixels one stride apart (the height's is
-    # the width's times the width): a GEMM per image
+    # the width's times the width): a GEMM per image, the flat kernel's
     flat = (kh == kw == 1 and stride == (1, 1) and not any(pads)
             and x_strides[2] == width * x_strides[3])
     if forced is None:
         # measured on an H100 (docs/performance.md, 000v): the TMA kernel wins from 128 input
         # channels a group (a long K loop), loses below (the pointer kernel's 64-channel 3 x 3:
         # 31.8 us against 36.3); the channels-last copy pays for 3 x 3 filters, not for 1 x 1
-        # ones, which read each input element once (49 us direct against 59); 1 x 1 filters
-        # take the flat kernel (item 001b)
-        forced = ("depthwise" if c_group == 1 else "flat" if flat
+        # ones, which read each input element once (49 us direct against 59); the flat kernel
+        # where it applies, but not over contiguous pixels (an NCHW input): on an H200 at N32
+        # C64 56x56 K256 it took 0.034 ms channels-last (the implicit GEMM 0.037) and 0.122-0.135
+        # over NCHW pixels, either way round, against the implicit GEMM's 0.043 (item 001b)
+        forced = ("depthwise" if c_group == 1 else "flat" if flat and x_strides[3] != 1
                   else "tma" if c_group >= TMA_CHANNELS
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
                   else "gemm")
