@@ -18,6 +18,7 @@ from specgen.model import Source
 from specgen.parse import parse_spec
 from specgen.runtime import matmul as matmul_rt
 from specgen.runtime import override
+from specgen.runtime.context import record_launches
 from specgen.testing.core import device
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,15 +118,18 @@ def test_int8_linear_accumulates_exactly_in_int32():
 def test_one_row_of_a_quantized_weight_takes_the_gemv_kernel():
     # at M = 1 (leading dims folded) the GEMV kernel; from 2 rows the tile kernels; never for an
     # int8 A (W8A8: exact int32 dots)
-    # (plans read metadata only: meta tensors, as on the GPU tier)
+    # (plans read metadata only: meta tensors, as on the GPU tier, planned for an H100's 132
+    # multiprocessors); a B of fewer columns than 4 a multiprocessor keeps the split tiles
     int4 = sys.modules["generated.int4_weight_linear"].LAYOUT
-    qweight = torch.zeros(64, 128, dtype=torch.uint8, device="meta")
-    scales = torch.ones(64, 2, device="meta")
-    for shape, gemv in (((1, 256), True), ((256,), True), ((1, 1, 256), True),
-                        ((2, 256), False), ((16, 256), False), ((2, 1, 256), False)):
+    for n, shape, gemv in ((1024, (1, 256), True), (1024, (256,), True),
+                           (1024, (1, 1, 256), True), (1024, (2, 256), False),
+                           (1024, (16, 256), False), (1024, (2, 1, 256), False),
+                           (4 * 132, (1, 256), True), (4 * 132 - 16, (1, 256), False)):
+        qweight = torch.zeros(n, 128, dtype=torch.uint8, device="meta")
+        scales = torch.ones(n, 2, device="meta")
         x = torch.ones(shape, device="meta")
         plan = matmul_rt.launch_plan(int4, x, qweight, scales, scales, None, group=128)
-        assert (plan.strategy.kind == "gemv") == gemv, (shape, plan.strategy)
+        assert (plan.strategy.kind == "gemv") == gemv, (n, shape, plan.strategy)
     assert sys.modules["generated.int8_weight_linear"].LAYOUT.gemv
     assert not sys.modules["generated.int8_linear"].LAYOUT.gemv
     x = torch.ones(1, 64, dtype=torch.int8, device="meta")
@@ -344,7 +348,11 @@ def test_authored_formats_of_other_widths(authored, text, mode, k):
     # kernel where the module has none (tile)
     assert module.LAYOUT.gemv == (mode == "block")
     for strategy in ("direct", "two_stage:2", "gemv"):
-        with override(strategy=strategy):
+        with override(strategy=strategy), record_launches() as log:
             result = getattr(module, module.OP.name)(x, qweight, scales)
+        ran = strategy.split(":")[0]
+        if strategy == "gemv" and mode != "block":
+            ran = "direct"
+        assert log[-1].kernel == ran, (strategy, log[-1].kernel)
         expected = module.reference(x.double(), qweight, scales.double())
         torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-4)

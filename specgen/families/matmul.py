@@ -110,7 +110,8 @@ DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
 # reads 8 KiB of B a program and K step (MatmulPlan.gemv_configs), which the heuristic runs
 # untuned. Timed on an H200 at 1 x 4096^2 and 1 x 8192^2 (tools/perf/probe_int4_gemv.py
 # --product, docs/performance.md): int4 fastest at 8 x 2048 on 4 warps (9.0 and 27.0 us), int8
-# at 4 x 2048 on 4 warps (8.9 us; 25.0 at 8192^2, where 16 x 4096 on 8 warps took 24.5)
+# at 4 x 2048 on 4 warps (8.9 and 25.0 us; 16 x 4096 on 8 warps, the last config here, 24.5 at
+# 8192^2 and 10.0 at 4096^2)
 GEMV_CONFIGS = (
     {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 4},
     {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 4},
@@ -118,6 +119,7 @@ GEMV_CONFIGS = (
     {"BLOCK_N": 8, "BLOCK_K": 4096, "num_warps": 4},
     {"BLOCK_N": 4, "BLOCK_K": 4096, "num_warps": 4},
     {"BLOCK_N": 16, "BLOCK_K": 1024, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 4096, "num_warps": 8},
 )
 # tl.dot needs every block dimension to be at least 16 (runtime/matmul.py's MIN_DOT_BLOCK, which
 # clamps block sizes at launch; tests/test_matmul.py checks that they agree)
@@ -839,11 +841,6 @@ def draw_case(draw, info):
     if strategy == "gemv" and draw(st.booleans()):
         # one row of A a program row; M = 1 in about half the cases, as the planner takes it
         m = min(m, 1)
-    if isinstance(config, dict) and (strategy == "gemv" or (strategy is None and m == 1
-                                                             and info.launch.gemv)):
-        # a mapping bypasses the pruning that makes each of the GEMV kernel's K blocks whole
-        # groups (the planner takes that kernel at M = 1)
-        overrides["config"] = config = dict(config, BLOCK_K=max(config["BLOCK_K"], group or 0))
     if strategy == "tma":
         # rows of 16-byte multiples in contiguous layouts, so the TMA kernel runs (bmm's batch
         # elements too); the layouts it cannot describe (offset, stepped, broadcast over a
@@ -864,6 +861,11 @@ def draw_case(draw, info):
             vector_b = draw(st.integers(0, 7)) == 0
     # a 1-D operand has no batch dims
     batch_a, batch_b = (() if vector_a else batch_a), (() if vector_b else batch_b)
+    if isinstance(config, dict) and info.launch.gemv and (
+            strategy == "gemv" or (strategy is None and (vector_a or m == 1))):
+        # a mapping bypasses the pruning that makes each of the GEMV kernel's K blocks whole
+        # groups; the planner may take that kernel wherever A's rows are one (a 1-D A too)
+        overrides["config"] = config = dict(config, BLOCK_K=max(config["BLOCK_K"], group or 0))
     batch = tuple(torch.broadcast_shapes(batch_a, batch_b))
 
     # bfloat16 tl.dot is wrong under TRITON_INTERPRET=1 (the interpreter multiplies the raw bit

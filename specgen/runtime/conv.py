@@ -138,7 +138,7 @@ class ConvPlan:
     sizes: tuple[int, ...]          # the kernels' M, N, C, H, W, P, Q
     geometry: tuple[int, ...]       # stride, padding (top, left), dilation: kernel scalars
     strategy: str                   # what the launch notes: the kernel, gemm_repack after copies
-    kernel: str                     # gemm, tma or depthwise
+    kernel: str                     # gemm, flat, tma or depthwise
     repack_input: bool
     repack_weight: bool
     index_64: bool
@@ -226,12 +226,13 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         # measured on an H100 (docs/performance.md, 000v): the TMA kernel wins from 128 input
         # channels a group (a long K loop), loses below (the pointer kernel's 64-channel 3 x 3:
         # 31.8 us against 36.3); the channels-last copy pays for 3 x 3 filters, not for 1 x 1
-        # ones, which read each input element once (49 us direct against 59); the flat kernel
-        # where it applies, but not over contiguous pixels (an NCHW input): on an H200 at N32
-        # C64 56x56 K256 it took 0.034 ms channels-last (the implicit GEMM 0.037) and 0.122-0.135
-        # over NCHW pixels, either way round, against the implicit GEMM's 0.043 (item 001b)
-        forced = ("depthwise" if c_group == 1 else "flat" if flat and x_strides[3] != 1
-                  else "tma" if c_group >= TMA_CHANNELS
+        # ones, which read each input element once (49 us direct against 59); under 128
+        # channels a group the flat kernel where it applies to channels-last inputs (contiguous
+        # channels), not over NCHW pixels: on an H200 at N32 C64 56x56 K256 it took 0.034 ms
+        # channels-last (the implicit GEMM 0.037) and 0.122-0.135 over NCHW pixels, either way
+        # round, against the implicit GEMM's 0.043 (item 001b); from 128 it was not measured
+        forced = ("depthwise" if c_group == 1 else "tma" if c_group >= TMA_CHANNELS
+                  else "flat" if flat and x_strides[1] == 1
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
                   else "gemm")
     # an NCHW input (and weight) copied to channels-last first, for the GEMM kernels' loads
@@ -304,6 +305,12 @@ def prune_configs(configs, named_args, **kwargs):
     return _pruned(configs, named_args)
 
 
+def prune_flat_configs(configs, named_args, **kwargs):
+    """``prune_configs`` with pixel blocks fitted to one image's pixels (a flat block never
+    spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows idle)."""
+    return _pruned(configs, dict(named_args, M=named_args["out_h"] * named_args["out_w"]))
+
+
 def prune_tma_configs(configs, named_args, **kwargs):
     """``prune_configs``, with channel blocks at most TMA_MAX_BLOCK_N."""
     return _pruned(configs, named_args, max_block_n=TMA_MAX_BLOCK_N)
@@ -341,8 +348,9 @@ def output_channels_last(device: str, float64: bool, x_channels_last: bool,
 # ---- the family runtime --------------------------------------------------------------------------
 
 class Conv(FamilyRuntime):
-    """2-D convolutions with fused epilogues. Kernels: ``gemm`` (the implicit GEMM), ``depthwise``
-    and ``repack`` (a (B, C, L) -> (B, L, C) transpose)."""
+    """2-D convolutions with fused epilogues. Kernels: ``gemm`` (the implicit GEMM), ``flat`` (a
+    GEMM per image for 1 x 1 filters), ``tma`` (the implicit GEMM through TMA copies),
+    ``depthwise`` and ``repack`` (a (B, C, L) -> (B, L, C) transpose)."""
 
     doc_note = "computed by one fused kernel (after a channels-last copy of an NCHW input)."
 

@@ -36,6 +36,9 @@ MIN_K_PER_SPLIT = 512
 SPLIT_PROGRAMS_PER_SM = 4
 # tl.dot needs every block dimension to be at least 16
 MIN_DOT_BLOCK = 16
+# the GEMV kernel's least columns of B a multiprocessor: a program of its narrowest lead block
+# (int8's 4 columns) for each
+GEMV_COLUMNS_PER_SM = 4
 # Hopper's wgmma works on 64-row tiles: configs with fewer rows are meant for problems that small
 WGMMA_ROWS = 64
 # a TMA descriptor's base address and every stride but the unit one are multiples of 16 bytes
@@ -328,14 +331,17 @@ def strategy(mode: str, m: int, n: int, k: int, batch: int, device: torch.device
         if (kind == "tma" and not describable) or (kind == "gemv" and not gemv):
             return DIRECT
         return Strategy(kind, int(factor or 1))
-    if gemv and m == 1:
+    sms = multiprocessors(device)
+    if gemv and m == 1 and n >= GEMV_COLUMNS_PER_SM * sms:
         # a decode GEMV reads the weight once at its bandwidth, where a 16-row dot tile (and
-        # a split of K to fill the GPU with them) took 1.7x as long (docs/performance.md)
+        # a split of K to fill the GPU with them) took 1.7x as long (docs/performance.md,
+        # 001a); it does not split K, so a narrow B (fewer column blocks than multiprocessors)
+        # keeps the split tiles (not measured: the GEMV was timed at 4096 and 8192 columns)
         return GEMV
     tile = tile_strategy(m, device, describable)
     if mode == "off":
         return tile
-    factor = split_k_factor(m, n, k, batch, multiprocessors(device), factors)
+    factor = split_k_factor(m, n, k, batch, sms, factors)
     if factor == 1:
         return tile
     # atomic adds sum in no fixed order: torch.use_deterministic_algorithms(True) gets the
