@@ -132,10 +132,13 @@ def test_one_row_of_a_quantized_weight_takes_the_gemv_kernel():
         assert (plan.strategy.kind == "gemv") == gemv, (n, shape, plan.strategy)
     assert sys.modules["generated.int8_weight_linear"].LAYOUT.gemv
     assert not sys.modules["generated.int8_linear"].LAYOUT.gemv
+    # W8A8 at one row and a B wide enough for the GEMV kernel's column rule: the tile kernels
     x = torch.ones(1, 64, dtype=torch.int8, device="meta")
+    qweight = torch.ones(1024, 64, dtype=torch.int8, device="meta")
     # (in the layout's order: A, B, then the epilogue's operands)
-    plan = matmul_rt.launch_plan(sys.modules["generated.int8_linear"].LAYOUT, x, x.expand(8, 64),
-                                 torch.ones(1, device="meta"), torch.ones(8, device="meta"), None)
+    plan = matmul_rt.launch_plan(sys.modules["generated.int8_linear"].LAYOUT, x, qweight,
+                                 torch.ones(1, device="meta"), torch.ones(1024, device="meta"),
+                                 None)
     assert plan.strategy.kind != "gemv"
 
 

@@ -354,7 +354,7 @@ def draw_case(draw, info):
         # a pointwise (1 x 1) convolution at stride 1 without padding, the flat kernel's, in
         # about one case of four
         kh = kw = 1
-        stride, padding = (1 if "stride" in kinds else stride), 0
+        stride, padding = 1, 0
     (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
     pads = four_pads(padding, (kh, kw), (dh, dw))
     # the input at least the dilated filter once padded; non-square

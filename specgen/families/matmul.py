@@ -23,9 +23,9 @@ it is ``q`` times per-channel factors, multiplies the accumulator by them after 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import math
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -794,10 +794,11 @@ def draw_case(draw, info):
 
     The roles of an op's tensors come from their dims (A: M, K; B: K, N or N, K; the others
     feed the epilogue). Every case forces a strategy (direct, TMA, two-stage or atomic split-K
-    with 1 to 4 splits, the GEMV kernel of a quantized B) or leaves it to the launcher, and forces a config: one of the spec's
-    space by number (as autotuning would fit it to the sizes: the GPU tier checks every config
-    without tuning each size), or a small tile config outside the space so that a few dozen
-    rows already span several tiles, partial tiles and grouped/swizzled orderings.
+    with 1 to 4 splits, the GEMV kernel of a quantized B) or leaves it to the launcher, and
+    forces a config: one of the spec's space by number (as autotuning would fit it to the sizes:
+    the GPU tier checks every config without tuning each size), or a small tile config outside
+    the space so that a few dozen rows already span several tiles, partial tiles and
+    grouped/swizzled orderings.
     """
     from hypothesis import strategies as st
 
