@@ -83,7 +83,7 @@ def test_registered_operator_takes_four_pads():
 def test_output_layout_is_torchs_rule_of_the_device(device, float64, x_cl, w_cl, cudnn, want):
     # a GPU draw: an unbatched float64 input with a channels_last weight came out channels-last,
     # where torch's CUDA convolution (cudnn_conv_suggest_memory_format) gives a contiguous result
-    assert conv_rt.output_channels_last(device, float64, x_cl, w_cl, cudnn) is want
+    assert conv_rt.output_channels_last(device, float64, x_cl or w_cl, cudnn) is want
     if device.startswith("cuda") and not torch.cuda.is_available():
         return   # torch's CUDA rule is checked where there is a GPU (the GPU tier)
     dtype = torch.float64 if float64 else torch.float32
@@ -94,6 +94,23 @@ def test_output_layout_is_torchs_rule_of_the_device(device, float64, x_cl, w_cl,
     with torch.backends.cudnn.flags(enabled=cudnn):
         out = F.conv2d(x, w)
     assert out.is_contiguous(memory_format=torch.channels_last) is want, "torch's rule"
+
+
+@pytest.mark.parametrize("w_shape, w_strides", [
+    ((4, 1, 1, 1), (2, 1, 2, 1)),   # channels-last by its strides; its channels-last copy is not
+    ((4, 1, 1, 2), (2, 1, 2, 1)),   # channels-last, and its copy too
+    ((4, 2, 1, 1), (4, 1, 4, 4)),
+    ((4, 2, 1, 1), (2, 2, 1, 1)),   # contiguous
+])
+def test_output_layout_follows_torchs_second_look(w_shape, w_strides):
+    # a CI draw: a (2, 1, 1, 1) weight of strides (2, 1, 2, 1) gave a channels-last result where
+    # torch's is contiguous; torch decides again from the tensors it made channels-last
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(2, w_shape[1], 3, 4, device=device)
+    w = torch.empty_strided(w_shape, w_strides, device=device).normal_()
+    want = F.conv2d(x, w).is_contiguous(memory_format=torch.channels_last)
+    got = conv_rt._channels_last_pair(x.shape, x.stride(), w.shape, w.stride())
+    assert got is want
 
 
 BAD_GEOMETRY = [

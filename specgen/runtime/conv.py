@@ -174,6 +174,20 @@ def _channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
         == torch.channels_last
 
 
+def _channels_last_pair(x_shape: Sequence[int], x_strides: Sequence[int],
+                        w_shape: Sequence[int], w_strides: Sequence[int]) -> bool:
+    """Whether torch's convolution backends take the input and weight channels-last, as torch
+    decides it twice: from the given tensors, then (for the output) from their channels-last
+    copies, where an ambiguous shape is not channels-last any more (a (K, 1, 1, 1) weight of
+    strides (2, 1, 2, 1) is; its copy, strides (1, 1, 1, 1), is not)."""
+    if not (_channels_last(x_shape, x_strides) or _channels_last(w_shape, w_strides)):
+        return False
+    copies = [torch.empty_strided(shape, strides, device="meta")
+              .contiguous(memory_format=torch.channels_last)
+              for shape, strides in ((x_shape, x_strides), (w_shape, w_strides))]
+    return any(suggest_memory_format(copy) == torch.channels_last for copy in copies)
+
+
 def _nchw(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether each (batch, channel) plane is contiguous: one run of H * W elements, which the
     transpose kernel reads along."""
@@ -210,8 +224,8 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     shape = (batch, out_channels, out_h, out_w)
     # torch's memory format: channels-last where the input or the weight is (on CUDA, as cuDNN)
     # (the only 8-byte dtype a convolution takes is float64)
-    if output_channels_last(device, element_size == 8, _channels_last(x_shape, x_strides),
-                            _channels_last(w_shape, w_strides), cudnn):
+    if output_channels_last(device, element_size == 8,
+                            _channels_last_pair(x_shape, x_strides, w_shape, w_strides), cudnn):
         strides = (out_h * out_w * out_channels, 1, out_w * out_channels, out_channels)
     else:
         strides = (out_channels * out_h * out_w, out_h * out_w, out_w, 1)
@@ -335,12 +349,12 @@ def replay_settings() -> tuple[bool, bool]:
     return torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled
 
 
-def output_channels_last(device: str, float64: bool, x_channels_last: bool,
-                         w_channels_last: bool, cudnn: bool) -> bool:
+def output_channels_last(device: str, float64: bool, channels_last: bool, cudnn: bool) -> bool:
     """Whether torch lays a convolution's output out channels-last: where the input or the weight
-    is, on the CPU; on CUDA as its cuDNN path does (cudnn_conv_suggest_memory_format), which
-    keeps float64 contiguous, and contiguous where cuDNN is off (torch's own CUDA kernels)."""
-    if not (x_channels_last or w_channels_last):
+    is (``channels_last``, see _channels_last_pair), on the CPU; on CUDA as its cuDNN path does
+    (cudnn_conv_suggest_memory_format), which keeps float64 contiguous, and contiguous where
+    cuDNN is off (torch's own CUDA kernels)."""
+    if not channels_last:
         return False
     return not device.startswith("cuda") or (cudnn and not float64)
 
