@@ -1,0 +1,290 @@
+"""Probe for issue 39 at M = 16 to 256: int4 weight-only tiles with B's nibbles interleaved.
+
+At M = 256 N = K = 4096 the generated int4_weight_linear took 42.8 us against bf16 F.linear's
+23.8 (H200, bench/RESULTS-h200.md, 2026-11-29), the target being parity. Its tile kernel
+splits A's tile into the columns that meet each nibble place (a reshape and split of A in
+registers, two dots of half K) and computes each weight value in float32 (225-255 registers at
+its frozen configs by ptxas, 172 bytes of spills for int8's). Two forms against it here, each
+dequantizing in the activations' 16-bit dtype (q - z is an exact small integer there, so
+``(q - z) * s`` rounds once, as the float32 form rounding to bf16 does):
+
+- ``join``: A's tile as loaded (the compiler may pipeline it into shared memory untouched), the
+  two nibble tiles of B joined and interleaved back into K order, one dot of BLOCK_K;
+- ``split``: A split as the generated kernel does, two dots of BLOCK_K // 2.
+
+Nibbles become 16-bit floats by an OR into the mantissa of 128 (bf16) or 1024 (fp16) where
+``MAGIC``, else by a conversion. Every variant is checked against the dequantized weight's
+product before it is timed (CUDA graphs, inputs rotating past L2, as sweep_matmul times), next
+to cuBLAS's bf16 linear of the dequantized weight and the generated op. int8_weight_linear at
+M = 256 (33.3 us, 0.71x bf16) in the generated kernel's form over a config sweep: its frozen
+128 x 128 x 64 on 4 warps takes 255 registers and spills, by ptxas.
+
+    PYTHONPATH=. python3 tools/perf/probe_int4_tile.py          # GPU: M = 256 (int4, int8), 64, 16
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/probe_int4_tile.py --check   # correctness
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(__file__))
+import sweep_matmul as sweep  # noqa: E402  (the rotation, timing and inputs of the matmul sweep)
+
+import generated  # noqa: E402
+from bench.quant import GROUP_SIZE  # noqa: E402
+from specgen import quant  # noqa: E402
+
+
+@triton.jit
+def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+                      MAGIC: tl.constexpr, JOIN: tl.constexpr):
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    tl.static_assert(GROUP % BLOCK_K == 0)
+    # row blocks in groups of GROUP_M, column-major inside a group: neighbours share B's tiles
+    pid = tl.program_id(0)
+    blocks_m = tl.cdiv(M, BLOCK_M)
+    blocks_n = N // BLOCK_N
+    in_group = GROUP_M * blocks_n
+    first_m = pid // in_group * GROUP_M
+    rows_of_group = tl.minimum(blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % rows_of_group
+    pid_n = (pid % in_group) // rows_of_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_byte = tl.arange(0, BLOCK_K // 2)
+    x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
+    # B's bytes K-major in the tile, (BLOCK_K // 2, BLOCK_N), as tl.dot takes B
+    q_ptrs = q_ptr + offs_n[None, :] * q_stride_n + offs_byte[:, None]
+    group_ptrs = offs_n * group_stride_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        q_bytes = tl.load(q_ptrs)
+        scales = tl.load(scales_ptr + group_ptrs + k // GROUP)[None, :]
+        zeros = tl.load(zeros_ptr + group_ptrs + k // GROUP)[None, :]
+        if MAGIC:
+            # a nibble ORed into the mantissa of BIAS is BIAS + nibble exactly
+            if DTYPE == tl.float16:
+                BITS: tl.constexpr = 0x6400
+                BIAS: tl.constexpr = 1024.0
+            else:
+                BITS: tl.constexpr = 0x4300
+                BIAS: tl.constexpr = 128.0
+            q_words = q_bytes.to(tl.int16)
+            low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
+            high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
+            zeros = zeros + BIAS
+        else:
+            low = (q_bytes & 15).to(DTYPE)
+            high = (q_bytes >> 4).to(DTYPE)
+        w_low = (low - zeros) * scales
+        w_high = (high - zeros) * scales
+        if JOIN:
+            # element 2c is byte c's low nibble, 2c + 1 its high one: back into K order
+            w = tl.reshape(tl.permute(tl.join(w_low, w_high), (0, 2, 1)), (BLOCK_K, BLOCK_N))
+            acc = tl.dot(x, w, acc)
+        else:
+            x_low, x_high = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = tl.dot(x_low, w_low, acc)
+            acc = tl.dot(x_high, w_high, acc)
+        x_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K // 2
+    out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+
+
+@triton.jit
+def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
+                      x_stride_m, q_stride_n, out_stride_m,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    """int8_weight_linear's tile as the generated kernel computes it (the integers converted to
+    the activations' dtype, one dot a step, the channel scales after the loop), to tell its
+    frozen config's cost from its form's."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    blocks_m = tl.cdiv(M, BLOCK_M)
+    blocks_n = N // BLOCK_N
+    in_group = GROUP_M * blocks_n
+    first_m = pid // in_group * GROUP_M
+    rows_of_group = tl.minimum(blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % rows_of_group
+    pid_n = (pid % in_group) // rows_of_group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
+    q_ptrs = q_ptr + offs_n[None, :] * q_stride_n + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        q = tl.load(q_ptrs)
+        acc = tl.dot(x, q.to(DTYPE), acc)
+        x_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K
+    acc = acc * tl.load(scales_ptr + offs_n)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+
+
+def tile8(x, qweight, scales, block_m, block_n, block_k, warps, stages):
+    """x (M, K) @ the int8 weight's transpose (qweight (N, K), scales (N,))."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    assert n % block_n == 0 and k % block_k == 0
+    assert x.stride(1) == qweight.stride(1) == 1 and scales.stride(0) == 1
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(m, block_m) * (n // block_n),)
+    _int8_tile_kernel[grid](
+        x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
+        num_warps=warps)
+    return out
+
+
+def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, magic, join):
+    """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G))."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    # what the kernel takes without masks or strides of its own
+    assert n % block_n == 0 and k % block_k == 0 and GROUP_SIZE % block_k == 0
+    assert x.stride(1) == qweight.stride(1) == scales.stride(1) == 1
+    assert zeros.stride() == scales.stride()
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(m, block_m) * (n // block_n),)
+    _int4_tile_kernel[grid](
+        x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
+        scales.stride(0), out.stride(0), GROUP=GROUP_SIZE, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, GROUP_M=8, STAGES=stages, MAGIC=magic, JOIN=join, num_warps=warps)
+    return out
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, MAGIC, JOIN): wgmma's 64-row tiles and up, 8 warps
+# from 128 x 128, the conversion and the split form on a few, to show what each costs
+VARIANTS = [(bm, bn, bk, 8 if bm * bn >= 128 * 128 else 4, stages, True, True)
+            for bm, bn, bk, stages in itertools.product(
+                (64, 128, 256), (64, 128, 256), (64, 128), (3, 4))
+            if 64 * 64 <= bm * bn <= 128 * 256]
+VARIANTS += [(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 3, magic, join)
+             for bm, bn, magic, join in itertools.product(
+                 (64, 128), (128, 256), (True, False), (True, False))
+             if (magic, join) != (True, True)]
+# M = 16: the small tiles (mma.sync below 64 rows)
+SMALL = [(16, bn, bk, 4, stages, True, join)
+         for bn, bk, stages, join in itertools.product((64, 128), (64, 128), (3, 5), (True, False))]
+
+# int8 (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the generated op's frozen 128 x 128 x 64 on 4
+# warps (255 registers and spills by ptxas) beside 8 warps and other tiles
+INT8 = [(bm, bn, bk, warps, stages)
+        for bm, bn, bk, warps, stages in itertools.product(
+            (64, 128, 256), (128, 256), (64, 128), (4, 8), (3, 4))
+        if 128 * 128 <= bm * bn <= 128 * 256 and not (warps == 4 and bm * bn > 128 * 128)]
+
+
+def check() -> None:
+    """Every form's result at a small size against the dequantized weight's product, in float16
+    (the interpreter's bfloat16 dot is wrong): the weights rounded to float16 once by their
+    scale."""
+    m, n, k = 70, 64, 512
+    x = torch.randn(m, k).half()
+    qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k) * k ** -0.5, GROUP_SIZE)
+    want = x.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
+    for block_m, block_n, block_k, magic, join in ((64, 32, 64, True, True),
+                                                   (16, 64, 128, True, False),
+                                                   (32, 32, 64, False, True),
+                                                   (64, 64, 128, False, False)):
+        got = tile(x, qweight, scales.half(), zeros.half(), block_m, block_n, block_k, 4, 2,
+                   magic, join)
+        error = ((got.double() - want).norm() / want.norm()).item()
+        print(f"{block_m}x{block_n}x{block_k} magic {magic} join {join}: relative error "
+              f"{error:.1e}")
+        assert error < 2e-3, error
+    qweight8, scales8 = quant.quantize_int8(torch.randn(n, k) * k ** -0.5)
+    want = x.double() @ quant.dequantize_int8(qweight8, scales8).double().T
+    got = tile8(x, qweight8, scales8.half(), 64, 32, 64, 4, 2)
+    error = ((got.double() - want).norm() / want.norm()).item()
+    print(f"int8 64x32x64: relative error {error:.1e}")
+    assert error < 2e-3, error
+
+
+def sweep_m(op: str, m: int, n: int, k: int, start: float, budget: float, variants) -> None:
+    args = sweep.inputs(op, m, n, k, 0)
+    size = sum(t.numel() * t.element_size() for t in args)
+    sets = [args] + [sweep.inputs(op, m, n, k, seed)
+                     for seed in range(1, math.ceil(sweep.ROTATION_BYTES / size))]
+    torch_sets = [sweep.torch_inputs(op, s) for s in sets]
+    expected = F.linear(*torch_sets[0]).float()
+    cublas = sweep.device_us(F.linear, torch_sets, True)
+    ours = sweep.device_us(getattr(generated, op), sets, True)
+    sol = sweep.speed_of_light_us(args, m, n, k)
+    head = f"{op} M={m} N={n} K={k}"
+    print(f"{head}: speed of light {sol:.1f} us; cuBLAS bf16 (dequantized) {cublas:.1f} us; "
+          f"generated {ours:.1f} us ({cublas / ours:.2f}x cuBLAS)", flush=True)
+    kernel = tile if op == "int4_weight_linear" else tile8
+    results = []
+    for variant in variants:
+        block_m, block_n, block_k, warps, stages = variant[:5]
+        if n % block_n or k % block_k:
+            continue
+        if time.perf_counter() - start > budget:
+            print(f"{head}: time budget spent, the remaining variants left out", flush=True)
+            break
+        label = f"{block_m:3d}x{block_n:3d}x{block_k:3d} w{warps} s{stages}"
+        if len(variant) > 5:
+            label = f"{'join ' if variant[6] else 'split'} {label}{' magic' if variant[5] else ' cvt'}"
+        try:
+            out = kernel(*args, *variant).float()
+            error = ((out - expected).norm() / expected.norm()).item()
+            if not error < 2e-2:
+                print(f"{head} | {label} | WRONG: relative error {error:.1e}", flush=True)
+                continue
+            us = sweep.device_us(lambda *a: kernel(*a, *variant), sets, True)
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported
+            print(f"{head} | {label} | FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+            continue
+        results.append((us, label))
+        print(f"{head} | {label} | {us:6.1f} us | {sol / us:5.1%} SOL "
+              f"| {cublas / us:5.2f}x cuBLAS", flush=True)
+    print(f"{head}, best first:")
+    for us, label in sorted(results)[:8]:
+        print(f"  {label} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS "
+              f"| {ours / us:5.2f}x generated")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
+    parser.add_argument("--budget", type=float, default=400, help="seconds for the sweep")
+    options = parser.parse_args()
+    if options.check:
+        check()
+        return
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          flush=True)
+    start = time.perf_counter()
+    sweep_m("int4_weight_linear", 256, 4096, 4096, start, options.budget * 0.5, VARIANTS)
+    sweep_m("int8_weight_linear", 256, 4096, 4096, start, options.budget * 0.7, INT8)
+    sweep_m("int4_weight_linear", 64, 4096, 4096, start, options.budget * 0.85,
+            [v for v in VARIANTS if v[0] == 64 and v[5] and v[6]])
+    sweep_m("int4_weight_linear", 16, 4096, 4096, start, options.budget, SMALL)
+
+
+if __name__ == "__main__":
+    main()
