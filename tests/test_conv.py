@@ -218,13 +218,15 @@ def test_every_strategy_matches(strategy, indexing):
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "image_slice", "nchw_forced"])
-@pytest.mark.parametrize("groups, indexing", [(1, "int32"), (2, "int32"), (1, "int64")])
-def test_flat_kernel_matches(layout, groups, indexing):
-    # 1 x 1 filters over 5 x 7 = 35 pixels an image (pixel blocks past an image's end), 3 images,
-    # 6 input channels a group (a partial channel block), a bias; an input that is every other
-    # image of a larger batch (its images' starts a stride apart); an NCHW input, which the
-    # planner gives the implicit GEMM, forced (the kernel takes any pixel stride)
-    x = _randn(6 if layout == "image_slice" else 3, 6 * groups, 5, 7)
+@pytest.mark.parametrize("groups, indexing, image", [(1, "int32", (5, 7)), (2, "int32", (5, 7)),
+                                                     (1, "int64", (5, 7)), (1, "int32", (4, 6))])
+def test_flat_kernel_matches(layout, groups, indexing, image):
+    # 1 x 1 filters over 5 x 7 = 35 pixels an image (pixel blocks past an image's end), or 4 x 6
+    # = 24 (runs of 8 pixels under one mask, the kernel's hint), 3 images, 6 input channels a
+    # group (a partial channel block), a bias; an input that is every other image of a larger
+    # batch (its images' starts a stride apart); an NCHW input, which the planner gives the
+    # implicit GEMM, forced (the kernel takes any pixel stride)
+    x = _randn(6 if layout == "image_slice" else 3, 6 * groups, *image)
     if layout != "nchw_forced":
         x = x.to(memory_format=torch.channels_last)
     if layout == "image_slice":
@@ -239,6 +241,20 @@ def test_flat_kernel_matches(layout, groups, indexing):
     _close(got, want)
     # the output in torch's memory format: channels-last where the input is
     assert got.is_contiguous(memory_format=torch.channels_last) == (layout != "nchw_forced")
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("image, run", [((5, 7), 1), ((4, 6), 8), ((56, 56), 16)])
+def test_flat_plan_states_the_pixel_runs_its_mask_holds_over(image, run, channels_last):
+    # the flat kernel's PIXEL_RUN hint (its pixel mask is constant over aligned runs of it, so
+    # loads and stores along NCHW pixels vectorize) holds where an image's pixels are a
+    # multiple, whatever the layouts
+    x = torch.empty(2, 8, *image, device="meta")
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    plan = conv_rt.conv_plan("conv2d", "auto", tuple(x.shape), x.stride(), (4, 8, 1, 1),
+                             (8, 1, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, (), 64, "flat", 2,
+                             "cpu", True, (None,))
+    assert plan.kernel == "flat" and plan.pixel_run == run
 
 
 def _index_bits(x, w, b=None, **geometry):

@@ -144,7 +144,7 @@ class ConvPlan:
     index_64: bool
     even_c: bool
     flat_out: bool                  # outputs' pixels one run per image (NCHW)
-    pixel_run: int                  # the store hint: runs of this many contiguous pixels
+    pixel_run: int                  # runs of this many pixels a mask and an NCHW output hold
     tile_w: int                     # the TMA kernel's patch width
     sms: int                        # multiprocessors: the TMA kernel's grid
 
@@ -244,7 +244,9 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         # channels a group the flat kernel where it applies to channels-last inputs (contiguous
         # channels), not over NCHW pixels: on an H200 at N32 C64 56x56 K256 it took 0.034 ms
         # channels-last (the implicit GEMM 0.037) and 0.122-0.135 over NCHW pixels, either way
-        # round, against the implicit GEMM's 0.043 (item 001b); from 128 it was not measured
+        # round, against the implicit GEMM's 0.043 (item 001b), when its loads and stores over
+        # NCHW pixels went element by element (fixed since, by a hint on its pixel mask, and not
+        # measured); from 128 it was not measured
         forced = ("depthwise" if c_group == 1 else "tma" if c_group >= TMA_CHANNELS
                   else "flat" if flat and x_strides[1] == 1
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
@@ -284,7 +286,7 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
                     strategy=strategy, kernel=kernel, repack_input=repack_input,
                     repack_weight=repack_weight, index_64=index_64,
                     even_c=c_group % max_block_k == 0, flat_out=flat_out,
-                    pixel_run=run if flat_out else 1, tile_w=tile_w,
+                    pixel_run=run if flat_out or kernel == "flat" else 1, tile_w=tile_w,
                     sms=multiprocessors(torch.device(device)) if kernel == "tma" else 0)
 
 
