@@ -13,7 +13,9 @@ dequantizing in the activations' 16-bit dtype (q - z is an exact small integer t
 - ``split``: A split as the generated kernel does, two dots of BLOCK_K // 2.
 
 Nibbles become 16-bit floats by an OR into the mantissa of 128 (bf16) or 1024 (fp16) where
-``MAGIC``, else by a conversion. Every variant is checked against the dequantized weight's
+``MAGIC``, else by a conversion. ``SPLIT_K`` programs a tile add their shares of K atomically
+into a zeroed float32 result (the generated op splits K by 4 at M = 256: 256 x 4096 has 32 of
+its 256 x 128 tiles). Every variant is checked against the dequantized weight's
 product before it is timed (CUDA graphs, inputs rotating past L2, as sweep_matmul times), next
 to cuBLAS's bf16 linear of the dequantized weight and the generated op. int8_weight_linear at
 M = 256 (33.3 us, 0.71x bf16) in the generated kernel's form over a config sweep: its frozen
@@ -50,7 +52,7 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
-                      MAGIC: tl.constexpr, JOIN: tl.constexpr):
+                      MAGIC: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(GROUP % BLOCK_K == 0)
     # row blocks in groups of GROUP_M, column-major inside a group: neighbours share B's tiles
@@ -63,17 +65,20 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     pid_m = first_m + (pid % in_group) % rows_of_group
     pid_n = (pid % in_group) // rows_of_group
 
+    # this program's share of K (SPLIT_K programs a tile, their sums added atomically)
+    share = K // SPLIT_K
+    k_first = tl.program_id(1) * share
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_byte = tl.arange(0, BLOCK_K // 2)
+    offs_k = k_first + tl.arange(0, BLOCK_K)
+    offs_byte = k_first // 2 + tl.arange(0, BLOCK_K // 2)
     x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
     # B's bytes K-major in the tile, (BLOCK_K // 2, BLOCK_N), as tl.dot takes B
     q_ptrs = q_ptr + offs_n[None, :] * q_stride_n + offs_byte[:, None]
     group_ptrs = offs_n * group_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
         x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         q_bytes = tl.load(q_ptrs)
         scales = tl.load(scales_ptr + group_ptrs + k // GROUP)[None, :]
@@ -106,14 +111,17 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         x_ptrs += BLOCK_K
         q_ptrs += BLOCK_K // 2
     out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
 
 
 @triton.jit
 def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, out_stride_m,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+                      GROUP_M: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr):
     """int8_weight_linear's tile as the generated kernel computes it (the integers converted to
     the activations' dtype, one dot a step, the channel scales after the loop), to tell its
     frozen config's cost from its form's."""
@@ -126,14 +134,16 @@ def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
     rows_of_group = tl.minimum(blocks_m - first_m, GROUP_M)
     pid_m = first_m + (pid % in_group) % rows_of_group
     pid_n = (pid % in_group) // rows_of_group
+    share = K // SPLIT_K
+    k_first = tl.program_id(1) * share
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = k_first + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
     q_ptrs = q_ptr + offs_n[None, :] * q_stride_n + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
         x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         q = tl.load(q_ptrs)
         acc = tl.dot(x, q.to(DTYPE), acc)
@@ -141,60 +151,73 @@ def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
         q_ptrs += BLOCK_K
     acc = acc * tl.load(scales_ptr + offs_n)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
 
 
-def tile8(x, qweight, scales, block_m, block_n, block_k, warps, stages):
-    """x (M, K) @ the int8 weight's transpose (qweight (N, K), scales (N,))."""
+def tile8(x, qweight, scales, block_m, block_n, block_k, warps, stages, split_k=1):
+    """x (M, K) @ the int8 weight's transpose (qweight (N, K), scales (N,)); ``split_k`` as
+    ``tile``'s."""
     m, k = x.shape
     n = qweight.shape[0]
-    assert n % block_n == 0 and k % block_k == 0
+    assert n % block_n == 0 and k % (block_k * split_k) == 0
     assert x.stride(1) == qweight.stride(1) == 1 and scales.stride(0) == 1
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(m, block_m) * (n // block_n),)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
+        torch.zeros(m, n, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(m, block_m) * (n // block_n), split_k)
     _int8_tile_kernel[grid](
         x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
-        num_warps=warps)
-    return out
+        SPLIT_K=split_k, num_warps=warps)
+    return out if split_k == 1 else out.to(x.dtype)
 
 
-def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, magic, join):
-    """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G))."""
+def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, magic, join,
+         split_k=1):
+    """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G));
+    ``split_k`` programs a tile add their shares of K into a zeroed float32 result (the zeroing
+    and the cast are in the time)."""
     m, k = x.shape
     n = qweight.shape[0]
     # what the kernel takes without masks or strides of its own
-    assert n % block_n == 0 and k % block_k == 0 and GROUP_SIZE % block_k == 0
+    assert n % block_n == 0 and k % (block_k * split_k) == 0 and GROUP_SIZE % block_k == 0
     assert x.stride(1) == qweight.stride(1) == scales.stride(1) == 1
     assert zeros.stride() == scales.stride()
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(m, block_m) * (n // block_n),)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
+        torch.zeros(m, n, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(m, block_m) * (n // block_n), split_k)
     _int4_tile_kernel[grid](
         x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
         scales.stride(0), out.stride(0), GROUP=GROUP_SIZE, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, GROUP_M=8, STAGES=stages, MAGIC=magic, JOIN=join, num_warps=warps)
-    return out
+        BLOCK_K=block_k, GROUP_M=8, STAGES=stages, MAGIC=magic, JOIN=join, SPLIT_K=split_k,
+        num_warps=warps)
+    return out if split_k == 1 else out.to(x.dtype)
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, MAGIC, JOIN): wgmma's 64-row tiles and up, 8 warps
-# from 128 x 128, the conversion and the split form on a few, to show what each costs
-VARIANTS = [(bm, bn, bk, 8 if bm * bn >= 128 * 128 else 4, stages, True, True)
-            for bm, bn, bk, stages in itertools.product(
-                (64, 128, 256), (64, 128, 256), (64, 128), (3, 4))
-            if 64 * 64 <= bm * bn <= 128 * 256]
-VARIANTS += [(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 3, magic, join)
-             for bm, bn, magic, join in itertools.product(
-                 (64, 128), (128, 256), (True, False), (True, False))
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, MAGIC, JOIN, SPLIT_K): wgmma's 64-row tiles and up,
+# 8 warps from 128 x 128; split K where 256 x 4096 has few tiles (the generated op splits by 4
+# there); the conversion and the split-A form on a few, to show what each costs
+VARIANTS = [(bm, bn, bk, 8 if bm * bn >= 128 * 128 else 4, stages, True, True, split)
+            for bm, bn, bk, stages, split in itertools.product(
+                (64, 128, 256), (64, 128, 256), (64, 128), (3, 4), (1, 2, 4))
+            if 64 * 64 <= bm * bn <= 128 * 256 and (split == 1 or (bk, stages) == (64, 3))]
+VARIANTS += [(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 3, magic, join, split)
+             for bm, bn, magic, join, split in itertools.product(
+                 (64, 128), (128, 256), (True, False), (True, False), (1, 4))
              if (magic, join) != (True, True)]
-# M = 16: the small tiles (mma.sync below 64 rows)
-SMALL = [(16, bn, bk, 4, stages, True, join)
-         for bn, bk, stages, join in itertools.product((64, 128), (64, 128), (3, 5), (True, False))]
+# M = 16: the small tiles (mma.sync below 64 rows), K split as the generated op splits it
+SMALL = [(16, bn, bk, 4, 4, True, join, split)
+         for bn, bk, join, split in itertools.product((64, 128), (64, 128), (True, False),
+                                                      (1, 2, 4, 8))]
 
-# int8 (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the generated op's frozen 128 x 128 x 64 on 4
-# warps (255 registers and spills by ptxas) beside 8 warps and other tiles
-INT8 = [(bm, bn, bk, warps, stages)
-        for bm, bn, bk, warps, stages in itertools.product(
-            (64, 128, 256), (128, 256), (64, 128), (4, 8), (3, 4))
+# int8 (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SPLIT_K): the generated op's frozen
+# 128 x 128 x 64 on 4 warps split by 4 (255 registers and spills by ptxas) beside 8 warps and
+# other tiles
+INT8 = [(bm, bn, bk, warps, 3, split)
+        for bm, bn, bk, warps, split in itertools.product(
+            (64, 128, 256), (128, 256), (64, 128), (4, 8), (1, 4))
         if 128 * 128 <= bm * bn <= 128 * 256 and not (warps == 4 and bm * bn > 128 * 128)]
 
 
@@ -206,19 +229,19 @@ def check() -> None:
     x = torch.randn(m, k).half()
     qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k) * k ** -0.5, GROUP_SIZE)
     want = x.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
-    for block_m, block_n, block_k, magic, join in ((64, 32, 64, True, True),
-                                                   (16, 64, 128, True, False),
-                                                   (32, 32, 64, False, True),
-                                                   (64, 64, 128, False, False)):
+    for block_m, block_n, block_k, magic, join, split in ((64, 32, 64, True, True, 1),
+                                                          (16, 64, 128, True, False, 2),
+                                                          (32, 32, 64, False, True, 4),
+                                                          (64, 64, 128, False, False, 1)):
         got = tile(x, qweight, scales.half(), zeros.half(), block_m, block_n, block_k, 4, 2,
-                   magic, join)
+                   magic, join, split)
         error = ((got.double() - want).norm() / want.norm()).item()
-        print(f"{block_m}x{block_n}x{block_k} magic {magic} join {join}: relative error "
-              f"{error:.1e}")
+        print(f"{block_m}x{block_n}x{block_k} magic {magic} join {join} split-K {split}: "
+              f"relative error {error:.1e}")
         assert error < 2e-3, error
     qweight8, scales8 = quant.quantize_int8(torch.randn(n, k) * k ** -0.5)
     want = x.double() @ quant.dequantize_int8(qweight8, scales8).double().T
-    got = tile8(x, qweight8, scales8.half(), 64, 32, 64, 4, 2)
+    got = tile8(x, qweight8, scales8.half(), 64, 32, 64, 4, 2, 2)
     error = ((got.double() - want).norm() / want.norm()).item()
     print(f"int8 64x32x64: relative error {error:.1e}")
     assert error < 2e-3, error
@@ -241,14 +264,17 @@ def sweep_m(op: str, m: int, n: int, k: int, start: float, budget: float, varian
     results = []
     for variant in variants:
         block_m, block_n, block_k, warps, stages = variant[:5]
-        if n % block_n or k % block_k:
+        if n % block_n or k % (block_k * (variant[-1] if len(variant) in (6, 8) else 1)):
             continue
         if time.perf_counter() - start > budget:
             print(f"{head}: time budget spent, the remaining variants left out", flush=True)
             break
         label = f"{block_m:3d}x{block_n:3d}x{block_k:3d} w{warps} s{stages}"
-        if len(variant) > 5:
-            label = f"{'join ' if variant[6] else 'split'} {label}{' magic' if variant[5] else ' cvt'}"
+        if len(variant) == 6:
+            label += f" split-K {variant[5]}"
+        if len(variant) > 6:
+            label = (f"{'join ' if variant[6] else 'split'} {label}"
+                     f"{' magic' if variant[5] else ' cvt  '} split-K {variant[7]}")
         try:
             out = kernel(*args, *variant).float()
             error = ((out - expected).norm() / expected.norm()).item()
@@ -271,7 +297,7 @@ def sweep_m(op: str, m: int, n: int, k: int, start: float, budget: float, varian
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
-    parser.add_argument("--budget", type=float, default=400, help="seconds for the sweep")
+    parser.add_argument("--budget", type=float, default=480, help="seconds for the sweep")
     options = parser.parse_args()
     if options.check:
         check()
