@@ -3,6 +3,7 @@ registered operator), the strategies and what the launcher picks, the output's m
 and the [conv] spec errors. The property suite (tests/test_ops.py) checks conv2d and
 conv2d_bias_silu against float64 F.conv2d over drawn geometry, groups, layouts and configs."""
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,23 @@ def test_flat_plan_states_the_pixel_runs_its_mask_holds_over(image, run, channel
                              (8, 1, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, (), 64, "flat", 2,
                              "cpu", True, (None,))
     assert plan.kernel == "flat" and plan.pixel_run == run
+
+
+@pytest.mark.parametrize("channels", [64, 200])
+def test_flat_configs_pipeline_no_deeper_than_the_channel_loop(channels):
+    # at 64 channels a BLOCK_K of 64 is one step: a second stage holds it, more hold nothing
+    kernel = importlib.import_module("generated.conv2d")._conv2d_flat_kernel
+    x = torch.empty(2, channels, 56, 56, device="meta", dtype=torch.bfloat16)
+    named = {"input_ptr": x, "M": 2 * 56 * 56, "N": 256, "C": channels, "out_h": 56,
+             "out_w": 56}
+    kept = conv_rt.prune_flat_configs(kernel.configs, named)
+    assert kept
+    for config in kept:
+        steps = -(-channels // config.kwargs["BLOCK_K"])
+        assert config.num_stages <= steps + 1
+    # where the loop is long enough, the space's stages stay
+    assert (max(c.num_stages for c in kept) == max(c.num_stages for c in kernel.configs)) \
+        == (channels == 200)
 
 
 def _index_bits(x, w, b=None, **geometry):

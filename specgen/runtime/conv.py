@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+import triton
 from torch._prims_common import suggest_memory_format
 
 from specgen.runtime.checks import as_int, check_tensors
@@ -323,8 +324,31 @@ def prune_configs(configs, named_args, **kwargs):
 
 def prune_flat_configs(configs, named_args, **kwargs):
     """``prune_configs`` with pixel blocks fitted to one image's pixels (a flat block never
-    spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows idle)."""
-    return _pruned(configs, dict(named_args, M=named_args["out_h"] * named_args["out_w"]))
+    spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows idle),
+    and pipelines no deeper than the channel loop."""
+    fitted = _pruned(configs, dict(named_args, M=named_args["out_h"] * named_args["out_w"]))
+    return _stages_fitted(fitted, named_args["C"])
+
+
+def _stages_fitted(configs: list, channels) -> list:
+    """Each config's pipeline at most one stage past its channel loop's steps: deeper stages
+    buffer loads of steps that do not exist and only take shared memory (at 64 channels a group
+    and BLOCK_K 64, one step: a 128 x 64 tile on 4 warps takes 96 KiB in 4 stages, 48 in 2,
+    which lets twice as many programs share a multiprocessor). Symbolic channel counts (dynamic
+    shapes under torch.compile) keep the configs as they are, rather than guard on each."""
+    if type(channels) is not int:
+        return configs
+    fitted, seen = [], set()
+    for config in configs:
+        steps = -(-channels // config.kwargs["BLOCK_K"])
+        stages = min(config.num_stages, steps + 1)
+        point = (tuple(sorted(config.kwargs.items())), config.num_warps, stages)
+        if point not in seen:
+            seen.add(point)
+            fitted.append(config if stages == config.num_stages else
+                          triton.Config(dict(config.kwargs), num_warps=config.num_warps,
+                                        num_stages=stages))
+    return fitted
 
 
 def prune_tma_configs(configs, named_args, **kwargs):
