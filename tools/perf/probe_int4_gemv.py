@@ -348,36 +348,17 @@ def sweep_m(m: int, n: int, k: int, start: float, budget: float, variants) -> No
     head = f"int4 M={m} N={n} K={k}"
     print(f"{head}: speed of light {sol:.1f} us; cuBLAS bf16 (dequantized) {cublas:.1f} us; "
           f"generated int4_weight_linear {ours:.1f} us ({cublas / ours:.2f}x cuBLAS)", flush=True)
-    results = []
-    for variant in variants:
-        block_n, block_k, split_k, warps, stages, magic = variant[:6]
-        dot = len(variant) > 6 and variant[6]
-        prefetch = len(variant) > 7 and variant[7]
-        if n % block_n or k % (block_k * split_k):
-            continue
-        if time.perf_counter() - start > budget:
-            print(f"{head}: time budget spent, the remaining variants left out", flush=True)
-            break
-        label = (f"{'swap' if dot == 'swap' else 'dot ' if dot else 'gemv'} BLOCK_N {block_n:3d} BLOCK_K "
-                 f"{block_k:5d} split {split_k} w{warps} s{stages}{' magic' if magic else ' cvt  '}"
-                 f"{' prefetch' if prefetch else ''}")
-        try:
-            out = gemv(*args, *variant).float()
-            error = ((out - expected).norm() / expected.norm()).item()
-            if not error < 2e-2:
-                print(f"{head} | {label} | WRONG: relative error {error:.1e}", flush=True)
-                continue
-            us = sweep.device_us(lambda *a: gemv(*a, *variant), sets, True)
-        except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported
-            print(f"{head} | {label} | FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
-            continue
-        results.append((us, label))
-        print(f"{head} | {label} | {us:6.1f} us | {sol / us:5.1%} SOL "
-              f"| {cublas / us:5.2f}x cuBLAS", flush=True)
-    print(f"{head}, best first:")
-    for us, label in sorted(results)[:8]:
-        print(f"  {label} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS "
-              f"| {ours / us:5.2f}x generated")
+    sweep.sweep_variants(head, [v for v in variants if not (n % v[0] or k % (v[1] * v[2]))],
+                         gemv, _label, expected, sets, cublas, ours, sol, start, budget)
+
+
+def _label(variant) -> str:
+    block_n, block_k, split_k, warps, stages, magic = variant[:6]
+    dot = len(variant) > 6 and variant[6]
+    prefetch = len(variant) > 7 and variant[7]
+    kind = "swap" if dot == "swap" else "dot " if dot else "gemv"
+    return (f"{kind} BLOCK_N {block_n:3d} BLOCK_K {block_k:5d} split {split_k} w{warps} "
+            f"s{stages}{' magic' if magic else ' cvt  '}{' prefetch' if prefetch else ''}")
 
 
 # the generated GEMV kernel's configs to time (--product): (BLOCK_N, BLOCK_K, num_warps)

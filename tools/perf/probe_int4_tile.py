@@ -48,6 +48,18 @@ from specgen import quant  # noqa: E402
 
 
 @triton.jit
+def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (row block, column block): row blocks in groups of GROUP_M, column-major
+    inside a group, so that neighbours share B's tiles."""
+    pid = tl.program_id(0)
+    blocks_m = tl.cdiv(M, BLOCK_M)
+    in_group = GROUP_M * (N // BLOCK_N)
+    first_m = pid // in_group * GROUP_M
+    rows_of_group = tl.minimum(blocks_m - first_m, GROUP_M)
+    return first_m + (pid % in_group) % rows_of_group, (pid % in_group) // rows_of_group
+
+
+@triton.jit
 def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -55,15 +67,7 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       MAGIC: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(GROUP % BLOCK_K == 0)
-    # row blocks in groups of GROUP_M, column-major inside a group: neighbours share B's tiles
-    pid = tl.program_id(0)
-    blocks_m = tl.cdiv(M, BLOCK_M)
-    blocks_n = N // BLOCK_N
-    in_group = GROUP_M * blocks_n
-    first_m = pid // in_group * GROUP_M
-    rows_of_group = tl.minimum(blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % rows_of_group
-    pid_n = (pid % in_group) // rows_of_group
+    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     # this program's share of K (SPLIT_K programs a tile, their sums added atomically)
     share = K // SPLIT_K
@@ -126,14 +130,7 @@ def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
     the activations' dtype, one dot a step, the channel scales after the loop), to tell its
     frozen config's cost from its form's."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    blocks_m = tl.cdiv(M, BLOCK_M)
-    blocks_n = N // BLOCK_N
-    in_group = GROUP_M * blocks_n
-    first_m = pid // in_group * GROUP_M
-    rows_of_group = tl.minimum(blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % rows_of_group
-    pid_n = (pid % in_group) // rows_of_group
+    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     share = K // SPLIT_K
     k_first = tl.program_id(1) * share
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -261,37 +258,19 @@ def sweep_m(op: str, m: int, n: int, k: int, start: float, budget: float, varian
     print(f"{head}: speed of light {sol:.1f} us; cuBLAS bf16 (dequantized) {cublas:.1f} us; "
           f"generated {ours:.1f} us ({cublas / ours:.2f}x cuBLAS)", flush=True)
     kernel = tile if op == "int4_weight_linear" else tile8
-    results = []
-    for variant in variants:
-        block_m, block_n, block_k, warps, stages = variant[:5]
-        if n % block_n or k % (block_k * (variant[-1] if len(variant) in (6, 8) else 1)):
-            continue
-        if time.perf_counter() - start > budget:
-            print(f"{head}: time budget spent, the remaining variants left out", flush=True)
-            break
-        label = f"{block_m:3d}x{block_n:3d}x{block_k:3d} w{warps} s{stages}"
-        if len(variant) == 6:
-            label += f" split-K {variant[5]}"
-        if len(variant) > 6:
-            label = (f"{'join ' if variant[6] else 'split'} {label}"
-                     f"{' magic' if variant[5] else ' cvt  '} split-K {variant[7]}")
-        try:
-            out = kernel(*args, *variant).float()
-            error = ((out - expected).norm() / expected.norm()).item()
-            if not error < 2e-2:
-                print(f"{head} | {label} | WRONG: relative error {error:.1e}", flush=True)
-                continue
-            us = sweep.device_us(lambda *a: kernel(*a, *variant), sets, True)
-        except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported
-            print(f"{head} | {label} | FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
-            continue
-        results.append((us, label))
-        print(f"{head} | {label} | {us:6.1f} us | {sol / us:5.1%} SOL "
-              f"| {cublas / us:5.2f}x cuBLAS", flush=True)
-    print(f"{head}, best first:")
-    for us, label in sorted(results)[:8]:
-        print(f"  {label} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS "
-              f"| {ours / us:5.2f}x generated")
+    # (an int8 variant ends with its SPLIT_K, an int4 one too, after MAGIC and JOIN)
+    fitting = [v for v in variants if not (n % v[1] or k % (v[2] * v[-1]))]
+    sweep.sweep_variants(head, fitting, kernel, _label, expected, sets, cublas, ours, sol, start,
+                         budget)
+
+
+def _label(variant) -> str:
+    block_m, block_n, block_k, warps, stages = variant[:5]
+    label = f"{block_m:3d}x{block_n:3d}x{block_k:3d} w{warps} s{stages}"
+    if len(variant) == 6:
+        return f"{label} split-K {variant[5]}"
+    magic, join, split = variant[5:]
+    return f"{'join ' if join else 'split'} {label}{' magic' if magic else ' cvt  '} split-K {split}"
 
 
 def main() -> None:

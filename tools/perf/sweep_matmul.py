@@ -151,6 +151,37 @@ def speed_of_light_us(args, m, n, k) -> float:
     return max(2 * m * n * k / PEAK_FLOPS, moved / PEAK_BYTES_PER_S) * 1e6
 
 
+def sweep_variants(head: str, variants, run, label, expected, sets, cublas: float, ours: float,
+                   sol: float, start: float, budget: float) -> None:
+    """The probes' loop: each variant's result checked against ``expected`` (float32, relative
+    error under 2e-2), then timed over the rotating ``sets`` in CUDA graphs, until ``budget``
+    seconds past ``start``; a line a variant, then the eight fastest. ``run(*args, *variant)``
+    computes, ``label(variant)`` names."""
+    results = []
+    for variant in variants:
+        if time.perf_counter() - start > budget:
+            print(f"{head}: time budget spent, the remaining variants left out", flush=True)
+            break
+        name = label(variant)
+        try:
+            out = run(*sets[0], *variant).float()
+            error = ((out - expected).norm() / expected.norm()).item()
+            if not error < 2e-2:
+                print(f"{head} | {name} | WRONG: relative error {error:.1e}", flush=True)
+                continue
+            us = device_us(lambda *a: run(*a, *variant), sets, True)
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported
+            print(f"{head} | {name} | FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+            continue
+        results.append((us, name))
+        print(f"{head} | {name} | {us:6.1f} us | {sol / us:5.1%} SOL "
+              f"| {cublas / us:5.2f}x cuBLAS", flush=True)
+    print(f"{head}, best first:")
+    for us, name in sorted(results)[:8]:
+        print(f"  {name} | {us:6.1f} us | {cublas / us:5.2f}x cuBLAS "
+              f"| {ours / us:5.2f}x generated")
+
+
 def shown(meta) -> str:
     return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} g{meta['GROUP_M']} "
             f"w{meta['num_warps']} s{meta['num_stages']}")
