@@ -112,6 +112,29 @@ def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
 
 
 @triton.jit
+def dequantized_nibbles(q_bytes, zeros, scales, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
+    """The weights of the low and the high nibbles of ``q_bytes`` in the activations' 16-bit
+    ``DTYPE``: (q - z) * s, q - z exact there, one rounding by the scale. ``MAGIC``: a nibble
+    ORed into the mantissa of BIAS is BIAS + nibble exactly (bf16 128, fp16 1024), so
+    BIAS + q - (BIAS + z) = q - z with no int-to-float conversion."""
+    if MAGIC:
+        if DTYPE == tl.float16:
+            BITS: tl.constexpr = 0x6400
+            BIAS: tl.constexpr = 1024.0
+        else:
+            BITS: tl.constexpr = 0x4300
+            BIAS: tl.constexpr = 128.0
+        q_words = q_bytes.to(tl.int16)
+        low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
+        high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
+        zeros = zeros + BIAS
+    else:
+        low = (q_bytes & 15).to(DTYPE)
+        high = (q_bytes >> 4).to(DTYPE)
+    return (low - zeros) * scales, (high - zeros) * scales
+
+
+@triton.jit
 def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -156,24 +179,7 @@ def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                             (BLOCK_N, BLOCK_K // 2))
         zeros = tl.reshape(tl.broadcast_to(zeros[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
                            (BLOCK_N, BLOCK_K // 2))
-        if MAGIC:
-            # a nibble ORed into the mantissa of BIAS is BIAS + nibble exactly (bf16 128, fp16
-            # 1024), so BIAS + q - (BIAS + z) = q - z with no int-to-float conversion
-            if DTYPE == tl.float16:
-                BITS: tl.constexpr = 0x6400
-                BIAS: tl.constexpr = 1024.0
-            else:
-                BITS: tl.constexpr = 0x4300
-                BIAS: tl.constexpr = 128.0
-            q_words = q_bytes.to(tl.int16)
-            low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
-            high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
-            zeros = zeros + BIAS
-        else:
-            low = (q_bytes & 15).to(DTYPE)
-            high = (q_bytes >> 4).to(DTYPE)
-        w_low = (low - zeros) * scales
-        w_high = (high - zeros) * scales
+        w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, MAGIC)
         acc = tl.dot(x_low, tl.trans(w_low), acc)
         acc = tl.dot(x_high, tl.trans(w_high), acc)
     out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
@@ -195,12 +201,6 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(BLOCK_K % GROUP == 0)
     GROUPS: tl.constexpr = BLOCK_K // GROUP
-    if DTYPE == tl.float16:
-        BITS: tl.constexpr = 0x6400
-        BIAS: tl.constexpr = 1024.0
-    else:
-        BITS: tl.constexpr = 0x4300
-        BIAS: tl.constexpr = 128.0
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -214,21 +214,20 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     q_rows = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
-        q_words = tl.load(q_rows + k // 2).to(tl.int16)
+        q_bytes = tl.load(q_rows + k // 2)
         x = tl.load(x_ptr + offs_m[:, None] * x_stride_m + (k + offs_k)[None, :],
                     mask=mask_m[:, None], other=0.0)
         x_low, x_high = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
         group_offsets = offs_n[:, None] * group_stride_n + (k // GROUP + offs_g)[None, :]
         scales = tl.load(scales_ptr + group_offsets)
-        zeros = tl.load(zeros_ptr + group_offsets) + BIAS
+        zeros = tl.load(zeros_ptr + group_offsets)
         scales = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
                             (BLOCK_N, BLOCK_K // 2))
         zeros = tl.reshape(tl.broadcast_to(zeros[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
                            (BLOCK_N, BLOCK_K // 2))
-        low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
-        high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
-        acc = tl.dot((low - zeros) * scales, tl.trans(x_low), acc)
-        acc = tl.dot((high - zeros) * scales, tl.trans(x_high), acc)
+        w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, True)
+        acc = tl.dot(w_low, tl.trans(x_low), acc)
+        acc = tl.dot(w_high, tl.trans(x_high), acc)
     out_ptrs = out_ptr + offs_m[None, :] * out_stride_m + offs_n[:, None]
     if SPLIT_K == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[None, :])

@@ -41,6 +41,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sweep_matmul as sweep  # noqa: E402  (the rotation, timing and inputs of the matmul sweep)
+from probe_int4_gemv import dequantized_nibbles  # noqa: E402  (the 16-bit dequantization)
 
 import generated  # noqa: E402
 from bench.quant import GROUP_SIZE  # noqa: E402
@@ -87,23 +88,7 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         q_bytes = tl.load(q_ptrs)
         scales = tl.load(scales_ptr + group_ptrs + k // GROUP)[None, :]
         zeros = tl.load(zeros_ptr + group_ptrs + k // GROUP)[None, :]
-        if MAGIC:
-            # a nibble ORed into the mantissa of BIAS is BIAS + nibble exactly
-            if DTYPE == tl.float16:
-                BITS: tl.constexpr = 0x6400
-                BIAS: tl.constexpr = 1024.0
-            else:
-                BITS: tl.constexpr = 0x4300
-                BIAS: tl.constexpr = 128.0
-            q_words = q_bytes.to(tl.int16)
-            low = ((q_words & 15) | BITS).to(DTYPE, bitcast=True)
-            high = ((q_words >> 4) | BITS).to(DTYPE, bitcast=True)
-            zeros = zeros + BIAS
-        else:
-            low = (q_bytes & 15).to(DTYPE)
-            high = (q_bytes >> 4).to(DTYPE)
-        w_low = (low - zeros) * scales
-        w_high = (high - zeros) * scales
+        w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, MAGIC)
         if JOIN:
             # element 2c is byte c's low nibble, 2c + 1 its high one: back into K order
             w = tl.reshape(tl.permute(tl.join(w_low, w_high), (0, 2, 1)), (BLOCK_K, BLOCK_N))
