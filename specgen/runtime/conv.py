@@ -176,17 +176,23 @@ def _channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 
 def _channels_last_pair(x_shape: Sequence[int], x_strides: Sequence[int],
-                        w_shape: Sequence[int], w_strides: Sequence[int]) -> bool:
-    """Whether torch's convolution backends take the input and weight channels-last, as torch
-    decides it twice: from the given tensors, then (for the output) from their channels-last
-    copies, where an ambiguous shape is not channels-last any more (a (K, 1, 1, 1) weight of
-    strides (2, 1, 2, 1) is; its copy, strides (1, 1, 1, 1), is not)."""
+                        w_shape: Sequence[int], w_strides: Sequence[int],
+                        weight_copied: bool) -> bool:
+    """Whether torch lays a convolution's output out channels-last (before the device rules of
+    ``output_channels_last``), as torch decides it twice: from the given input and weight (the
+    backend's memory format), then from what the backend takes: the input's copy in that
+    format and, where ``weight_copied``, the weight's (the CPU's backends copy both, cuDNN only
+    the input). A copy of an ambiguous shape may not read channels-last any more: a (K, 1, 1, 1)
+    weight of strides (2, 1, 2, 1) does, its copy, strides (1, 1, 1, 1), does not."""
     if not (_channels_last(x_shape, x_strides) or _channels_last(w_shape, w_strides)):
         return False
-    copies = [torch.empty_strided(shape, strides, device="meta")
-              .contiguous(memory_format=torch.channels_last)
-              for shape, strides in ((x_shape, x_strides), (w_shape, w_strides))]
-    return any(suggest_memory_format(copy) == torch.channels_last for copy in copies)
+
+    def copied(shape, strides) -> bool:
+        copy = torch.empty_strided(shape, strides, device="meta").contiguous(
+            memory_format=torch.channels_last)
+        return suggest_memory_format(copy) == torch.channels_last
+    return copied(x_shape, x_strides) or (copied(w_shape, w_strides) if weight_copied
+                                          else _channels_last(w_shape, w_strides))
 
 
 def _nchw(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -226,7 +232,9 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     # torch's memory format: channels-last where the input or the weight is (on CUDA, as cuDNN)
     # (the only 8-byte dtype a convolution takes is float64)
     if output_channels_last(device, element_size == 8,
-                            _channels_last_pair(x_shape, x_strides, w_shape, w_strides), cudnn):
+                            _channels_last_pair(x_shape, x_strides, w_shape, w_strides,
+                                                weight_copied=not device.startswith("cuda")),
+                            cudnn):
         strides = (out_h * out_w * out_channels, 1, out_w * out_channels, out_channels)
     else:
         strides = (out_channels * out_h * out_w, out_h * out_w, out_w, 1)
@@ -326,8 +334,8 @@ def prune_flat_configs(configs, named_args, **kwargs):
     """``prune_configs`` with pixel blocks fitted to one image's pixels (a flat block never
     spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows idle),
     and pipelines no deeper than the channel loop."""
-    fitted = _pruned(configs, dict(named_args, M=named_args["out_h"] * named_args["out_w"]))
-    return _stages_fitted(fitted, named_args["C"])
+    return _pruned(configs, dict(named_args, M=named_args["out_h"] * named_args["out_w"]),
+                   channel_loop=True)
 
 
 def _stages_fitted(configs: list, channels) -> list:
@@ -335,7 +343,9 @@ def _stages_fitted(configs: list, channels) -> list:
     buffer loads of steps that do not exist and only take shared memory (at 64 channels a group
     and BLOCK_K 64, one step: a 128 x 64 tile on 4 warps takes 96 KiB in 4 stages, 48 in 2,
     which lets twice as many programs share a multiprocessor). Symbolic channel counts (dynamic
-    shapes under torch.compile) keep the configs as they are, rather than guard on each."""
+    shapes under torch.compile) keep the configs as they are, rather than guard on each. A
+    frozen table's entry holds the stages its tuning ran, as it holds fitted blocks: one tuned
+    at one step serves launches of one step."""
     if type(channels) is not int:
         return configs
     fitted, seen = [], set()
@@ -356,7 +366,11 @@ def prune_tma_configs(configs, named_args, **kwargs):
     return _pruned(configs, named_args, max_block_n=TMA_MAX_BLOCK_N)
 
 
-def _pruned(configs, named_args, max_block_n: int | None = None) -> list:
+def _pruned(configs, named_args, max_block_n: int | None = None,
+            channel_loop: bool = False) -> list:
+    """The configs' tiles fitted (``fit_tiles``), BLOCK_N at most ``max_block_n``; with
+    ``channel_loop`` (a K loop over the channels alone) their stages fitted to its steps, before
+    the shared memory is counted."""
     x = next(v for v in named_args.values() if hasattr(v, "element_size"))
 
     def cap(meta: dict) -> None:
@@ -365,6 +379,8 @@ def _pruned(configs, named_args, max_block_n: int | None = None) -> list:
 
     sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": named_args["C"]}
     fitted = fit_tiles(configs, sizes, cap)
+    if channel_loop:
+        fitted = _stages_fitted(fitted, named_args["C"])
     limit = shared_memory(x.device)
     return [c for c in fitted if tile_fits(c, x.element_size(), limit)] or fitted[:1]
 

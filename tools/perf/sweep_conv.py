@@ -34,6 +34,7 @@ import sweep_matmul as sweep  # noqa: E402  (the rotation, timing and variant lo
 
 import generated  # noqa: E402
 from specgen.families.conv import BENCH_CELLS  # noqa: E402
+from specgen.runtime import conv as conv_rt  # noqa: E402
 from specgen.runtime import override, record_launches  # noqa: E402
 
 # the spec's config space (the generated module's; `generated.conv2d` is the op)
@@ -49,13 +50,17 @@ def inputs(n, c, h, w, k, r, channels_last, seed, device="cuda", dtype=torch.bfl
 
 
 def variants(r: int, c: int, channels_last: bool) -> list[tuple[str, dict | None]]:
-    """(strategy, config) pairs to time at a cell of ``r`` x ``r`` filters and ``c`` channels
-    (the copies to channels-last only where the input is NCHW)."""
-    strategies = ["gemm"] + ([] if channels_last else ["gemm_repack"]) + ["tma"] + \
-        (["flat"] if r == 1 else [])
+    """(strategy, config) pairs to time at a cell of ``r`` x ``r`` filters and ``c`` channels:
+    the copies to channels-last only where the input is NCHW, TMA where the input is
+    channels-last or copied to it (not 1 x 1 NCHW: the planner gives that the implicit GEMM) and
+    with BLOCK_N at most conv_rt.TMA_MAX_BLOCK_N, as its prune caps it."""
+    strategies = ["gemm"] + ([] if channels_last else ["gemm_repack"]) + \
+        (["tma"] if channels_last or r > 1 else []) + (["flat"] if r == 1 else [])
     chosen = [("auto", None)]
     for strategy in strategies:
         for config in CONFIGS:
+            if strategy == "tma" and config["BLOCK_N"] > conv_rt.TMA_MAX_BLOCK_N:
+                continue
             chosen.append((strategy, dict(config)))
             # one channel step (1 x 1 at BLOCK_K >= C): stages past the second hold nothing
             if strategy == "flat" and config["BLOCK_K"] >= c and config["num_stages"] > 2:
