@@ -4,20 +4,25 @@ At M = 256 N = K = 4096 the generated int4_weight_linear took 42.8 us against bf
 23.8 (H200, bench/RESULTS-h200.md, 2026-11-29), the target being parity. Its tile kernel
 splits A's tile into the columns that meet each nibble place (a reshape and split of A in
 registers, two dots of half K) and computes each weight value in float32 (225-255 registers at
-its frozen configs by ptxas, 172 bytes of spills for int8's). Two forms against it here, each
-dequantizing in the activations' 16-bit dtype (q - z is an exact small integer there, so
-``(q - z) * s`` rounds once, as the float32 form rounding to bf16 does):
+its frozen configs by ptxas, 172 bytes of spills for int8's). Two forms against it here:
 
 - ``join``: A's tile as loaded (the compiler may pipeline it into shared memory untouched), the
   two nibble tiles of B joined and interleaved back into K order, one dot of BLOCK_K;
-- ``split``: A split as the generated kernel does, two dots of BLOCK_K // 2.
+- ``split``: A split as the generated kernel does, two dots of BLOCK_K // 2;
 
-Nibbles become 16-bit floats by an OR into the mantissa of 128 (bf16) or 1024 (fp16) where
-``MAGIC``, else by a conversion. ``SPLIT_K`` programs a tile add their shares of K atomically
-into a zeroed float32 result (the generated op splits K by 4 at M = 256: 256 x 4096 has 32 of
-its 256 x 128 tiles). Every variant is checked against the dequantized weight's
-product before it is timed (CUDA graphs, inputs rotating past L2, as sweep_matmul times), next
-to cuBLAS's bf16 linear of the dequantized weight and the generated op. int8_weight_linear at
+each with the weights dequantized (``DEQUANT``) in the activations' 16-bit dtype, the nibbles
+made floats by an OR into the mantissa of 128 (bf16) or 1024 (fp16) ("magic") or by a
+conversion ("cvt"): q - z is an exact small integer there, so ``(q - z) * s`` rounds once, as
+the float32 form rounding to bf16 does; or in float32, then rounded ("f32": the generated
+kernel's way, which a spec's dequant expression needs where it is not exact in 16 bits).
+``SPLIT_K`` programs a tile add their shares of K atomically into a zeroed float32 result (the
+generated op splits K by 4 at M = 256: 256 x 4096 has 32 of its 256 x 128 tiles). ptxas
+(sm_90a, triton 3.8, on a CPU machine) gave 128 x 128 x 64 on 8 warps 124 registers joined in
+16 bits, 128 joined in float32, 181 split in float32; 256 x 128 x 64 (the generated op's
+frozen tile) 237 joined in float32 against 255 and 20 bytes of spills split. Every variant is
+checked against the dequantized weight's product before it is timed (CUDA graphs, inputs
+rotating past L2, as sweep_matmul times), next to cuBLAS's bf16 linear of the dequantized
+weight and the generated op. int8_weight_linear at
 M = 256 (33.3 us, 0.71x bf16) in the generated kernel's form over a config sweep: its frozen
 128 x 128 x 64 on 4 warps takes 255 registers and spills, by ptxas.
 
@@ -65,7 +70,7 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
-                      MAGIC: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
+                      DEQUANT: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(GROUP % BLOCK_K == 0)
     pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -88,7 +93,14 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         q_bytes = tl.load(q_ptrs)
         scales = tl.load(scales_ptr + group_ptrs + k // GROUP)[None, :]
         zeros = tl.load(zeros_ptr + group_ptrs + k // GROUP)[None, :]
-        w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, MAGIC)
+        if DEQUANT == "f32":
+            # as the generated kernel computes a value: in float32, then rounded to DTYPE
+            scales = scales.to(tl.float32)
+            zeros = zeros.to(tl.float32)
+            w_low = (((q_bytes & 15).to(tl.float32) - zeros) * scales).to(DTYPE)
+            w_high = (((q_bytes >> 4).to(tl.float32) - zeros) * scales).to(DTYPE)
+        else:
+            w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, DEQUANT == "magic")
         if JOIN:
             # element 2c is byte c's low nibble, 2c + 1 its high one: back into K order
             w = tl.reshape(tl.permute(tl.join(w_low, w_high), (0, 2, 1)), (BLOCK_K, BLOCK_N))
@@ -156,7 +168,7 @@ def tile8(x, qweight, scales, block_m, block_n, block_k, warps, stages, split_k=
     return out if split_k == 1 else out.to(x.dtype)
 
 
-def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, magic, join,
+def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, dequant, join,
          split_k=1):
     """x (M, K) @ the int4 weight's transpose (qweight (N, K // 2), scales and zeros (N, G));
     ``split_k`` programs a tile add their shares of K into a zeroed float32 result (the zeroing
@@ -173,24 +185,26 @@ def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, ma
     _int4_tile_kernel[grid](
         x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
         scales.stride(0), out.stride(0), GROUP=GROUP_SIZE, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, GROUP_M=8, STAGES=stages, MAGIC=magic, JOIN=join, SPLIT_K=split_k,
+        BLOCK_K=block_k, GROUP_M=8, STAGES=stages, DEQUANT=dequant, JOIN=join, SPLIT_K=split_k,
         num_warps=warps)
     return out if split_k == 1 else out.to(x.dtype)
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, MAGIC, JOIN, SPLIT_K): wgmma's 64-row tiles and up,
-# 8 warps from 128 x 128; split K where 256 x 4096 has few tiles (the generated op splits by 4
-# there); the conversion and the split-A form on a few, to show what each costs
-VARIANTS = [(bm, bn, bk, 8 if bm * bn >= 128 * 128 else 4, stages, True, True, split)
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, DEQUANT, JOIN, SPLIT_K): wgmma's 64-row tiles and
+# up, 8 warps from 128 x 128; split K where 256 x 4096 has few tiles (the generated op splits by
+# 4 there); the conversion, the float32 value (the generated kernel's, which a spec's dequant
+# expression needs in general) and the split-A form on a few, to show what each costs
+VARIANTS = [(bm, bn, bk, 8 if bm * bn >= 128 * 128 else 4, stages, "magic", True, split)
             for bm, bn, bk, stages, split in itertools.product(
                 (64, 128, 256), (64, 128, 256), (64, 128), (3, 4), (1, 2, 4))
             if 64 * 64 <= bm * bn <= 128 * 256 and (split == 1 or (bk, stages) == (64, 3))]
-VARIANTS += [(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 3, magic, join, split)
-             for bm, bn, magic, join, split in itertools.product(
-                 (64, 128), (128, 256), (True, False), (True, False), (1, 4))
-             if (magic, join) != (True, True)]
+VARIANTS += [(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 3, dequant, join, split)
+             for (bm, bn), dequant, join, split in itertools.product(
+                 ((64, 128), (128, 128), (256, 128)), ("magic", "cvt", "f32"), (True, False),
+                 (1, 4))
+             if (dequant, join) != ("magic", True)]
 # M = 16: the small tiles (mma.sync below 64 rows), K split as the generated op splits it
-SMALL = [(16, bn, bk, 4, 4, True, join, split)
+SMALL = [(16, bn, bk, 4, 4, "magic", join, split)
          for bn, bk, join, split in itertools.product((64, 128), (64, 128), (True, False),
                                                       (1, 2, 4, 8))]
 
@@ -211,14 +225,15 @@ def check() -> None:
     x = torch.randn(m, k).half()
     qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k) * k ** -0.5, GROUP_SIZE)
     want = x.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
-    for block_m, block_n, block_k, magic, join, split in ((64, 32, 64, True, True, 1),
-                                                          (16, 64, 128, True, False, 2),
-                                                          (32, 32, 64, False, True, 4),
-                                                          (64, 64, 128, False, False, 1)):
+    for block_m, block_n, block_k, dequant, join, split in ((64, 32, 64, "magic", True, 1),
+                                                            (16, 64, 128, "magic", False, 2),
+                                                            (32, 32, 64, "cvt", True, 4),
+                                                            (64, 64, 128, "f32", False, 1),
+                                                            (64, 32, 64, "f32", True, 2)):
         got = tile(x, qweight, scales.half(), zeros.half(), block_m, block_n, block_k, 4, 2,
-                   magic, join, split)
+                   dequant, join, split)
         error = ((got.double() - want).norm() / want.norm()).item()
-        print(f"{block_m}x{block_n}x{block_k} magic {magic} join {join} split-K {split}: "
+        print(f"{block_m}x{block_n}x{block_k} {dequant} join {join} split-K {split}: "
               f"relative error {error:.1e}")
         assert error < 2e-3, error
     qweight8, scales8 = quant.quantize_int8(torch.randn(n, k) * k ** -0.5)
@@ -243,7 +258,7 @@ def sweep_m(op: str, m: int, n: int, k: int, start: float, budget: float, varian
     print(f"{head}: speed of light {sol:.1f} us; cuBLAS bf16 (dequantized) {cublas:.1f} us; "
           f"generated {ours:.1f} us ({cublas / ours:.2f}x cuBLAS)", flush=True)
     kernel = tile if op == "int4_weight_linear" else tile8
-    # (an int8 variant ends with its SPLIT_K, an int4 one too, after MAGIC and JOIN)
+    # (an int8 variant ends with its SPLIT_K, an int4 one too, after DEQUANT and JOIN)
     fitting = [v for v in variants if not (n % v[1] or k % (v[2] * v[-1]))]
     sweep.sweep_variants(head, fitting, kernel, _label, expected, sets, cublas, ours, sol, start,
                          budget)
@@ -254,8 +269,8 @@ def _label(variant) -> str:
     label = f"{block_m:3d}x{block_n:3d}x{block_k:3d} w{warps} s{stages}"
     if len(variant) == 6:
         return f"{label} split-K {variant[5]}"
-    magic, join, split = variant[5:]
-    return f"{'join ' if join else 'split'} {label}{' magic' if magic else ' cvt  '} split-K {split}"
+    dequant, join, split = variant[5:]
+    return f"{'join ' if join else 'split'} {label} {dequant:5s} split-K {split}"
 
 
 def main() -> None:
