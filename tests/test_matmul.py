@@ -4,6 +4,7 @@ Values are checked by tests/test_ops.py (the property suite); this file pins the
 the property suite forces or cannot see: auto split-K, batch folding, precision, config pruning.
 """
 
+import importlib
 import math
 import sys
 
@@ -269,6 +270,22 @@ def test_prune_fits_tiles_to_small_problems():
     assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs([decode, configs[0]], big)] == [64]
     assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs([decode, configs[0]], args)] == [16, 16]
     assert [c.kwargs["BLOCK_M"] for c in matmul.prune_configs([decode], big)] == [16]
+
+
+def test_prune_is_looked_up_by_the_sizes_powers_of_two(monkeypatch):
+    # a size's first call in a seen power of two reuses that power's prune; every size gives
+    # what a fresh prune gives (under an H100's shared memory, where tiles are dropped)
+    monkeypatch.setattr(matmul, "shared_memory", lambda device: 232448)
+    configs = list(importlib.import_module("generated.mm")._mm_kernel.configs)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        m, n, k = (int(torch.randint(1, 5000, (1,), generator=generator)) for _ in range(3))
+        for dtype in (torch.float16, torch.float32):
+            args = {"a_ptr": empty(1, dtype=dtype), "M": m, "N": n, "K": k}
+            looked_up = matmul.prune_configs(configs, args)
+            monkeypatch.setattr(matmul, "_kept_configs", {})
+            fresh = matmul.prune_configs(configs, args)
+            assert [c.all_kwargs() for c in looked_up] == [c.all_kwargs() for c in fresh]
 
 
 def _space(op, *tensors):
