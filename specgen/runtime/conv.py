@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-import triton
 from torch._prims_common import suggest_memory_format
 
 from specgen.runtime.checks import as_int, check_tensors
@@ -338,29 +337,6 @@ def prune_flat_configs(configs, named_args, **kwargs):
                    channel_loop=True)
 
 
-def _stages_fitted(configs: list, channels) -> list:
-    """Each config's pipeline at most one stage past its channel loop's steps: deeper stages
-    buffer loads of steps that do not exist and only take shared memory (at 64 channels a group
-    and BLOCK_K 64, one step: a 128 x 64 tile on 4 warps takes 96 KiB in 4 stages, 48 in 2,
-    which lets twice as many programs share a multiprocessor). Symbolic channel counts (dynamic
-    shapes under torch.compile) keep the configs as they are, rather than guard on each. A
-    frozen table's entry holds the stages its tuning ran, as it holds fitted blocks: one tuned
-    at one step serves launches of one step."""
-    if type(channels) is not int:
-        return configs
-    fitted, seen = [], set()
-    for config in configs:
-        steps = -(-channels // config.kwargs["BLOCK_K"])
-        stages = min(config.num_stages, steps + 1)
-        point = (tuple(sorted(config.kwargs.items())), config.num_warps, stages)
-        if point not in seen:
-            seen.add(point)
-            fitted.append(config if stages == config.num_stages else
-                          triton.Config(dict(config.kwargs), num_warps=config.num_warps,
-                                        num_stages=stages))
-    return fitted
-
-
 def prune_tma_configs(configs, named_args, **kwargs):
     """``prune_configs``, with channel blocks at most TMA_MAX_BLOCK_N."""
     return _pruned(configs, named_args, max_block_n=TMA_MAX_BLOCK_N)
@@ -369,18 +345,27 @@ def prune_tma_configs(configs, named_args, **kwargs):
 def _pruned(configs, named_args, max_block_n: int | None = None,
             channel_loop: bool = False) -> list:
     """The configs' tiles fitted (``fit_tiles``), BLOCK_N at most ``max_block_n``; with
-    ``channel_loop`` (a K loop over the channels alone) their stages fitted to its steps, before
-    the shared memory is counted."""
+    ``channel_loop`` (a K loop over the channels alone) each pipeline at most one stage past
+    the loop's steps, before the shared memory is counted: deeper stages buffer loads of steps
+    that do not exist and only take shared memory (at 64 channels a group and BLOCK_K 64, one
+    step: a 128 x 64 tile on 4 warps takes 96 KiB in 4 stages, 48 in 2, which lets twice as
+    many programs share a multiprocessor). Symbolic channel counts (dynamic shapes under
+    torch.compile) keep the stages, rather than guard on each. A frozen table's entry holds the
+    stages its tuning ran, as it holds fitted blocks: one tuned at one step serves launches of
+    one step."""
     x = next(v for v in named_args.values() if hasattr(v, "element_size"))
+    channels = named_args["C"]
 
     def cap(meta: dict) -> None:
         if max_block_n is not None:
             meta["BLOCK_N"] = min(meta["BLOCK_N"], max_block_n)
 
-    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": named_args["C"]}
-    fitted = fit_tiles(configs, sizes, cap)
-    if channel_loop:
-        fitted = _stages_fitted(fitted, named_args["C"])
+    def loop_stages(meta: dict, count: int) -> int:
+        return min(count, -(-channels // meta["BLOCK_K"]) + 1)
+
+    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": channels}
+    fitted = fit_tiles(configs, sizes, cap,
+                       loop_stages if channel_loop and type(channels) is int else None)
     limit = shared_memory(x.device)
     return [c for c in fitted if tile_fits(c, x.element_size(), limit)] or fitted[:1]
 
