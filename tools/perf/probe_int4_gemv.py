@@ -135,6 +135,18 @@ def dequantized_nibbles(q_bytes, zeros, scales, DTYPE: tl.constexpr, MAGIC: tl.c
 
 
 @triton.jit
+def group_values(ptr, offs_n, k, group_stride_n, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """A per-group operand (scales or zeros) of the rows ``offs_n`` over the K block at ``k``,
+    as (BLOCK_N, BLOCK_K // 2): each group's value over its GROUP // 2 bytes of a row."""
+    GROUPS: tl.constexpr = BLOCK_K // GROUP
+    values = tl.load(ptr + offs_n[:, None] * group_stride_n
+                     + (k // GROUP + tl.arange(0, GROUPS))[None, :])
+    return tl.reshape(tl.broadcast_to(values[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
+                      (BLOCK_N, BLOCK_K // 2))
+
+
+@triton.jit
 def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -145,7 +157,6 @@ def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     BLOCK_M: tl.constexpr = 16
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(BLOCK_K % GROUP == 0)
-    GROUPS: tl.constexpr = BLOCK_K // GROUP
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -153,7 +164,6 @@ def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_byte = tl.arange(0, BLOCK_K // 2)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_g = tl.arange(0, GROUPS)
     share = K // SPLIT_K
     k_first = pid_k * share
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -171,14 +181,8 @@ def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         x = tl.load(x_ptr + offs_m[:, None] * x_stride_m + (k + offs_k)[None, :],
                     mask=mask_m[:, None], other=0.0)
         x_low, x_high = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
-        group_offsets = offs_n[:, None] * group_stride_n + (k // GROUP + offs_g)[None, :]
-        scales = tl.load(scales_ptr + group_offsets)
-        zeros = tl.load(zeros_ptr + group_offsets)
-        # each group's scale and zero over its GROUP // 2 bytes of a row
-        scales = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
-                            (BLOCK_N, BLOCK_K // 2))
-        zeros = tl.reshape(tl.broadcast_to(zeros[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
-                           (BLOCK_N, BLOCK_K // 2))
+        scales = group_values(scales_ptr, offs_n, k, group_stride_n, GROUP, BLOCK_N, BLOCK_K)
+        zeros = group_values(zeros_ptr, offs_n, k, group_stride_n, GROUP, BLOCK_N, BLOCK_K)
         w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, MAGIC)
         acc = tl.dot(x_low, tl.trans(w_low), acc)
         acc = tl.dot(x_high, tl.trans(w_high), acc)
@@ -200,7 +204,6 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     BLOCK_M: tl.constexpr = 16
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(BLOCK_K % GROUP == 0)
-    GROUPS: tl.constexpr = BLOCK_K // GROUP
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -208,7 +211,6 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_byte = tl.arange(0, BLOCK_K // 2)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_g = tl.arange(0, GROUPS)
     share = K // SPLIT_K
     k_first = pid_k * share
     q_rows = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
@@ -218,13 +220,8 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         x = tl.load(x_ptr + offs_m[:, None] * x_stride_m + (k + offs_k)[None, :],
                     mask=mask_m[:, None], other=0.0)
         x_low, x_high = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
-        group_offsets = offs_n[:, None] * group_stride_n + (k // GROUP + offs_g)[None, :]
-        scales = tl.load(scales_ptr + group_offsets)
-        zeros = tl.load(zeros_ptr + group_offsets)
-        scales = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
-                            (BLOCK_N, BLOCK_K // 2))
-        zeros = tl.reshape(tl.broadcast_to(zeros[:, :, None], (BLOCK_N, GROUPS, GROUP // 2)),
-                           (BLOCK_N, BLOCK_K // 2))
+        scales = group_values(scales_ptr, offs_n, k, group_stride_n, GROUP, BLOCK_N, BLOCK_K)
+        zeros = group_values(zeros_ptr, offs_n, k, group_stride_n, GROUP, BLOCK_N, BLOCK_K)
         w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, True)
         acc = tl.dot(w_low, tl.trans(x_low), acc)
         acc = tl.dot(w_high, tl.trans(x_high), acc)
