@@ -168,6 +168,14 @@ def int8_linear(x: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
     return torch.ops.aten._to_copy.default(y, dtype=out_dtype)
 
 
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 with its strides (``t.float()`` lays a tensor with gaps out in the
+    format its strides suggest, which for an ambiguous shape, a (2, 1, 1, 1) weight of strides
+    (2, 1, 2, 1), changes the format torch's convolution picks)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=torch.float32,
+                               device=t.device).copy_(t)
+
+
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            stride=1, padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
     """torch's conv2d, also taking padding as the registered operator spells it out: four ints,
@@ -183,10 +191,14 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         # torch 2.13's CPU backward (slow_conv2d) raises "grad_weight must be contiguous" for a
         # weight whose strides are not its memory format's own (a (1, 2, 1, 2) weight with
         # strides (4, 1, 2, 2) beside a channels-last input); the op's backward goes through
-        # this reference. A copy in the same format keeps torch's output format.
+        # this reference. A copy in the same format keeps torch's output format, where the copy
+        # still reads as that format: a (2, 1, 1, 1) weight of strides (2, 1, 2, 1) reads
+        # channels-last, its copy, strides (1, 1, 1, 1), contiguous (and backward takes it as is)
         fmt = suggest_memory_format(weight)
         if weight.stride() != torch.empty_like(weight, memory_format=fmt).stride():
-            weight = weight.clone(memory_format=fmt)
+            copy = weight.clone(memory_format=fmt)
+            if suggest_memory_format(copy) == fmt:
+                weight = copy
     if input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16):
         # torch 2.13's CPU float16 convolution computes a wrong weight gradient for a batch of
         # one whose batch stride is not the dense one (a channels-last x.view_as(x), which
@@ -194,6 +206,6 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         # with groups=2; float32 has no such bug (and rounds once, at the end)
         dtype = input.dtype
         return torch.nn.functional.conv2d(
-            input.float(), weight.float(), None if bias is None else bias.float(), stride,
+            _as_float(input), _as_float(weight), None if bias is None else bias.float(), stride,
             padding, dilation, groups).to(dtype)
     return torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)

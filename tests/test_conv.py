@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import generated
+from specgen import references
 from specgen.errors import SpecError
 from specgen.model import Source
 from specgen.parse import parse_spec
@@ -116,6 +117,19 @@ def test_output_layout_follows_torchs_second_look(w_shape, w_strides):
                                       weight_copied=device == "cpu")
     assert got is want
 
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_reference_keeps_torchs_output_layout(groups):
+    # a CI draw: the reference copies a weight whose strides are not its format's own (torch's
+    # CPU backward needs it), and the copy of a (2, 1, 1, 1) weight of strides (2, 1, 2, 1)
+    # reads contiguous where the weight read channels-last: with groups=2 torch's result is
+    # channels-last, the reference's was contiguous
+    x = torch.randn(1, 2, 1, 2, dtype=torch.float16)
+    w = torch.empty_strided((2, 2 // groups, 1, 1), (2, 1, 2, 1), dtype=torch.float16).normal_()
+    want = F.conv2d(x, w, groups=groups)
+    got = references.conv2d(x, w, groups=groups)
+    assert got.stride() == want.stride()
 
 BAD_GEOMETRY = [
     (dict(padding="full"), ValueError, "argument 'padding' must be an int, a pair of ints"),
