@@ -2,7 +2,8 @@
 specs/int4_weight_linear.toml, specs/int8_linear.toml), and the dequantization that defines them.
 
 - int8, symmetric per output channel: ``w[n, k] ~ qweight[n, k] * scales[n]``, qweight int8
-  (N, K) in [-127, 127], scales (N,).
+  (N, K) in [-127, 127], scales (N,); activations for ``int8_linear`` the same way per token
+  (``quantize_int8_per_token``: float32 scales (..., 1)).
 - int4, asymmetric per group of ``group_size`` K elements: ``w[n, k] ~ (q[n, k] - zeros[n, g]) *
   scales[n, g]`` with g = k // group_size, q in [0, 15] packed two a byte along K (element 2c in
   the low nibble of byte c, 2c + 1 in the high one): qweight uint8 (N, K // 2), scales and zeros
@@ -41,6 +42,20 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(torch.int8), scales
 
 
+def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_int8 (..., K), x_scale (..., 1) float32): activations for ``int8_linear``, each row
+    (token) scaled so that its largest magnitude is 127, as ``quantize_int8`` scales a weight's
+    output channels."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or not x.is_floating_point():
+        got = f"a {x.dim()}-D {x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"quantize_int8_per_token: expected a floating tensor (..., K), got {got}")
+    wide = x.float()
+    amax = wide.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    q = torch.round(wide / scale).clamp(-INT8_MAX, INT8_MAX)
+    return q.to(torch.int8), scale
+
+
 def quantize_int4(w: torch.Tensor, group_size: int = 128
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(qweight uint8 (N, K // 2), scales (N, K // group_size), zeros (N, K // group_size)):
@@ -75,7 +90,7 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
 
 def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The weight int8 ``qweight`` (N, K) and ``scales`` (N,) stand for, in the scales' dtype
-    (scales broadcast as a column: one scale for all channels, as the op takes it, too)."""
+    (scales of shape (1,) are one scale for every channel, as the op takes them too)."""
     return qweight.to(scales.dtype) * scales.reshape(-1, 1)
 
 

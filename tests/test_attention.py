@@ -19,7 +19,8 @@ from specgen.families import attention as family
 from specgen.model import Source
 from specgen.parse import parse_spec
 from specgen.runtime import attention as runtime
-from specgen.runtime import override
+from specgen.runtime import interpreting, override
+from specgen.runtime.context import record_launches
 from specgen.testing import device
 from specgen.testing.core import compiled_kernel_counts, nvidia_backend_missing
 
@@ -356,6 +357,21 @@ def test_errors_name_the_ops_own_arguments():
     with pytest.raises(ValueError, match="key_cache has 6 keys and value_cache 5"):
         generated.decode_attention(q, k, v[..., :5, :], torch.tensor([1, 2], device=q.device))
 
+
+
+@pytest.mark.skipif(not interpreting(), reason="the interpreter's bfloat16 dot only")
+@pytest.mark.parametrize("call", [
+    lambda q, k, v: generated.scaled_dot_product_attention(q, k, v),
+    lambda q, k, v: generated.softcap_attention(q, k, v, 20.0),
+    lambda q, k, v: generated.decode_attention(q[..., :1, :], k, v, torch.tensor([6, 3])),
+], ids=["sdpa", "softcap", "decode"])
+def test_the_interpreter_refuses_bfloat16_attention(call):
+    # it would compute one wrongly (errors of 1e9) and say nothing, as a matmul would
+    q, k, v = (t.bfloat16() for t in _qkv(2, 2, 4, 8))
+    with record_launches() as log:
+        with pytest.raises(NotImplementedError, match="computes a bfloat16 matrix product wrongly"):
+            call(q, k, v)
+    assert log == []
 
 def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
     # the estimate is Triton's count where it ran out on an H100 (E 256, Ev 16, float16, 64 x

@@ -374,9 +374,14 @@ CONV_RESIDUAL = {"ref.conv2d(input, weight, bias, stride, padding))":
                  'residual = { kind = "tensor", dims = ["N", "K", "P", "Q"] }\n'
                  'bias = { kind = "tensor", dims = ["K"], optional = true }',
                  'out = "relu(acc + bias)"': 'out = "relu(acc + bias + residual)"'}
+# a fused convolution without [conv]: torch's default geometry, no geometry arguments
+CONV_DEFAULT_GEOMETRY = {"ref.conv2d(input, weight, bias, stride, padding))":
+                         "ref.conv2d(input, weight, bias))",
+                         '[conv]\nargs = ["stride", "padding"]': ""}
 SCAFFOLDS = [pytest.param(f, {}, id=f) for f in sorted(FAMILIES)] + [
     pytest.param("reduce", RENAMED_REDUCE, id="reduce_renamed"),
-    pytest.param("conv", CONV_RESIDUAL, id="conv_residual")]
+    pytest.param("conv", CONV_RESIDUAL, id="conv_residual"),
+    pytest.param("conv", CONV_DEFAULT_GEOMETRY, id="conv_default_geometry")]
 
 
 @pytest.mark.parametrize("family, edits", SCAFFOLDS)

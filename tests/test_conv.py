@@ -16,7 +16,7 @@ from specgen.errors import SpecError
 from specgen.model import Source
 from specgen.parse import parse_spec
 from specgen.runtime import conv as conv_rt
-from specgen.runtime import override
+from specgen.runtime import interpreting, override
 from specgen.runtime.context import record_launches
 from specgen.testing.core import device
 
@@ -130,6 +130,21 @@ def test_reference_keeps_torchs_output_layout(groups):
     want = F.conv2d(x, w, groups=groups)
     got = references.conv2d(x, w, groups=groups)
     assert got.stride() == want.stride()
+
+
+@pytest.mark.skipif(not interpreting(), reason="the interpreter's bfloat16 dot only")
+def test_the_interpreter_refuses_a_bfloat16_convolution_with_dots():
+    # the GEMM kernels would compute one wrongly (errors of 1e9) and say nothing; the depthwise
+    # kernel has no dot and runs
+    x, w = _randn(1, 4, 6, 6).bfloat16(), _randn(8, 4, 3, 3, seed=1).bfloat16()
+    with record_launches() as log:
+        with pytest.raises(NotImplementedError, match="computes a bfloat16 matrix product wrongly"):
+            generated.conv2d(x, w)
+    assert log == []
+    depthwise = _randn(4, 1, 3, 3, seed=2).bfloat16()
+    out = generated.conv2d(x, depthwise, groups=4)
+    want = F.conv2d(x.double(), depthwise.double(), groups=4)
+    torch.testing.assert_close(out.double(), want, rtol=1.6e-2, atol=1e-2)
 
 BAD_GEOMETRY = [
     (dict(padding="full"), ValueError, "argument 'padding' must be an int, a pair of ints"),
@@ -369,6 +384,18 @@ SPEC_CASES = [
      "'dilation' is not an argument of the op"),
     ("the input read in the epilogue", 'out = "silu(acc + bias)"', 'out = "silu(acc + input)"',
      "epilogue.out", "enter the epilogue only through acc"),
+    # a user's trial: the op hands its reference padding as four ints, which F.conv2d refuses
+    # (in the backward, through the reference, after the forward had run)
+    ("F.conv2d with the op's padding", "F.silu(ref.conv2d(", "F.silu(F.conv2d(", "op.reference",
+     "F.conv2d does not take the padding the op hands its reference"),
+    ("a misspelled [conv] args", 'args = ["stride", "padding"]', 'arg = ["stride", "padding"]',
+     "conv.arg", "unknown key 'arg'"),
+    ("a misspelled [epilogue] promote", 'out = "silu(acc + bias)"',
+     'out = "silu(acc + bias)"\npromot = ["bias"]', "epilogue.promot",
+     "a misspelling of 'promote'"),
+    ("a misspelled [epilogue] dtype", 'out = "silu(acc + bias)"',
+     'out = "silu(acc + bias)"\ndtyp = "float32"', "epilogue.dtyp",
+     "a misspelling of 'dtype'"),
 ]
 
 

@@ -46,6 +46,26 @@ def test_quantize_int8_is_symmetric_per_channel(dtype):
     assert (error <= scales.float()[:, None] / 2 * (1 + 1e-3)).all()
 
 
+def test_quantize_int8_per_token_feeds_int8_linear():
+    # activations (2, 3, K) scaled per row, float32 scales (..., 1): what int8_linear takes
+    x, w = _randn(2, 3, 64, dtype=torch.float16), _randn(8, 64, seed=1)
+    x[1, 2] = 0  # an all-zero token keeps a usable scale
+    x_int8, x_scale = quant.quantize_int8_per_token(x)
+    assert x_int8.dtype == torch.int8 and x_int8.shape == x.shape
+    assert x_scale.dtype == torch.float32 and x_scale.shape == (2, 3, 1)
+    assert (x_int8.abs().amax(dim=-1).flatten()[[0, 1, 2, 3, 4]] == 127).all()
+    assert (x_int8[1, 2] == 0).all() and x_scale[1, 2] == 1
+    error = (x_int8.float() * x_scale - x.float()).abs()
+    assert (error <= x_scale / 2 * (1 + 1e-6)).all()
+    qweight, scales = quant.quantize_int8(w)
+    out = generated.int8_linear(x_int8, x_scale, qweight, scales, out_dtype=torch.float32)
+    want = (x_int8.double() * x_scale.double()) @ quant.dequantize_int8(qweight.double(),
+                                                                          scales.double()).T
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="expected a floating tensor"):
+        quant.quantize_int8_per_token(x_int8)
+
+
 @pytest.mark.parametrize("group_size", quant.GROUP_SIZES)
 def test_quantize_int4_packs_two_a_byte_low_nibble_first(group_size):
     n, k = 6, 2 * 256
@@ -179,7 +199,10 @@ def _int4_args(n=8, k=64, group_size=32):
     (lambda a: (a[0], torch.cat([a[1], a[1]], dim=1), *a[2:]), ValueError,
      "it stores 2 elements of K a byte"),
     (lambda a: (*a[:2], a[2][:, :1], *a[3:]), ValueError,
-     "argument 'scales' must have shape (N, K / group_size) = (8, 2), got (8, 1)"),
+     "argument 'scales' must have shape (N, K / group_size) = (8, 2), got (8, 1) (which fits "
+     "group_size=64)"),
+    (lambda a: (*a[:2], a[2][:1], *a[3:]), ValueError,
+     "argument 'scales' must have shape (N, K / group_size) = (8, 2), got (1, 2)"),
     (lambda a: (*a[:3], a[3].double(), a[4]), TypeError, "argument 'zeros' has dtype torch.float64"),
     (lambda a: (*a[:3], a[3].half(), a[4]), TypeError, "all operands must have the same dtype"),
     (lambda a: (*a[:4], 48), ValueError,
@@ -236,6 +259,10 @@ DEQUANT_CASES = [
      "expected the name of an int argument"),
     ("group left out", 'group = "group_size"\n', "", "dequant",
      "name the int argument that sets the group size"),
+    ("group misspelled", 'group = "group_size"', 'grup = "group_size"', "dequant",
+     "found 'grup' (a misspelling of 'group'?)"),
+    ("[dequant] misspelled", "[dequant]\n", "[dequnt]\n", "args.scales",
+     "found 'dequnt' (a misspelling of 'dequant'?)"),
     ("a per-group operand never read", 'value = "(q - zeros) * scales"', 'value = "q * scales"',
      "args.zeros", "a per-group operand the dequant value never reads"),
     ("per-group scales in the epilogue", 'out = "acc + bias"', 'out = "acc + scales"',

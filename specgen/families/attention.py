@@ -756,6 +756,7 @@ name = "{name}"
 family = "attention"
 doc = "softmax(q.k * scale - slopes[h] * |i - j|) @ v, keys j <= i"
 reference = "ref.alibi_attention(query, key, value, slopes, True, scale)"
+autocast = "lower"             # torch.autocast casts the inputs as for torch's attention
 
 [args]
 query = {{ kind = "tensor", dims = ["...", "H", "L", "E"] }}

@@ -167,9 +167,11 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> ConvBody:
 
 
 def _parse_geometry(conv: Table, spec_args: tuple) -> tuple[str, ...]:
-    """``[conv] args``: some of stride, padding, dilation, groups, in torch's order."""
+    """``[conv] args``: some of stride, padding, dilation, groups, in torch's order (none: the
+    op convolves with torch's defaults)."""
     where = conv.where.child("args")
-    names = parse_list(conv.pop_any("args", []), str, where)
+    raw = conv.pop_any("args", [])
+    names = parse_list(raw, str, where) if raw != [] else ()
     order = list(GEOMETRY)
     for name in names:
         if name not in GEOMETRY:
@@ -248,6 +250,14 @@ def _check_reference_names(spec: OpSpec, geometry: tuple[str, ...]) -> None:
         if name not in used:
             raise where.error(f"argument '{name}' ([conv] args) is not used by the reference, so "
                               f"no test could check what the op does with it")
+    if "padding" in geometry:
+        for node in ast.walk(ast.parse(spec.reference, mode="eval")):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "conv2d" and ast.unparse(node.func.value) != "ref"):
+                raise where.error(
+                    f"{ast.unparse(node.func)} does not take the padding the op hands its "
+                    f"reference (four ints: top, bottom, left, right, as the registered operator "
+                    f"spells it out); call ref.conv2d, which takes torch's forms and that one")
 
 
 def scaffold(name: str) -> str:
@@ -262,11 +272,14 @@ autocast = "lower"
 [args]
 input = {{ kind = "tensor", dims = ["N", "C", "H", "W"] }}
 weight = {{ kind = "tensor", dims = ["K", "C", "R", "S"] }}
+# residual = {{ kind = "tensor", dims = ["N", "K", "P", "Q"] }}  # the output's shape, broadcast
+#   (above bias: an argument without a default cannot follow an optional one)
 bias = {{ kind = "tensor", dims = ["K"], optional = true }}
 
 [conv]
 args = ["stride", "padding"]   # torch's geometry arguments the op takes (stride, padding,
-                               # dilation, groups); the others are torch's defaults
+                               # dilation, groups); the others, or all without [conv], torch's
+                               # defaults; the reference takes them through ref.conv2d
 
 [epilogue]
 out = "relu(acc + bias)"

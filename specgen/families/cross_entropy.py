@@ -97,7 +97,7 @@ def plan(spec: OpSpec) -> CrossEntropyPlan:
 
 
 def scaffold(name: str) -> str:
-    return f'''# A cross_entropy op: see README.md, "Cross-entropy".
+    return f'''# A cross_entropy op: see docs/families.md, "Cross-entropy".
 [op]
 name = "{name}"
 family = "cross_entropy"

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from specgen.errors import Where
+from specgen.errors import SpecError, Where
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOutput,
                                      EpiloguePlan, TensorRole, check_name, common_plan, int_list,
@@ -39,9 +39,11 @@ from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOu
 from specgen.families.contract import Family
 from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
 from specgen.quant import GROUP_SIZES
-from specgen.table import Table, check_type, parse_list
+from specgen.table import Table, check_type, parse_list, with_misspelling
 
 SWIZZLES = ("grouped", "swizzle2d", "none")
+# [epilogue]'s own keys, beside its outputs
+EPILOGUE_KEYS = ("dtype", "promote")
 SPLIT_K_MODES = ("auto", "atomic", "off")
 # batch dims after folding and collapsing that a "..." kernel walks (torch.matmul broadcasting
 # leaves at most this many that cannot be merged in practice; more is a clear error at launch)
@@ -251,7 +253,7 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
         if group_operands:
             raise args_where.child(group_operands[0].name).error(
                 "dims [\"N\", \"G\"] are a quantized B operand's per-group scales: the spec "
-                "needs a [dequant] table that reads them")
+                f"needs a [dequant] table that reads them{top.misspelling('dequant')}")
         own = {name: by_name[name].dtypes for name in (a.name, b.name) if by_name[name].dtypes}
         if own and (len(own) != 2 or set(own.values()) != {("int8",)}):
             name = next(iter(own))
@@ -288,7 +290,8 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
                                              "scales): leave group out")
     elif group_operands:
         raise where.error(f"operand '{group_operands[0].name}' has per-group dims [\"N\", \"G\"]: "
-                          f"name the int argument that sets the group size, group = \"...\"")
+                          f"name the int argument that sets the group size, group = \"...\""
+                          f"{table.misspelling('group')}")
     channel = [o.name for o in epilogue_inputs if o.letters == "n" and not o.optional]
     scales = {o.name for o in group_operands} | set(channel)
     # the value is a format's: the integer and its scale operands (the split-K kernel's loop
@@ -350,17 +353,20 @@ def parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str],
                if n not in matrices + group_operands}
     symbols["acc"] = Symbol("acc", "value")
     outputs = []
+    reasons = {m: "the operands enter the epilogue only through acc, the tile of their product"
+               for m in matrices}
+    reasons.update({g: "per-group scales enter through the dequantized B, not the epilogue"
+                    for g in group_operands})
     while table.keys():
         name, source, where = table.pop_item()
-        check_name(name, where, "output")
-        if name in symbols or name in matrices:
-            raise where.error(f"output '{name}' has the name of an argument")
-        check_type(source, str, where)
-        reasons = {m: "the operands enter the epilogue only through acc, the tile of their product"
-                   for m in matrices}
-        reasons.update({g: "per-group scales enter through the dequantized B, not the epilogue"
-                        for g in group_operands})
-        outputs.append(Output(name, parse_expr(source, where, symbols, reasons)))
+        try:
+            check_name(name, where, "output")
+            if name in symbols or name in matrices:
+                raise where.error(f"output '{name}' has the name of an argument")
+            check_type(source, str, where)
+            outputs.append(Output(name, parse_expr(source, where, symbols, reasons)))
+        except SpecError as error:
+            raise with_misspelling(error, name, EPILOGUE_KEYS) from None
         symbols[name] = Symbol(name, "value")
     if not outputs:
         raise table.where.error("expected at least one output, as in out = \"acc\"")
@@ -746,7 +752,7 @@ def _divide(node, divisor):
 
 
 def scaffold(name: str) -> str:
-    return f'''# A matmul with a fused epilogue: see README.md, "Matmul family".
+    return f'''# A matmul with a fused epilogue: see docs/families.md, "Matmul family".
 [op]
 name = "{name}"
 family = "matmul"

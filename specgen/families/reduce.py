@@ -268,7 +268,7 @@ def plan(spec: OpSpec) -> ReducePlan:
 
 
 def scaffold(name: str) -> str:
-    return f'''# A reduce op: see README.md, "Reduce family".
+    return f'''# A reduce op: see docs/families.md, "Reduce family".
 [op]
 name = "{name}"
 family = "reduce"

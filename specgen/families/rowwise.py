@@ -1001,7 +1001,7 @@ def _passes(steps: tuple[StepPlan, ...], specs: tuple[Step, ...], pair: int | No
 
 
 def scaffold(name: str) -> str:
-    return f'''# A row-wise op: see README.md, "Row-wise family".
+    return f'''# A row-wise op: see docs/families.md, "Row-wise family".
 [op]
 name = "{name}"
 family = "rowwise"

@@ -26,8 +26,8 @@ import torch
 import triton
 
 from specgen.runtime.autograd import bound_call, op_function
-from specgen.runtime.checks import (DTYPE_NAMES, check_same_device, check_tensor_types,
-                                    check_tensors)
+from specgen.runtime.checks import (DTYPE_NAMES, check_interpreted_dot, check_same_device,
+                                    check_tensor_types, check_tensors)
 from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.launch import choose_int64, launch, multiprocessors, shared_memory
 from specgen.runtime.layout import broadcast_shapes, merge_dims, next_power_of_2, span
@@ -301,6 +301,7 @@ def _checked(op: Op, args: tuple) -> Call:
                          f"torch refuses them; fold the causal mask into attn_mask")
     operands = {spec.query: query, spec.key: key, spec.value: value}
     device = check_tensors(op.name, operands, d.dtypes)
+    check_interpreted_dot(op.name, query.dtype, device)
     problem = _problem(op.name, operands, mask, named.get("enable_gqa", False))
     _check_mask(op.name, spec.attn_mask, mask, query)
     heads = {name: named[name] for name in spec.per_head}

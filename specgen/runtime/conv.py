@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch._prims_common import suggest_memory_format
 
-from specgen.runtime.checks import as_int, check_tensors
+from specgen.runtime.checks import as_int, check_interpreted_dot, check_tensors
 from specgen.runtime.context import interpreting, note_launch, overrides
 from specgen.runtime.launch import (choose_int64, launch, multiprocessors, plan_cache,
                                    shared_memory)
@@ -442,6 +442,8 @@ class Conv(FamilyRuntime):
                          tuple(geo["dilation"]), geo["groups"], tuple(sorted(spans.items())),
                          layout.max_block_k, forced, x.element_size(), str(device),
                          torch.backends.cudnn.enabled, (knobs.indexing,))
+        if plan.kernel != "depthwise":  # the others multiply tiles with tl.dot
+            check_interpreted_dot(op.name, x.dtype, device)
         shape = plan.shape[1:] if unbatched else plan.shape
         strides = plan.strides[1:] if unbatched else plan.strides
         operands = {}

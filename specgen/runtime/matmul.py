@@ -20,7 +20,7 @@ import triton
 import triton.testing
 
 from specgen.runtime import tuned
-from specgen.runtime.checks import check_tensors, is_real
+from specgen.runtime.checks import check_interpreted_dot, check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
 from specgen.runtime.launch import (launch, max_programs, multiprocessors, shared_memory,
                                    use_int64)
@@ -264,8 +264,12 @@ def _group_view(op: str, name: str, tensor: torch.Tensor, n: int, k: int,
     if k % size:
         raise ValueError(f"{op}: K = {k} is not a multiple of {arg} = {size}")
     if tuple(tensor.shape) != (n, k // size):
+        # (16, 4) where (16, 2) is expected: scales quantized at another group size
+        implied = (f" (which fits {arg}={k // tensor.shape[1]})" if tensor.dim() == 2
+                   and tensor.shape[0] == n and 0 < tensor.shape[1] <= k
+                   and k % tensor.shape[1] == 0 else "")
         raise ValueError(f"{op}: argument '{name}' must have shape (N, K / {arg}) = "
-                         f"{(n, k // size)}, got {tuple(tensor.shape)}")
+                         f"{(n, k // size)}, got {tuple(tensor.shape)}{implied}")
     return View((0,) * batch_rank, n=tensor.stride(0), g=tensor.stride(1))
 
 
@@ -710,12 +714,7 @@ def launch_plan(op: OpLayout, *tensors: torch.Tensor | None, group: int | None =
         check_tensors(op.name, shared, op.dtypes)
     # (every dtype checked above: this checks the devices)
     device = check_tensors(op.name, named, tuple({t.dtype for t in named.values()}))
-    if interpreting() and named[op.a].dtype == torch.bfloat16:
-        # the interpreter multiplies a bfloat16 tl.dot's raw bit patterns: errors of 1e9, silently
-        raise NotImplementedError(
-            f"{op.name}: Triton's interpreter (TRITON_INTERPRET=1) computes a bfloat16 matrix "
-            f"product wrongly; run bfloat16 matmuls on a GPU, or use float16 or float32 under the "
-            f"interpreter")
+    check_interpreted_dot(op.name, named[op.a].dtype, device)
     forced = overrides()
     key = (op, device, torch.backends.cuda.matmul.allow_tf32,
            torch.are_deterministic_algorithms_enabled(), forced, group,
