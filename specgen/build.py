@@ -118,7 +118,8 @@ def _refuse_clashes(specs: list[OpSpec], out_dir: Path) -> None:
     ours = {name: (root / spec.source.path).resolve() for spec in specs
             for name in _operators(spec)}
     errors = []
-    for folder in sorted({Path.cwd().resolve(), root}):
+    # (the output's parent may not exist yet: the build makes it)
+    for folder in sorted(f for f in {Path.cwd().resolve(), root} if f.is_dir()):
         for package in sorted(p for p in folder.iterdir() if p.is_dir()):
             if package == out_dir.resolve() or not _is_package(package):
                 continue

@@ -93,6 +93,13 @@ def parse_spec(text: str, source: Source) -> OpSpec:
                           derived_from=[*(a.name for a in args if isinstance(a, TensorArg)),
                                         *(n for n, _ in body_names)])
     _check_reference_uses(reference, reference_where, args)
+    # an argument the kernels never read would be taken and ignored, where the reference (which
+    # must use it) does not ignore it: the op and its gradients would disagree
+    unread = family.unread_args(body, args) if family.unread_args else ()
+    if unread:
+        arg, readers = unread[0]
+        raise top.where.child("args").child(arg).error(
+            f"declared, but {readers} reads it: the op would ignore it")
     spec = OpSpec(name=name, family=family_name, doc=doc, reference=reference.strip(), args=args,
                   dtypes=dtypes, indexing=indexing, source=source, body=body,
                   autocast=autocast, autocast_follows=autocast_follows)

@@ -64,6 +64,13 @@ def test_build_is_deterministic(project):
     assert b"run `specgen build specs/add.toml --out b`" in snapshot(project / "b")["add.py"]
 
 
+def test_an_output_folder_whose_parents_do_not_exist_is_made(project):
+    # a user's trial: the clash check listed the missing parent and crashed with a traceback
+    assert run("build", "specs/relu.toml", "--out", "nested/deep/ops")[0] == 0
+    assert sorted(snapshot(project / "nested" / "deep" / "ops")) == [
+        "__init__.py", "relu.py", "relu_backward.py"]
+
+
 def test_modules_are_written_with_the_umask_mode(project):
     # written through a private temporary file, then renamed: readable as any new file would be
     previous = os.umask(0o022)

@@ -38,7 +38,8 @@ import torch
 from specgen import derive
 from specgen.errors import Where
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
-from specgen.families.common import CommonPlan, common_plan, power_of_two_list, warps_list
+from specgen.families.common import (CommonPlan, common_plan, power_of_two_list, scalar_args,
+                                     unread, warps_list)
 from specgen.families.contract import Family
 from specgen.model import ChoiceArg, OpSpec, ScalarArg, TensorArg
 from specgen.table import Table, check_type
@@ -142,6 +143,20 @@ class AttentionBody:
 
 def body_names(body: AttentionBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return ()
+
+
+# arguments the runtime takes itself, as torch's scaled_dot_product_attention does (is_causal
+# only through a mask that reads it)
+RUNTIME_ARGS = ("dropout_p", "scale", "enable_gqa")
+
+
+def unread_args(body: AttentionBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
+    """The per-head and per-batch tensors and the scalars neither score nor mask reads."""
+    exprs = [e for e in (body.score, body.mask) if e is not None]
+    scalars = [a for a in scalar_args(spec_args) if a.name not in RUNTIME_ARGS]
+    tensors = [a for a in spec_args if a.name in body.per_head + body.per_batch]
+    return unread([*tensors, *scalars], set().union(*(e.names for e in exprs)),
+                  "neither [attention] score nor mask")
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
@@ -1080,6 +1095,6 @@ def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
 FAMILY = Family(
     name="attention", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
-    takes=frozenset({"optional scalar"}),
+    takes=frozenset({"optional scalar"}), unread_args=unread_args,
     draw_case=draw_case, samples=samples, bench_section="bench.attention:section",
     tune_cases="bench.attention:tune_cases")

@@ -63,6 +63,18 @@ def symbols_of(spec_args: Iterable, host: Iterable[str] = ()) -> dict[str, Symbo
     return symbols
 
 
+def scalar_args(spec_args: Iterable) -> list:
+    """The float, int and bool arguments: values an expression reads (not a dtype or a shape,
+    which shape the launch on the host)."""
+    return [a for a in spec_args if a.kind in ("float", "int", "bool")]
+
+
+def unread(args: Iterable, read: set[str], readers: str) -> tuple[tuple[str, str], ...]:
+    """Those of ``args`` no expression reads (``read``: the names the expressions read), each
+    with ``readers``, for a family's ``unread_args``."""
+    return tuple((arg.name, readers) for arg in args if arg.name not in read)
+
+
 def check_name(name: str, where: Where, what: str) -> None:
     """Op, argument and output names become Python identifiers in the generated module."""
     if not NAME_RE.fullmatch(name):  # fullmatch: `$` would let a final newline through

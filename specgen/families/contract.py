@@ -40,6 +40,9 @@ class Family:
     # other families' templates have no code for them: parse.py refuses them there)
     takes: frozenset[str] = frozenset()
     reference_names: tuple[str, ...] = ()   # names its references may use besides the arguments
+    # (body, args) -> ((argument, what would read it), ...): the arguments its kernels' expressions
+    # must read and do not (an op would take and ignore them); None: it checks none
+    unread_args: Callable | None = None
     # which spec key sets its ops' output layout, for the property check's message when it
     # differs from torch's ("": the layout follows from the inputs, as torch's)
     layout_hint: str = ""

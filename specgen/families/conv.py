@@ -28,7 +28,7 @@ import torch
 from specgen.errors import Where
 from specgen.expr import emit, helpers
 from specgen.families.common import (ArgPlan, CommonPlan, EpilogueOutput, EpiloguePlan,
-                                     TensorRole, common_plan, tile_config)
+                                     TensorRole, common_plan, scalar_args, tile_config, unread)
 from specgen.families.contract import Family
 from specgen.families.matmul import parse_config_space, parse_epilogue, parse_promote
 from specgen.model import OpSpec, TensorArg
@@ -103,6 +103,13 @@ class ConvBody:
     geometry: tuple[str, ...]       # the geometry arguments the op takes, in torch's order
     swizzle: str
     configs: tuple[dict, ...]
+
+
+def unread_args(body: ConvBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
+    """The epilogue operands and scalars no epilogue expression reads (the input and weight
+    enter through acc)."""
+    return unread([*body.epilogue_inputs, *scalar_args(spec_args)],
+                  set().union(*(o.expr.names for o in body.outputs)), "no [epilogue] expression")
 
 
 def _classify(arg: TensorArg, where: Where) -> Operand:
@@ -537,5 +544,5 @@ def _bench_case(op: str, n: int, c: int, h: int, w: int, k: int, r: int, channel
 FAMILY = Family(
     name="conv", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
-    derived_suffixes=DERIVED_SUFFIXES, reference_names=tuple(GEOMETRY),
+    derived_suffixes=DERIVED_SUFFIXES, reference_names=tuple(GEOMETRY), unread_args=unread_args,
     draw_case=draw_case, samples=samples, bench=bench_cases)

@@ -35,7 +35,7 @@ from specgen.errors import SpecError, Where
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOutput,
                                      EpiloguePlan, TensorRole, check_name, common_plan, int_list,
-                                     symbols_of, tile_config)
+                                     scalar_args, symbols_of, tile_config, unread)
 from specgen.families.contract import Family
 from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
 from specgen.quant import GROUP_SIZES
@@ -175,6 +175,16 @@ class MatmulBody:
     group_operands: tuple[Operand, ...] = ()    # dims N, G: read by the dequant value only
 
 
+def unread_args(body: MatmulBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
+    """The epilogue operands and scalars no expression reads (A and B enter through acc, the
+    per-group operands through the dequant value, which checks them)."""
+    read = set().union(*(o.expr.names for o in body.outputs))
+    if body.dequant is not None:
+        read |= body.dequant.value.names | {body.dequant.group}
+    return unread([*body.epilogue_inputs, *scalar_args(spec_args)], read,
+                  "no [epilogue] or [dequant] expression")
+
+
 def _classify(arg: TensorArg, where: Where) -> Operand:
     dims = arg.dims
     if not dims:
@@ -308,9 +318,10 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
     value = parse_expr(table.pop("value", str), where.child("value"), symbols, reasons)
     if Q not in value.names:
         raise where.child("value").error(f"{quoted(value.source)} never reads q, the stored integer")
-    unread = [o.name for o in group_operands if o.name not in value.names]
-    if unread:
-        raise args_where.child(unread[0]).error("a per-group operand the dequant value never reads")
+    unread_groups = [o.name for o in group_operands if o.name not in value.names]
+    if unread_groups:
+        raise args_where.child(unread_groups[0]).error(
+            "a per-group operand the dequant value never reads")
     table.finish()
     return Dequant(bits, group, value)
 
@@ -1089,5 +1100,5 @@ FAMILY = Family(
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     derived_suffixes=DERIVED_SUFFIXES,
     # a quantized weight's integer storage and float32 scales; an output dtype argument
-    takes=frozenset({"tensor of its own dtypes", "dtype argument"}),
+    takes=frozenset({"tensor of its own dtypes", "dtype argument"}), unread_args=unread_args,
     draw_case=draw_case, samples=samples, bench=bench_cases)

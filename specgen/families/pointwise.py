@@ -17,7 +17,7 @@ from specgen import promotion
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     symbols_of, tile_pairs, warps_list)
+                                     symbols_of, tile_pairs, unread, warps_list)
 from specgen.model import OpSpec, Output, TensorArg
 from specgen.table import Table, check_type
 
@@ -52,6 +52,11 @@ class PointwiseBody:
 def body_names(body: PointwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The names the body declares, with their keys: the outputs."""
     return tuple((o.name, ("compute", o.name)) for o in body.outputs)
+
+
+def unread_args(body: PointwiseBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
+    return unread(spec_args, set().union(*(o.expr.names for o in body.outputs)),
+                  "no [compute] expression")
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:
@@ -359,6 +364,7 @@ def _shape_label(shape: tuple[int, ...]) -> str:
 
 FAMILY = Family(
     name="pointwise", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
+    unread_args=unread_args,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     operator_suffixes=OPERATOR_SUFFIXES,
     derive="specgen.families.pointwise_backward:derived_specs",

@@ -18,8 +18,8 @@ import torch
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
-from specgen.families.common import (ArgPlan, CommonPlan, common_plan, symbols_of, tile_pairs,
-                                     warps_list)
+from specgen.families.common import (ArgPlan, CommonPlan, common_plan, scalar_args, symbols_of,
+                                     tile_pairs, unread, warps_list)
 from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
@@ -77,6 +77,13 @@ class ReduceBody:
 def body_names(body: ReduceBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """A reduce spec declares no names beyond its arguments."""
     return ()
+
+
+def unread_args(body: ReduceBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
+    """The scalars neither map nor finish reads (the tensor is read as it is without a map)."""
+    exprs = [e for e in (body.map_expr, body.finish_expr) if e is not None]
+    return unread(scalar_args(spec_args), set().union(*(e.names for e in exprs)),
+                  "neither map nor finish")
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> ReduceBody:
@@ -444,5 +451,5 @@ FAMILY = Family(
     name="reduce", parse_body=parse_body, body_names=body_names, plan=plan, scaffold=scaffold,
     generated_names=GENERATED_NAMES, generated_prefixes=GENERATED_PREFIXES,
     # torch's dtype= of a reduction
-    takes=frozenset({"dtype argument"}), reference_names=REFERENCE_NAMES,
+    takes=frozenset({"dtype argument"}), reference_names=REFERENCE_NAMES, unread_args=unread_args,
     draw_case=draw_case, samples=samples, bench=bench_cases)

@@ -27,7 +27,7 @@ from specgen.derive import grad_name
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     symbols_of, warps_list)
+                                     symbols_of, unread, warps_list)
 from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
@@ -119,6 +119,17 @@ def _names(table: Table, key: str, allowed: dict[str, str], what: str) -> tuple[
             raise where.error(f"'{name}' is not {what} (expected one of: "
                               f"{', '.join(sorted(allowed)) or 'none'})")
     return names
+
+
+def unread_args(body: RowwiseBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
+    """The tensors and scalars no step or output reads (dim, normalized_shape, keepdim and
+    dtype shape the launch on the host: not read)."""
+    host = {body.dim, body.normalized_shape, body.keepdim, body.dtype}
+    exprs = [e for step in body.steps for e in (step.of, step.scale) if e is not None]
+    exprs += [o.expr for o in (*body.outputs, *body.column_outputs)]
+    read = [a for a in spec_args if a.kind in ("tensor", "float", "int", "bool")
+            and a.name not in host]
+    return unread(read, set().union(*(e.names for e in exprs)), "no [reduce], [compute] or [columns] expression")
 
 
 def body_names(body: RowwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -1361,6 +1372,7 @@ FAMILY = Family(
     # a dtype argument (named by [rows] dtype), shape arguments (normalized_shape, dim) and
     # optional floats ([rows] finfo_eps say what None is)
     takes=frozenset({"dtype argument", "shape argument", "optional scalar"}),
+    unread_args=unread_args,
     layout_hint=("the spec's [rows] layout sets it: contiguous, memory_format or elementwise, "
                  "docs/families.md"),
     derive="specgen.families.rowwise_backward:derived_specs",
