@@ -108,20 +108,21 @@ def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
     return list(specs.values())
 
 
-def _refuse_clashes(specs: list[OpSpec], out_dir: Path) -> None:
+def refuse_clashes(specs: list[OpSpec], out_dir: Path | None) -> None:
     """Every generated package registers its operators under ``specgen::``, so an op named as an
     op of another package, built from another spec, would fail the second package's import: a
     spec error here. The packages looked at are those beside ``out_dir`` and in the working
     folder (where ``generated`` and an author's packages live, to be imported together); a
-    package built from the same spec files (a second build of one project) is the same ops."""
-    root = out_dir.resolve().parent
+    package built from the same spec files (a second build of one project) is the same ops.
+    ``out_dir`` None: a spec not built yet (``specgen new``), against the working folder's."""
+    root = out_dir.resolve().parent if out_dir is not None else Path.cwd().resolve()
     ours = {name: (root / spec.source.path).resolve() for spec in specs
             for name in _operators(spec)}
     errors = []
     # (the output's parent may not exist yet: the build makes it)
     for folder in sorted(f for f in {Path.cwd().resolve(), root} if f.is_dir()):
         for package in sorted(p for p in folder.iterdir() if p.is_dir()):
-            if package == out_dir.resolve() or not _is_package(package):
+            if (out_dir is not None and package == out_dir.resolve()) or not _is_package(package):
                 continue
             for module in sorted(package.glob("*.py")):
                 source = _source_of(module) if module.name != INDEX else None
@@ -185,7 +186,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     """
     root = out_dir.resolve().parent
     specs = load_specs(paths, root)
-    _refuse_clashes(specs, out_dir)
+    refuse_clashes(specs, out_dir)
     wanted = {out_dir / f"{spec.name}.py": render_op(spec, out_dir.name) for spec in specs}
     built_from = {spec.source.path for spec in specs}
     removed = []

@@ -114,9 +114,10 @@ def new(name: str, family: str, spec_dir: Path) -> None:
     if path.exists():
         raise click.ClickException(f"{path} already exists")
     text = FAMILIES[family].scaffold(name)
-    # parsed before it is written: a name a family reserves (a reduce_lib helper's) is refused
-    # here, not at the first build
-    parse_spec(text, Source(str(path), "", text))
+    # parsed before it is written: a name a family reserves (a reduce_lib helper's), or an op of
+    # a package here (generated/'s relu), is refused here, not at the first build
+    spec = parse_spec(text, Source(str(path), "", text))
+    builder.refuse_clashes([spec, *spec.derived], None)
     spec_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     click.echo(f"wrote {path}; edit it, then run `specgen build`")

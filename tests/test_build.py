@@ -330,6 +330,16 @@ def test_new_refuses_a_name_its_family_reserves(project):
     assert not (project / "specs" / "sum_combine_f32.toml").exists()
 
 
+
+def test_new_refuses_the_name_of_an_op_of_a_package_here(project):
+    # a user's trial: `new relu --specs mine` beside generated/ wrote a spec that could not build
+    assert run("build", "specs/relu.toml", "--out", "generated")[0] == 0
+    code, output = run("new", "relu", "--family", "pointwise", "--specs", "mine")
+    assert code == 1
+    assert "[op.name]: 'relu' is also an op of the package generated/" in output
+    assert not (project / "mine").exists()
+
+
 INT_ARGUMENT_SPEC = """
 [op]
 name = "int_poly"
