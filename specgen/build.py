@@ -125,8 +125,13 @@ def refuse_clashes(specs: list[OpSpec], out_dir: Path | None) -> None:
             if (out_dir is not None and package == out_dir.resolve()) or not _is_package(package):
                 continue
             for module in sorted(package.glob("*.py")):
-                source = _source_of(module) if module.name != INDEX else None
-                if module.stem not in ours or source is None:
+                if module.stem not in ours or module.name == INDEX or not module.is_file():
+                    continue
+                try:
+                    source = _source_of(module)
+                except (OSError, UnicodeDecodeError):  # not a module specgen wrote
+                    continue
+                if source is None:
                     continue
                 theirs = (package.parent / source).resolve()
                 if theirs != ours[module.stem]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Sequence
+from typing import Any
 
-from specgen.errors import SpecError, Where, describe
+from specgen.errors import Where, describe
 
 _MISSING = object()
 
@@ -108,15 +108,4 @@ def parse_list(value: Any, kind: type, where: Where) -> tuple:
     return tuple(check_type(item, kind, where) for item in items)
 
 
-def with_misspelling(error: SpecError, name: str, keys: Sequence[str]) -> SpecError:
-    """``error``, raised parsing the user-named entry ``name`` of a table that also has fixed
-    ``keys``, with a hint where ``name`` looks like one of them (``promot = [...]`` beside
-    ``[epilogue]``'s outputs is a misspelled ``promote``, not an output)."""
-    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
-    if not close:
-        return error
-    return SpecError(error.path, error.key,
-                     f"{error.message} (or is '{name}' a misspelling of '{close[0]}'?)")
-
-
-__all__ = ["Table", "check_type", "parse_list", "with_misspelling"]
+__all__ = ["Table", "check_type", "parse_list"]

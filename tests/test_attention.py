@@ -358,7 +358,6 @@ def test_errors_name_the_ops_own_arguments():
         generated.decode_attention(q, k, v[..., :5, :], torch.tensor([1, 2], device=q.device))
 
 
-
 @pytest.mark.skipif(not interpreting(), reason="the interpreter's bfloat16 dot only")
 @pytest.mark.parametrize("call", [
     lambda q, k, v: generated.scaled_dot_product_attention(q, k, v),
@@ -372,6 +371,7 @@ def test_the_interpreter_refuses_bfloat16_attention(call):
         with pytest.raises(NotImplementedError, match="computes a bfloat16 matrix product wrongly"):
             call(q, k, v)
     assert log == []
+
 
 def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
     # the estimate is Triton's count where it ran out on an H100 (E 256, Ev 16, float16, 64 x

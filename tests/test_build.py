@@ -330,7 +330,6 @@ def test_new_refuses_a_name_its_family_reserves(project):
     assert not (project / "specs" / "sum_combine_f32.toml").exists()
 
 
-
 def test_new_refuses_the_name_of_an_op_of_a_package_here(project):
     # a user's trial: `new relu --specs mine` beside generated/ wrote a spec that could not build
     assert run("build", "specs/relu.toml", "--out", "generated")[0] == 0

@@ -118,17 +118,20 @@ def test_output_layout_follows_torchs_second_look(w_shape, w_strides):
     assert got is want
 
 
-
-@pytest.mark.parametrize("groups", [1, 2])
-def test_reference_keeps_torchs_output_layout(groups):
-    # a CI draw: the reference copies a weight whose strides are not its format's own (torch's
-    # CPU backward needs it), and the copy of a (2, 1, 1, 1) weight of strides (2, 1, 2, 1)
-    # reads contiguous where the weight read channels-last: with groups=2 torch's result is
-    # channels-last, the reference's was contiguous
-    x = torch.randn(1, 2, 1, 2, dtype=torch.float16)
-    w = torch.empty_strided((2, 2 // groups, 1, 1), (2, 1, 2, 1), dtype=torch.float16).normal_()
-    want = F.conv2d(x, w, groups=groups)
-    got = references.conv2d(x, w, groups=groups)
+@pytest.mark.parametrize("dtype, x_shape, x_strides, w_strides", [
+    # a CI draw (float16: the reference's upcast laid the weight out afresh too)
+    (torch.float16, (1, 2, 1, 2), (4, 2, 2, 1), (2, 1, 2, 1)),
+    (torch.float32, (1, 2, 3, 1), (12, 1, 4, 1), (8, 2, 4, 2)),
+])
+def test_reference_keeps_torchs_output_layout(dtype, x_shape, x_strides, w_strides):
+    # the reference copies a weight whose strides are not its format's own (torch's CPU backward
+    # needs it), and the copy of a (2, 1, 1, 1) weight of strides (2, 1, 2, 1) reads contiguous
+    # where the weight read channels-last: with groups=2 torch's result was channels-last, the
+    # reference's contiguous
+    x = torch.empty_strided(x_shape, x_strides, dtype=dtype).normal_()
+    w = torch.empty_strided((2, 1, 1, 1), w_strides, dtype=dtype).normal_()
+    want = F.conv2d(x, w, groups=2)
+    got = references.conv2d(x, w, groups=2)
     assert got.stride() == want.stride()
 
 
@@ -145,6 +148,7 @@ def test_the_interpreter_refuses_a_bfloat16_convolution_with_dots():
     out = generated.conv2d(x, depthwise, groups=4)
     want = F.conv2d(x.double(), depthwise.double(), groups=4)
     torch.testing.assert_close(out.double(), want, rtol=1.6e-2, atol=1e-2)
+
 
 BAD_GEOMETRY = [
     (dict(padding="full"), ValueError, "argument 'padding' must be an int, a pair of ints"),
@@ -392,6 +396,10 @@ SPEC_CASES = [
      "conv.arg", "unknown key 'arg'"),
     ("a misspelled [epilogue] promote", 'out = "silu(acc + bias)"',
      'out = "silu(acc + bias)"\npromot = ["bias"]', "epilogue.promot",
+     "a misspelling of 'promote'"),
+    # (a lone string is an expression: it would have been a second output)
+    ("a misspelled promote of one name", 'out = "silu(acc + bias)"',
+     'out = "silu(acc + bias)"\npromot = "bias"', "epilogue.promot",
      "a misspelling of 'promote'"),
     ("a misspelled [epilogue] dtype", 'out = "silu(acc + bias)"',
      'out = "silu(acc + bias)"\ndtyp = "float32"', "epilogue.dtyp",

@@ -64,9 +64,9 @@ def symbols_of(spec_args: Iterable, host: Iterable[str] = ()) -> dict[str, Symbo
 
 
 def scalar_args(spec_args: Iterable) -> list:
-    """The float, int and bool arguments: values an expression reads (not a dtype or a shape,
-    which shape the launch on the host)."""
-    return [a for a in spec_args if a.kind in ("float", "int", "bool")]
+    """The float, int, bool and choice arguments: values an expression reads (not a dtype or a
+    shape, which shape the launch on the host)."""
+    return [a for a in spec_args if a.kind in ("float", "int", "bool", "choice")]
 
 
 def unread(args: Iterable, read: set[str], readers: str) -> tuple[tuple[str, str], ...]:

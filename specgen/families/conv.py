@@ -259,8 +259,11 @@ def _check_reference_names(spec: OpSpec, geometry: tuple[str, ...]) -> None:
                               f"no test could check what the op does with it")
     if "padding" in geometry:
         for node in ast.walk(ast.parse(spec.reference, mode="eval")):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "conv2d" and ast.unparse(node.func.value) != "ref"):
+            passed = isinstance(node, ast.Call) and any(
+                isinstance(n, ast.Name) and n.id == "padding"
+                for n in (*node.args, *(k.value for k in node.keywords)))
+            if (passed and isinstance(node.func, ast.Attribute) and node.func.attr == "conv2d"
+                    and ast.unparse(node.func.value) != "ref"):
                 raise where.error(
                     f"{ast.unparse(node.func)} does not take the padding the op hands its "
                     f"reference (four ints: top, bottom, left, right, as the registered operator "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import itertools
 import math
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from specgen.errors import SpecError, Where
+from specgen.errors import Where
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr, quoted
 from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOutput,
                                      EpiloguePlan, TensorRole, check_name, common_plan, int_list,
@@ -39,7 +40,7 @@ from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOu
 from specgen.families.contract import Family
 from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
 from specgen.quant import GROUP_SIZES
-from specgen.table import Table, check_type, parse_list, with_misspelling
+from specgen.table import Table, check_type, parse_list
 
 SWIZZLES = ("grouped", "swizzle2d", "none")
 # [epilogue]'s own keys, beside its outputs
@@ -179,10 +180,11 @@ def unread_args(body: MatmulBody, spec_args: tuple) -> tuple[tuple[str, str], ..
     """The epilogue operands and scalars no expression reads (A and B enter through acc, the
     per-group operands through the dequant value, which checks them)."""
     read = set().union(*(o.expr.names for o in body.outputs))
+    readers = "no [epilogue] expression"
     if body.dequant is not None:
         read |= body.dequant.value.names | {body.dequant.group}
-    return unread([*body.epilogue_inputs, *scalar_args(spec_args)], read,
-                  "no [epilogue] or [dequant] expression")
+        readers = "no [epilogue] or [dequant] expression"
+    return unread([*body.epilogue_inputs, *scalar_args(spec_args)], read, readers)
 
 
 def _classify(arg: TensorArg, where: Where) -> Operand:
@@ -370,14 +372,17 @@ def parse_epilogue(table: Table, spec_args: tuple, matrices: tuple[str, str],
                     for g in group_operands})
     while table.keys():
         name, source, where = table.pop_item()
-        try:
-            check_name(name, where, "output")
-            if name in symbols or name in matrices:
-                raise where.error(f"output '{name}' has the name of an argument")
-            check_type(source, str, where)
-            outputs.append(Output(name, parse_expr(source, where, symbols, reasons)))
-        except SpecError as error:
-            raise with_misspelling(error, name, EPILOGUE_KEYS) from None
+        # `promot = "residual"` would be a second output, silently: the table's own keys and
+        # the outputs share it
+        close = difflib.get_close_matches(name, EPILOGUE_KEYS, n=1, cutoff=0.8)
+        if close:
+            raise where.error(f"'{name}' reads as a misspelling of '{close[0]}'; an output needs "
+                              f"a name unlike [epilogue]'s keys ({', '.join(EPILOGUE_KEYS)})")
+        check_name(name, where, "output")
+        if name in symbols or name in matrices:
+            raise where.error(f"output '{name}' has the name of an argument")
+        check_type(source, str, where)
+        outputs.append(Output(name, parse_expr(source, where, symbols, reasons)))
         symbols[name] = Symbol(name, "value")
     if not outputs:
         raise table.where.error("expected at least one output, as in out = \"acc\"")

@@ -27,7 +27,7 @@ from specgen.derive import grad_name
 from specgen.expr import Expr, Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
 from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     symbols_of, unread, warps_list)
+                                     scalar_args, symbols_of, unread, warps_list)
 from specgen.model import OpSpec, Output, ScalarArg, TensorArg
 from specgen.table import Table, check_type, parse_list
 
@@ -127,9 +127,10 @@ def unread_args(body: RowwiseBody, spec_args: tuple) -> tuple[tuple[str, str], .
     host = {body.dim, body.normalized_shape, body.keepdim, body.dtype}
     exprs = [e for step in body.steps for e in (step.of, step.scale) if e is not None]
     exprs += [o.expr for o in (*body.outputs, *body.column_outputs)]
-    read = [a for a in spec_args if a.kind in ("tensor", "float", "int", "bool")
-            and a.name not in host]
-    return unread(read, set().union(*(e.names for e in exprs)), "no [reduce], [compute] or [columns] expression")
+    args = [a for a in (*(a for a in spec_args if a.kind == "tensor"), *scalar_args(spec_args))
+            if a.name not in host]
+    return unread(args, set().union(*(e.names for e in exprs)),
+                  "no [reduce], [compute] or [columns] expression")
 
 
 def body_names(body: RowwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:

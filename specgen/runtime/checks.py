@@ -98,7 +98,6 @@ def check_tensors(op: str, tensors: Mapping[str, torch.Tensor],
     return device
 
 
-
 def check_interpreted_dot(op: str, dtype: torch.dtype, device: torch.device) -> None:
     """Refuses a bfloat16 ``tl.dot`` under Triton's interpreter, which multiplies its raw bit
     patterns: errors of 1e9, silently (meta tensors launch nothing and pass)."""
@@ -107,6 +106,7 @@ def check_interpreted_dot(op: str, dtype: torch.dtype, device: torch.device) -> 
             f"{op}: Triton's interpreter (TRITON_INTERPRET=1) computes a bfloat16 matrix product "
             f"wrongly; run bfloat16 inputs on a GPU, or use float16 or float32 under the "
             f"interpreter")
+
 
 def check_same_device(op: str, first_name: str, device: torch.device,
                       tensors: Mapping[str, torch.Tensor]) -> None:

@@ -265,9 +265,9 @@ def _group_view(op: str, name: str, tensor: torch.Tensor, n: int, k: int,
         raise ValueError(f"{op}: K = {k} is not a multiple of {arg} = {size}")
     if tuple(tensor.shape) != (n, k // size):
         # (16, 4) where (16, 2) is expected: scales quantized at another group size
-        implied = (f" (which fits {arg}={k // tensor.shape[1]})" if tensor.dim() == 2
-                   and tensor.shape[0] == n and 0 < tensor.shape[1] <= k
-                   and k % tensor.shape[1] == 0 else "")
+        fits = k // tensor.shape[1] if tensor.dim() == 2 and tensor.shape[1] else 0
+        implied = (f" (which fits {arg}={fits})" if fits >= 32 and fits & (fits - 1) == 0
+                   and fits * tensor.shape[1] == k and tensor.shape[0] == n else "")
         raise ValueError(f"{op}: argument '{name}' must have shape (N, K / {arg}) = "
                          f"{(n, k // size)}, got {tuple(tensor.shape)}{implied}")
     return View((0,) * batch_rank, n=tensor.stride(0), g=tensor.stride(1))
