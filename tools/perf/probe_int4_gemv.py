@@ -147,6 +147,17 @@ def group_values(ptr, offs_n, k, group_stride_n, GROUP: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
+def store_or_add(out_ptrs, acc, mask, SPLIT_K: tl.constexpr):
+    """A tile's result: stored in the output's dtype, or, SPLIT_K programs a tile, added to the
+    zeroed float32 result atomically (relaxed: the sums need no ordering with other memory, only
+    atomicity)."""
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
 def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -187,10 +198,7 @@ def _int4_dot_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         acc = tl.dot(x_low, tl.trans(w_low), acc)
         acc = tl.dot(x_high, tl.trans(w_high), acc)
     out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
+    store_or_add(out_ptrs, acc, mask_m[:, None], SPLIT_K)
 
 
 @triton.jit
@@ -226,10 +234,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         acc = tl.dot(w_low, tl.trans(x_low), acc)
         acc = tl.dot(w_high, tl.trans(x_high), acc)
     out_ptrs = out_ptr + offs_m[None, :] * out_stride_m + offs_n[:, None]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[None, :])
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask_m[None, :], sem="relaxed")
+    store_or_add(out_ptrs, acc, mask_m[None, :], SPLIT_K)
 
 
 def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, magic, dot=False,

@@ -46,7 +46,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sweep_matmul as sweep  # noqa: E402  (the rotation, timing and inputs of the matmul sweep)
-from probe_int4_gemv import dequantized_nibbles  # noqa: E402  (the 16-bit dequantization)
+# the 16-bit dequantization, the result's store
+from probe_int4_gemv import dequantized_nibbles, store_or_add  # noqa: E402
 
 import generated  # noqa: E402
 from bench.quant import GROUP_SIZE  # noqa: E402
@@ -66,6 +67,19 @@ def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: t
 
 
 @triton.jit
+def _tile_start(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """This program's tile and share of K (SPLIT_K programs a tile): the share's length and
+    first element, the tile's rows, their mask, its columns and the first step's K offsets."""
+    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    share = K // SPLIT_K
+    k_first = tl.program_id(1) * share
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return share, k_first, offs_m, offs_m < M, offs_n, k_first + tl.arange(0, BLOCK_K)
+
+
+@triton.jit
 def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -73,15 +87,9 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       DEQUANT: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     tl.static_assert(GROUP % BLOCK_K == 0)
-    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
     # this program's share of K (SPLIT_K programs a tile, their sums added atomically)
-    share = K // SPLIT_K
-    k_first = tl.program_id(1) * share
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < M
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = k_first + tl.arange(0, BLOCK_K)
+    share, k_first, offs_m, mask_m, offs_n, offs_k = _tile_start(M, N, K, BLOCK_M, BLOCK_N,
+                                                                 BLOCK_K, GROUP_M, SPLIT_K)
     offs_byte = k_first // 2 + tl.arange(0, BLOCK_K // 2)
     x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
     # B's bytes K-major in the tile, (BLOCK_K // 2, BLOCK_N), as tl.dot takes B
@@ -112,10 +120,7 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         x_ptrs += BLOCK_K
         q_ptrs += BLOCK_K // 2
     out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
+    store_or_add(out_ptrs, acc, mask_m[:, None], SPLIT_K)
 
 
 @triton.jit
@@ -127,13 +132,8 @@ def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
     the activations' dtype, one dot a step, the channel scales after the loop), to tell its
     frozen config's cost from its form's."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    pid_m, pid_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    share = K // SPLIT_K
-    k_first = tl.program_id(1) * share
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < M
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = k_first + tl.arange(0, BLOCK_K)
+    share, k_first, offs_m, mask_m, offs_n, offs_k = _tile_start(M, N, K, BLOCK_M, BLOCK_N,
+                                                                 BLOCK_K, GROUP_M, SPLIT_K)
     x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
     q_ptrs = q_ptr + offs_n[None, :] * q_stride_n + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -145,10 +145,7 @@ def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
         q_ptrs += BLOCK_K
     acc = acc * tl.load(scales_ptr + offs_n)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * out_stride_m + offs_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask_m[:, None], sem="relaxed")
+    store_or_add(out_ptrs, acc, mask_m[:, None], SPLIT_K)
 
 
 def tile8(x, qweight, scales, block_m, block_n, block_k, warps, stages, split_k=1):
