@@ -152,10 +152,9 @@ RUNTIME_ARGS = ("dropout_p", "scale", "enable_gqa")
 
 def unread_args(body: AttentionBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
     """The per-head and per-batch tensors and the scalars neither score nor mask reads."""
-    exprs = [e for e in (body.score, body.mask) if e is not None]
     scalars = [a for a in scalar_args(spec_args) if a.name not in RUNTIME_ARGS]
     tensors = [a for a in spec_args if a.name in body.per_head + body.per_batch]
-    return unread([*tensors, *scalars], set().union(*(e.names for e in exprs)),
+    return unread([*tensors, *scalars], (body.score, body.mask),
                   "neither [attention] score nor mask")
 
 

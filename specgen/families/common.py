@@ -69,9 +69,11 @@ def scalar_args(spec_args: Iterable) -> list:
     return [a for a in spec_args if a.kind in ("float", "int", "bool", "choice")]
 
 
-def unread(args: Iterable, read: set[str], readers: str) -> tuple[tuple[str, str], ...]:
-    """Those of ``args`` no expression reads (``read``: the names the expressions read), each
+def unread(args: Iterable, exprs: Iterable, readers: str,
+           also: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+    """Those of ``args`` none of ``exprs`` (None: an absent one) reads, nor ``also`` names, each
     with ``readers``, for a family's ``unread_args``."""
+    read = set(also).union(*(e.names for e in exprs if e is not None))
     return tuple((arg.name, readers) for arg in args if arg.name not in read)
 
 

@@ -109,7 +109,7 @@ def unread_args(body: ConvBody, spec_args: tuple) -> tuple[tuple[str, str], ...]
     """The epilogue operands and scalars no epilogue expression reads (the input and weight
     enter through acc)."""
     return unread([*body.epilogue_inputs, *scalar_args(spec_args)],
-                  set().union(*(o.expr.names for o in body.outputs)), "no [epilogue] expression")
+                  (o.expr for o in body.outputs), "no [epilogue] expression")
 
 
 def _classify(arg: TensorArg, where: Where) -> Operand:

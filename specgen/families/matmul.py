@@ -179,12 +179,12 @@ class MatmulBody:
 def unread_args(body: MatmulBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
     """The epilogue operands and scalars no expression reads (A and B enter through acc, the
     per-group operands through the dequant value, which checks them)."""
-    read = set().union(*(o.expr.names for o in body.outputs))
-    readers = "no [epilogue] expression"
-    if body.dequant is not None:
-        read |= body.dequant.value.names | {body.dequant.group}
-        readers = "no [epilogue] or [dequant] expression"
-    return unread([*body.epilogue_inputs, *scalar_args(spec_args)], read, readers)
+    args = [*body.epilogue_inputs, *scalar_args(spec_args)]
+    exprs = [o.expr for o in body.outputs]
+    if body.dequant is None:
+        return unread(args, exprs, "no [epilogue] expression")
+    return unread(args, [*exprs, body.dequant.value], "no [epilogue] or [dequant] expression",
+                  also=[body.dequant.group])
 
 
 def _classify(arg: TensorArg, where: Where) -> Operand:

@@ -55,8 +55,7 @@ def body_names(body: PointwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def unread_args(body: PointwiseBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
-    return unread(spec_args, set().union(*(o.expr.names for o in body.outputs)),
-                  "no [compute] expression")
+    return unread(spec_args, (o.expr for o in body.outputs), "no [compute] expression")
 
 
 def parse_body(top: Table, spec_args: tuple, name: str) -> PointwiseBody:

@@ -81,8 +81,7 @@ def body_names(body: ReduceBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def unread_args(body: ReduceBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
     """The scalars neither map nor finish reads (the tensor is read as it is without a map)."""
-    exprs = [e for e in (body.map_expr, body.finish_expr) if e is not None]
-    return unread(scalar_args(spec_args), set().union(*(e.names for e in exprs)),
+    return unread(scalar_args(spec_args), (body.map_expr, body.finish_expr),
                   "neither [reduce] map nor finish")
 
 

@@ -125,12 +125,11 @@ def unread_args(body: RowwiseBody, spec_args: tuple) -> tuple[tuple[str, str], .
     """The tensors and scalars no step or output reads (dim, normalized_shape, keepdim and
     dtype shape the launch on the host: not read)."""
     host = {body.dim, body.normalized_shape, body.keepdim, body.dtype}
-    exprs = [e for step in body.steps for e in (step.of, step.scale) if e is not None]
+    exprs = [e for step in body.steps for e in (step.of, step.scale)]
     exprs += [o.expr for o in (*body.outputs, *body.column_outputs)]
     args = [a for a in (*(a for a in spec_args if a.kind == "tensor"), *scalar_args(spec_args))
             if a.name not in host]
-    return unread(args, set().union(*(e.names for e in exprs)),
-                  "no [reduce], [compute] or [columns] expression")
+    return unread(args, exprs, "no [reduce], [compute] or [columns] expression")
 
 
 def body_names(body: RowwiseBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
