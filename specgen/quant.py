@@ -34,12 +34,8 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(qweight int8 (N, K), scales (N,) in w's dtype): each output channel scaled so that its
     largest magnitude is 127."""
     w = _check_weight(w, "quantize_int8")
-    wide = w.float()
-    # an all-zero channel keeps a scale of 1 (its integers are 0 whatever the scale)
-    amax = wide.abs().amax(dim=1)
-    scales = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(w.dtype)
-    q = torch.round(wide / scales.float()[:, None]).clamp(-INT8_MAX, INT8_MAX)
-    return q.to(torch.int8), scales
+    qweight, scales = _symmetric_int8_rows(w, w.dtype)
+    return qweight, scales[:, 0]
 
 
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,10 +45,18 @@ def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     if not isinstance(x, torch.Tensor) or x.dim() == 0 or not x.is_floating_point():
         got = f"a {x.dim()}-D {x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"quantize_int8_per_token: expected a floating tensor (..., K), got {got}")
-    wide = x.float()
+    return _symmetric_int8_rows(x, torch.float32)
+
+
+def _symmetric_int8_rows(t: torch.Tensor, scale_dtype: torch.dtype
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``t`` (along its last dim) as int8 in [-127, 127] and its scale (..., 1) in
+    ``scale_dtype``, the integers computed against the stored (rounded) scale."""
+    wide = t.float()
+    # an all-zero row keeps a scale of 1 (its integers are 0 whatever the scale)
     amax = wide.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
-    q = torch.round(wide / scale).clamp(-INT8_MAX, INT8_MAX)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(scale_dtype)
+    q = torch.round(wide / scale.float()).clamp(-INT8_MAX, INT8_MAX)
     return q.to(torch.int8), scale
 
 

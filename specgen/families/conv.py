@@ -245,9 +245,9 @@ def plan(spec: OpSpec) -> ConvPlan:
 
 def _check_reference_names(spec: OpSpec, geometry: tuple[str, ...]) -> None:
     """The reference may name the geometry arguments the op takes, not the others (which its
-    generated function would not bind)."""
-    used = {n.id for n in ast.walk(ast.parse(spec.reference, mode="eval"))
-            if isinstance(n, ast.Name)}
+    generated function would not bind), and passes the padding to ref.conv2d only."""
+    nodes = list(ast.walk(ast.parse(spec.reference, mode="eval")))
+    used = {n.id for n in nodes if isinstance(n, ast.Name)}
     where = Where(spec.source.path).child("op").child("reference")
     for name in GEOMETRY:
         if name in used and name not in geometry and name not in {a.name for a in spec.args}:
@@ -258,7 +258,7 @@ def _check_reference_names(spec: OpSpec, geometry: tuple[str, ...]) -> None:
             raise where.error(f"argument '{name}' ([conv] args) is not used by the reference, so "
                               f"no test could check what the op does with it")
     if "padding" in geometry:
-        for node in ast.walk(ast.parse(spec.reference, mode="eval")):
+        for node in nodes:
             passed = isinstance(node, ast.Call) and any(
                 isinstance(n, ast.Name) and n.id == "padding"
                 for n in (*node.args, *(k.value for k in node.keywords)))
