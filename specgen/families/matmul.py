@@ -532,15 +532,15 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
 
     @property
     def split_levels(self) -> int:
-        """How many times A's tile is split in two to part its columns by their place in a byte
-        of B (log2 of the elements a byte packs)."""
+        """log2 of the elements a byte of B packs: how many times the GEMV splits A's row in
+        two to part its elements by their place in a byte, and the levels of ``place_joins``."""
         return (self.dequant.packed if self.dequant else 1).bit_length() - 1
 
     @property
     def position_splits(self) -> tuple[tuple[str, str, str], ...]:
-        """``(source, first, second)`` per ``tl.split`` of A's reshaped tile (A_parts: its last
-        dims the place in a byte, lowest bit last), ending in A_p0 ... A_p{packed - 1}: each
-        split parts the columns by one more bit of their place."""
+        """``(source, first, second)`` per ``tl.split`` of the GEMV's reshaped row of A
+        (A_parts: its last dims the place in a byte, lowest bit last), ending in A_p0 ...
+        A_p{packed - 1}: each split parts the elements by one more bit of their place."""
         a, levels = self.a.name, self.split_levels
         splits, sources = [], {0: f"{a}_parts"}
         for level in range(levels):
@@ -554,6 +554,28 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
                 splits.append((source, named[residue], named[residue + (1 << level)]))
             sources = named
         return tuple(splits)
+
+    @property
+    def place_joins(self) -> tuple[tuple[str, str, str], ...]:
+        """``(first, second, joined)`` per ``tl.join`` that gathers B's places (B_p0 ...
+        B_p{packed - 1}, each BLOCK_K // packed rows) into one tile: each level pairs the places
+        that differ in their highest bit left, whose bit becomes the last dim, so the last
+        ``joined`` is (BLOCK_K // packed, BLOCK_N, 2, ..., 2), the place's bits highest first."""
+        b, joins, level = self.b.name, [], 0
+        names = [f"{b}_p{p}" for p in range(self.dequant.packed if self.dequant else 1)]
+        while len(names) > 1:
+            half = len(names) // 2
+            joined = [f"{b}_places" if half == 1 else f"{b}_j{level}_{r}" for r in range(half)]
+            joins += [(names[r], names[r + half], joined[r]) for r in range(half)]
+            names, level = joined, level + 1
+        return tuple(joins)
+
+    @property
+    def place_order(self) -> tuple[int, ...]:
+        """The permutation of the joined places (``place_joins``) to (BLOCK_K // packed, 2, ...,
+        2, BLOCK_N): reshaped to (BLOCK_K, BLOCK_N), row packed * c + p is place p of byte row
+        c, as K runs."""
+        return (0, *range(2, 2 + self.split_levels), 1)
 
     @property
     def loop_inputs(self) -> tuple[Operand, ...]:
