@@ -213,10 +213,11 @@ def test_launcher_picks_by_layout_and_groups():
     assert _strategy(nchw, w) == ("gemm_repack", {"repack_input": True, "repack_weight": True})
     channels_last = nchw.to(memory_format=torch.channels_last)
     assert _strategy(channels_last, w.to(memory_format=torch.channels_last))[0] == "gemm"
-    # a 1 x 1 filter reads each input element once: no copy; at stride 1 without padding over
-    # a channels-last input, the flat kernel (a GEMM per image), not over NCHW pixels
-    assert _strategy(nchw, _randn(8, 16, 1, 1)) == ("gemm", {"repack_input": False,
+    # a 1 x 1 filter reads each input element once: no copy; at stride 1 without padding, the
+    # flat kernel (a GEMM per image), over NCHW pixels or channels-last ones
+    assert _strategy(nchw, _randn(8, 16, 1, 1)) == ("flat", {"repack_input": False,
                                                             "repack_weight": False})
+    assert _strategy(nchw, _randn(8, 16, 1, 1), padding=1)[0] == "gemm"
     assert _strategy(channels_last, _randn(8, 16, 1, 1)) == ("flat", {"repack_input": False,
                                                                      "repack_weight": False})
     assert _strategy(channels_last, _randn(8, 16, 1, 1), stride=2)[0] == "gemm"
@@ -254,30 +255,28 @@ def test_every_strategy_matches(strategy, indexing):
         assert log[-1].kernel == ("tma" if _has_tma() and indexing == "int32" else "gemm")
 
 
-@pytest.mark.parametrize("layout", ["channels_last", "image_slice", "nchw_forced"])
+@pytest.mark.parametrize("layout", ["channels_last", "image_slice", "nchw"])
 @pytest.mark.parametrize("groups, indexing, image", [(1, "int32", (5, 7)), (2, "int32", (5, 7)),
                                                      (1, "int64", (5, 7)), (1, "int32", (4, 6))])
 def test_flat_kernel_matches(layout, groups, indexing, image):
     # 1 x 1 filters over 5 x 7 = 35 pixels an image (pixel blocks past an image's end), or 4 x 6
     # = 24 (runs of 8 pixels under one mask, the kernel's hint), 3 images, 6 input channels a
     # group (a partial channel block), a bias; an input that is every other image of a larger
-    # batch (its images' starts a stride apart); an NCHW input, which the planner gives the
-    # implicit GEMM, forced (the kernel takes any pixel stride)
+    # batch (its images' starts a stride apart); an NCHW input
     x = _randn(6 if layout == "image_slice" else 3, 6 * groups, *image)
-    if layout != "nchw_forced":
+    if layout != "nchw":
         x = x.to(memory_format=torch.channels_last)
     if layout == "image_slice":
         x = x[::2]
     w = _randn(10, 6, 1, 1, seed=1)
     b = _randn(10, seed=2)
     want = F.conv2d(x.double(), w.double(), b.double(), groups=groups)
-    forced = "flat" if layout == "nchw_forced" else None
-    with override(indexing=indexing, strategy=forced), record_launches() as log:
+    with override(indexing=indexing), record_launches() as log:
         got = generated.conv2d(x, w, b, groups=groups)
     assert log[-1].kernel == "flat"
     _close(got, want)
     # the output in torch's memory format: channels-last where the input is
-    assert got.is_contiguous(memory_format=torch.channels_last) == (layout != "nchw_forced")
+    assert got.is_contiguous(memory_format=torch.channels_last) == (layout != "nchw")
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

@@ -249,14 +249,12 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         # channels a group (a long K loop), loses below (the pointer kernel's 64-channel 3 x 3:
         # 31.8 us against 36.3); the channels-last copy pays for 3 x 3 filters, not for 1 x 1
         # ones, which read each input element once (49 us direct against 59); under 128
-        # channels a group the flat kernel where it applies to channels-last inputs (contiguous
-        # channels), not over NCHW pixels: on an H200 at N32 C64 56x56 K256 it took 0.034 ms
-        # channels-last (the implicit GEMM 0.037) and 0.122-0.135 over NCHW pixels, either way
-        # round, against the implicit GEMM's 0.043 (item 001b), when its loads and stores over
-        # NCHW pixels went element by element (fixed since, by a hint on its pixel mask, and not
-        # measured); from 128 it was not measured
+        # channels a group the flat kernel where it applies, over channels-last or NCHW pixels:
+        # on an H200 at N32 C64 56x56 K256 its best configs took 28.0 us channels-last and
+        # 26.2 over NCHW pixels (its loads vectorized by the pixel mask's hint), the implicit
+        # GEMM's 33.7 and 39.6 (item 001d); from 128 it was not measured
         forced = ("depthwise" if c_group == 1 else "tma" if c_group >= TMA_CHANNELS
-                  else "flat" if flat and x_strides[1] == 1
+                  else "flat" if flat
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
                   else "gemm")
     # an NCHW input (and weight) copied to channels-last first, for the GEMM kernels' loads
