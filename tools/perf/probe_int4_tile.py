@@ -1,10 +1,11 @@
 """Probe for issue 39 at M = 16 to 256: int4 weight-only tiles with B's nibbles interleaved.
 
 At M = 256 N = K = 4096 the generated int4_weight_linear took 42.8 us against bf16 F.linear's
-23.8 (H200, bench/RESULTS-h200.md, 2026-11-29), the target being parity. Its tile kernel
-splits A's tile into the columns that meet each nibble place (a reshape and split of A in
-registers, two dots of half K) and computes each weight value in float32 (225-255 registers at
-its frozen configs by ptxas, 172 bytes of spills for int8's). Two forms against it here:
+23.8 (H200, 2026-11-29 02:14), the target being parity, when its tile kernel split A's tile
+into the columns that meet each nibble place (a reshape and split of A in registers, two dots
+of half K) and computed each weight value in float32 (225-255 registers at its frozen configs
+by ptxas, 172 bytes of spills for int8's). The generated kernel has since taken the ``join``
+form below, in float32 (docs/performance.md, item 001e: 38.1 us). The forms timed here:
 
 - ``join``: A's tile as loaded (the compiler may pipeline it into shared memory untouched), the
   two nibble tiles of B joined and interleaved back into K order, one dot of BLOCK_K;
