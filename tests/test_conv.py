@@ -293,26 +293,79 @@ def test_flat_plan_states_the_pixel_runs_its_mask_holds_over(image, run, channel
     assert plan.kernel == "flat" and plan.pixel_run == run
 
 
-@pytest.mark.parametrize("channels", [64, 200])
-def test_flat_configs_pipeline_no_deeper_than_the_channel_loop(channels, monkeypatch):
-    # at 64 channels a BLOCK_K of 64 is one step: a second stage holds it, more hold nothing;
-    # the stages are fitted before the shared memory is counted (an H100's 227 KiB: float32
-    # 256 x 128 x 64 takes 288 KiB in 3 stages, 192 in 2)
+@pytest.mark.parametrize("channels, block", [(64, 64), (24, 32), (8, 16), (128, 128)])
+def test_flat_plan_takes_a_groups_channels_as_one_block(channels, block):
+    # the kernel loads its weight block once: C_BLOCK is the power of two at or above a
+    # group's channels (at least 16), whole where it is theirs
+    plan = conv_rt.conv_plan("conv2d", "auto", (2, channels, 7, 7), (49 * channels, 49, 7, 1),
+                             (32, channels, 1, 1), (channels, 1, 1, 1), (1, 1), (0, 0, 0, 0),
+                             (1, 1), 1, (), 64, "flat", 2, "cpu", True, (None,))
+    assert plan.kernel == "flat" and plan.channel_block == block
+    assert plan.even_c == (channels == block)
+
+
+@pytest.mark.parametrize("dtype, wide", [(torch.bfloat16, True), (torch.float32, False)])
+def test_flat_configs_fit_the_image_and_the_shared_memory(dtype, wide, monkeypatch):
+    # pixel blocks fitted to one image (7 x 7: 64); configs whose pipelined input tiles and one
+    # weight block exceed the shared memory dropped (an H100's 227 KiB; 128 channels: 128 x 256
+    # in 3 stages takes 96 KiB of input tiles and 64 of weight in bfloat16, twice that in
+    # float32; 64 x 256 takes 224 KiB in float32)
     monkeypatch.setattr(conv_rt, "shared_memory", lambda device: 232448)
     kernel = importlib.import_module("generated.conv2d")._conv2d_flat_kernel
-    x = torch.empty(2, channels, 56, 56, device="meta", dtype=torch.float32)
-    named = {"input_ptr": x, "M": 2 * 56 * 56, "N": 256, "C": channels, "out_h": 56,
-             "out_w": 56}
-    kept = conv_rt.prune_flat_configs(kernel.configs, named)
-    assert kept
-    for config in kept:
-        steps = -(-channels // config.kwargs["BLOCK_K"])
-        assert config.num_stages <= steps + 1
-    # where the loop is long enough, the space's stages stay
-    assert (max(c.num_stages for c in kept) == max(c.num_stages for c in kernel.configs)) \
-        == (channels == 200)
-    tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept}
-    assert ((256, 128) in tiles) == (channels == 64)
+    x = torch.empty(2, 128, 7, 7, device="meta", dtype=dtype)
+    named = {"input_ptr": x, "M": 2 * 7 * 7, "N": 256, "C": 128, "out_h": 7, "out_w": 7}
+    kept = conv_rt.prune_flat_configs(kernel.configs, named, C_BLOCK=128)
+    assert kept and all(c.kwargs["BLOCK_M"] == 64 for c in kept)
+    named.update(input_ptr=torch.empty(2, 128, 32, 32, device="meta", dtype=dtype),
+                 M=2 * 32 * 32, out_h=32, out_w=32)
+    tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])
+             for c in conv_rt.prune_flat_configs(kernel.configs, named, C_BLOCK=128)}
+    assert (64, 256) in tiles and ((128, 256) in tiles) == wide
+
+
+def test_flat_kernel_takes_every_channel_under_a_forced_small_tile():
+    # the tests' small tile config (BLOCK_K 16) leaves the flat kernel's channel block to the
+    # launcher: 17 channels are one block of 32, not 16 of them (a GPU hypothesis draw)
+    x = _randn(17, 1, 1)
+    w = _randn(1, 17, 1, 1, seed=1)
+    small = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 4,
+             "num_stages": 2}
+    with override(config=small), record_launches() as log:
+        _close(generated.conv2d(x, w), F.conv2d(x.double(), w.double()))
+    assert log[-1].kernel == "flat"
+
+
+def test_flat_grid_shares_each_channel_block_among_programs():
+    # (group, channel block) pairs by the programs walking their pixel blocks: 2 programs a
+    # multiprocessor in all, at least one a pair, at most one a pixel block
+    plan = conv_rt.conv_plan("conv2d", "auto", (32, 64, 56, 56), (200704, 1, 3584, 64),
+                             (256, 64, 1, 1), (64, 1, 64, 64), (1, 1), (0, 0, 0, 0), (1, 1), 1,
+                             (), 64, None, 2, "cpu", True, (None,))
+    assert plan.kernel == "flat" and plan.even_c and plan.channel_block == 64
+    sms = plan.sms
+    assert plan.flat_grid({"BLOCK_M": 64, "BLOCK_N": 256, "PROGRAMS_PER_SM": 2}) == (1, 2 * sms)
+    assert plan.flat_grid({"BLOCK_M": 64, "BLOCK_N": 128, "PROGRAMS_PER_SM": 2}) == (2, sms)
+    # 4 images of 2 x 2 pixels: 4 blocks of 64
+    small = conv_rt.conv_plan("conv2d", "auto", (4, 64, 2, 2), (256, 1, 128, 64),
+                              (256, 64, 1, 1), (64, 1, 64, 64), (1, 1), (0, 0, 0, 0), (1, 1), 1,
+                              (), 64, None, 2, "cpu", True, (None,))
+    assert small.flat_grid({"BLOCK_M": 64, "BLOCK_N": 256, "PROGRAMS_PER_SM": 2}) == (1, 4)
+    # 48 groups of 2 channel blocks: more pairs than 2 programs a multiprocessor leave one each
+    c = 96 * 48
+    grouped = conv_rt.conv_plan("conv2d", "auto", (1, c, 4, 4), (16 * c, 1, 4 * c, c),
+                                (48 * 512, 96, 1, 1), (96, 1, 96, 96), (1, 1), (0, 0, 0, 0),
+                                (1, 1), 48, (), 64, None, 2, "cpu", True, (None,))
+    assert grouped.kernel == "flat" and not grouped.even_c  # 96 channels in a block of 128
+    assert grouped.flat_grid({"BLOCK_M": 64, "BLOCK_N": 256, "PROGRAMS_PER_SM": 1}) == (96, 1)
+
+
+def test_flat_kernel_takes_at_most_one_block_of_channels():
+    # past 128 channels a group the weight block would not be one: a forced flat falls back
+    x = _randn(1, 160, 3, 3)
+    w = _randn(8, 160, 1, 1, seed=1)
+    with override(strategy="flat"), record_launches() as log:
+        _close(generated.conv2d(x, w), F.conv2d(x.double(), w.double()))
+    assert log[-1].kernel == "gemm"
 
 
 def _index_bits(x, w, b=None, **geometry):

@@ -40,6 +40,19 @@ TMA_MAX_BLOCK_N = 128
 REPACK_TILE = {"BLOCK_C": 32, "BLOCK_L": 64, "num_warps": 4}
 # the depthwise kernel's tile (pixels x channels) and warps
 DEPTHWISE_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4}
+# the flat (1 x 1) kernel's space: BLOCK_M pixels x BLOCK_N output channels a step of a
+# program's walk, and PROGRAMS_PER_SM programs a multiprocessor sharing each channel block (a
+# group's channels are one block, not a parameter: C_BLOCK); the first is the heuristic's.
+# Measured on an H200 at N32 C64 56x56 K256 (docs/performance.md, 001f): 64 x 256 on 4 warps,
+# 2 programs a multiprocessor, best channels-last; 8 warps, 4, over NCHW pixels.
+FLAT_CONFIGS = tuple(
+    {"BLOCK_M": m, "BLOCK_N": n, "PROGRAMS_PER_SM": programs, "num_warps": warps,
+     "num_stages": 3}
+    for m, n, programs, warps in ((64, 256, 2, 4), (64, 256, 4, 8), (64, 256, 1, 4),
+                                  (64, 256, 2, 8), (128, 256, 1, 8), (64, 128, 2, 4),
+                                  (128, 128, 2, 8)))
+# the most input channels a group the flat kernel takes (in one block)
+FLAT_MAX_CHANNELS = 128
 _PADDINGS = ("same", "valid")
 
 
@@ -143,6 +156,7 @@ class ConvPlan:
     repack_weight: bool
     index_64: bool
     even_c: bool
+    channel_block: int              # the flat kernel's C_BLOCK (0 for the others)
     flat_out: bool                  # outputs' pixels one run per image (NCHW)
     pixel_run: int                  # runs of this many pixels a mask and an NCHW output hold
     tile_w: int                     # the TMA kernel's patch width
@@ -152,11 +166,14 @@ class ConvPlan:
         tiles_m = -(-self.m // meta["BLOCK_M"])
         return (tiles_m * -(-self.n // meta["BLOCK_N"]) * self.groups,)
 
-    def flat_grid(self, meta: dict) -> tuple[int]:
-        """The 1 x 1 kernel's: each image's pixel blocks by channel blocks, for every group."""
+    def flat_grid(self, meta: dict) -> tuple[int, int]:
+        """The 1 x 1 kernel's: its (group, channel block) pairs, by the programs that walk each
+        one's pixel blocks: PROGRAMS_PER_SM a multiprocessor in all, at least one a pair, at
+        most one a pixel block."""
         _, _, out_h, out_w = self.shape
-        tiles = -(-(out_h * out_w) // meta["BLOCK_M"]) * -(-self.n // meta["BLOCK_N"])
-        return (self.shape[0] * tiles * self.groups,)
+        pairs = self.groups * -(-self.n // meta["BLOCK_N"])
+        blocks = self.shape[0] * -(-(out_h * out_w) // meta["BLOCK_M"])
+        return (pairs, max(1, min(blocks, self.sms * meta["PROGRAMS_PER_SM"] // pairs)))
 
     def tma_grid(self, meta: dict) -> tuple[int]:
         """One program per multiprocessor (or per tile, where fewer)."""
@@ -272,7 +289,7 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         else x_strides
     w_after = (kh * kw * c_group, 1, kw * c_group, c_group) if repack_weight else w_strides
     kernel = "depthwise" if forced == "depthwise" else "flat" if forced == "flat" and flat \
-        else "gemm"
+        and c_group <= FLAT_MAX_CHANNELS else "gemm"
     if forced == "tma" and tma_describable(x_after, w_shape, w_after, stride, groups,
                                            element_size, index_64, device):
         kernel = "tma"
@@ -286,14 +303,20 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         run = next((r for r in (16, 8) if (out_h * out_w) % r == 0), 1)
     strategy = kernel if kernel != "gemm" else ("gemm_repack" if repack_input or repack_weight
                                                 else "gemm")
+    # the flat kernel's one block of a group's channels: the power of two at or above them (at
+    # least tl.dot's least K)
+    channel_block = max(MIN_DOT_BLOCK, 1 << (c_group - 1).bit_length()) if kernel == "flat" else 0
+    # whether every channel block is whole
+    even_c = c_group == channel_block if kernel == "flat" else c_group % max_block_k == 0
     return ConvPlan(shape=shape, strides=strides, m=m, n=n, groups=groups,
                     sizes=(m, n, c_group, height, width, out_h, out_w),
                     geometry=(stride[0], stride[1], pads[0], pads[2], dilation[0], dilation[1]),
                     strategy=strategy, kernel=kernel, repack_input=repack_input,
                     repack_weight=repack_weight, index_64=index_64,
-                    even_c=c_group % max_block_k == 0, flat_out=flat_out,
+                    even_c=even_c, channel_block=channel_block, flat_out=flat_out,
                     pixel_run=run if flat_out or kernel == "flat" else 1, tile_w=tile_w,
-                    sms=multiprocessors(torch.device(device)) if kernel == "tma" else 0)
+                    sms=multiprocessors(torch.device(device)) if kernel in ("tma", "flat")
+                    else 0)
 
 
 def tma_describable(x_strides: tuple, w_shape: tuple, w_strides: tuple, stride: tuple,
@@ -328,11 +351,24 @@ def prune_configs(configs, named_args, **kwargs):
 
 
 def prune_flat_configs(configs, named_args, **kwargs):
-    """``prune_configs`` with pixel blocks fitted to one image's pixels (a flat block never
-    spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows idle),
-    and pipelines no deeper than the channel loop."""
-    return _pruned(configs, dict(named_args, M=named_args["out_h"] * named_args["out_w"]),
-                   channel_loop=True)
+    """The flat kernel's configs with pixel blocks fitted to one image's pixels (a flat block
+    never spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows
+    idle) and channel blocks to a group's, the configs that become equal merged; those whose
+    pipelined input tiles and one weight block exceed the shared memory dropped unless nothing
+    else is left, as those whose accumulator takes more than 128 registers a thread."""
+    x = named_args["input_ptr"]
+    pixels = named_args["out_h"] * named_args["out_w"]
+    fitted = fit_tiles(configs, {"BLOCK_M": pixels, "BLOCK_N": named_args["N"]})
+    channels, size = kwargs["C_BLOCK"], x.element_size()
+    limit = shared_memory(x.device)
+
+    def fits(config) -> bool:
+        meta = config.kwargs
+        smem = (meta["BLOCK_M"] * config.num_stages + meta["BLOCK_N"]) * channels * size
+        words = 2 if size == 8 else 1
+        return smem <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] * words \
+            <= 128 * 32 * config.num_warps
+    return [c for c in fitted if fits(c)] or fitted[:1]
 
 
 def prune_tma_configs(configs, named_args, **kwargs):
@@ -340,30 +376,17 @@ def prune_tma_configs(configs, named_args, **kwargs):
     return _pruned(configs, named_args, max_block_n=TMA_MAX_BLOCK_N)
 
 
-def _pruned(configs, named_args, max_block_n: int | None = None,
-            channel_loop: bool = False) -> list:
-    """The configs' tiles fitted (``fit_tiles``), BLOCK_N at most ``max_block_n``; with
-    ``channel_loop`` (a K loop over the channels alone) each pipeline at most one stage past
-    the loop's steps, before the shared memory is counted: deeper stages buffer loads of steps
-    that do not exist and only take shared memory (at 64 channels a group and BLOCK_K 64, one
-    step: a 128 x 64 tile on 4 warps takes 96 KiB in 4 stages, 48 in 2, which lets twice as
-    many programs share a multiprocessor). Symbolic channel counts (dynamic shapes under
-    torch.compile) keep the stages, rather than guard on each. A frozen table's entry holds the
-    stages its tuning ran, as it holds fitted blocks: one tuned at one step serves launches of
-    one step."""
+def _pruned(configs, named_args, max_block_n: int | None = None) -> list:
+    """The configs' tiles fitted (``fit_tiles``), BLOCK_N at most ``max_block_n``; those whose
+    pipelined tiles exceed the shared memory dropped unless nothing else is left."""
     x = next(v for v in named_args.values() if hasattr(v, "element_size"))
-    channels = named_args["C"]
 
     def cap(meta: dict) -> None:
         if max_block_n is not None:
             meta["BLOCK_N"] = min(meta["BLOCK_N"], max_block_n)
 
-    def loop_stages(meta: dict, count: int) -> int:
-        return min(count, -(-channels // meta["BLOCK_K"]) + 1)
-
-    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": channels}
-    fitted = fit_tiles(configs, sizes, cap,
-                       loop_stages if channel_loop and type(channels) is int else None)
+    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": named_args["C"]}
+    fitted = fit_tiles(configs, sizes, cap)
     limit = shared_memory(x.device)
     return [c for c in fitted if tile_fits(c, x.element_size(), limit)] or fitted[:1]
 
@@ -559,8 +582,12 @@ def _launch(op: Op, plan: ConvPlan, x: tuple, w: torch.Tensor, operands: dict, o
         launch(op.kernels["tma"], plan.tma_grid, *arguments, **flags, **common,
                TILE_W=plan.tile_w, INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
         return
-    grid = plan.flat_grid if kernel == "flat" else plan.grid
-    launch(op.kernels[kernel], grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
+    if kernel == "flat":
+        launch(op.kernels["flat"], plan.flat_grid, *arguments, **flags, **common,
+               EVEN_C=plan.even_c, C_BLOCK=plan.channel_block, INPUT_PRECISION=precision,
+               tune_key=(plan, x.dtype))
+        return
+    launch(op.kernels["gemm"], plan.grid, *arguments, **flags, **common, EVEN_C=plan.even_c,
            INPUT_PRECISION=precision, tune_key=(plan, x.dtype))
 
 
