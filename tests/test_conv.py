@@ -238,21 +238,22 @@ def test_launcher_picks_by_layout_and_groups():
 
 # "tma" runs the TMA kernel on Hopper with int32 offsets (the call here is one it takes: stride
 # 1, one group, channels-last); under the interpreter, and with int64 offsets, the call takes the
-# pointer kernel, which this checks then
+# pointer kernel, which this checks then; "flat" takes a 1 x 1 filter without padding
 @pytest.mark.parametrize("strategy", conv_rt.STRATEGIES)
 @pytest.mark.parametrize("indexing", ["int32", "int64"])
 def test_every_strategy_matches(strategy, indexing):
     groups = {"depthwise": 4, "tma": 1}.get(strategy, 2)
     x = _randn(2, 4, 6, 7)
-    w = _randn(8, 4 // groups, 3, 2, seed=1)
+    w = _randn(8, 4 // groups, *((1, 1) if strategy == "flat" else (3, 2)), seed=1)
     b = _randn(8, seed=2)
+    padding = 0 if strategy == "flat" else 1
     if strategy == "tma":
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
-    want = F.conv2d(x.double(), w.double(), b.double(), padding=1, groups=groups)
+    want = F.conv2d(x.double(), w.double(), b.double(), padding=padding, groups=groups)
     with override(strategy=strategy, indexing=indexing), record_launches() as log:
-        _close(generated.conv2d(x, w, b, padding=1, groups=groups), want)
-    if strategy == "tma":
-        assert log[-1].kernel == ("tma" if _has_tma() and indexing == "int32" else "gemm")
+        _close(generated.conv2d(x, w, b, padding=padding, groups=groups), want)
+    ran = {"tma": "tma" if _has_tma() and indexing == "int32" else "gemm"}.get(strategy, strategy)
+    assert log[-1].kernel == ran
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "image_slice", "nchw"])
@@ -304,23 +305,62 @@ def test_flat_plan_takes_a_groups_channels_as_one_block(channels, block):
     assert plan.even_c == (channels == block)
 
 
-@pytest.mark.parametrize("dtype, wide", [(torch.bfloat16, True), (torch.float32, False)])
-def test_flat_configs_fit_the_image_and_the_shared_memory(dtype, wide, monkeypatch):
+@pytest.mark.parametrize("dtype, channels, wide", [(torch.bfloat16, 128, True),
+                                                   (torch.float64, 32, False)])
+def test_flat_configs_fit_the_image_and_the_device(dtype, channels, wide, monkeypatch):
     # pixel blocks fitted to one image (7 x 7: 64); configs whose pipelined input tiles and one
-    # weight block exceed the shared memory dropped (an H100's 227 KiB; 128 channels: 128 x 256
-    # in 3 stages takes 96 KiB of input tiles and 64 of weight in bfloat16, twice that in
-    # float32; 64 x 256 takes 224 KiB in float32)
+    # weight block exceed the shared memory (an H100's 227 KiB), or whose accumulator takes more
+    # than 128 registers a thread, dropped: at the widest channel blocks the planner gives the
+    # kernel (256 bytes), bfloat16's 128 x 256 in 3 stages takes 160 KiB and 128 registers on 8
+    # warps, float64's 160 KiB and 256 (two a value)
     monkeypatch.setattr(conv_rt, "shared_memory", lambda device: 232448)
     kernel = importlib.import_module("generated.conv2d")._conv2d_flat_kernel
-    x = torch.empty(2, 128, 7, 7, device="meta", dtype=dtype)
-    named = {"input_ptr": x, "M": 2 * 7 * 7, "N": 256, "C": 128, "out_h": 7, "out_w": 7}
-    kept = conv_rt.prune_flat_configs(kernel.configs, named, C_BLOCK=128)
+    x = torch.empty(2, channels, 7, 7, device="meta", dtype=dtype)
+    named = {"input_ptr": x, "M": 2 * 7 * 7, "N": 256, "C": channels, "out_h": 7, "out_w": 7}
+    kept = conv_rt.prune_flat_configs(kernel.configs, named, C_BLOCK=channels)
     assert kept and all(c.kwargs["BLOCK_M"] == 64 for c in kept)
-    named.update(input_ptr=torch.empty(2, 128, 32, 32, device="meta", dtype=dtype),
+    named.update(input_ptr=torch.empty(2, channels, 32, 32, device="meta", dtype=dtype),
                  M=2 * 32 * 32, out_h=32, out_w=32)
     tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])
-             for c in conv_rt.prune_flat_configs(kernel.configs, named, C_BLOCK=128)}
+             for c in conv_rt.prune_flat_configs(kernel.configs, named, C_BLOCK=channels)}
     assert (64, 256) in tiles and ((128, 256) in tiles) == wide
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("channels", [6, 16])
+@pytest.mark.parametrize("programs", [2, 4])
+def test_flat_kernel_walks_every_pixel_block(layout, channels, programs):
+    # 16-pixel blocks, 3 an image of 5 x 7 (the last partial), over 3 images, and 2 groups of
+    # one channel block: capped at 2 or 4 programs, one or two programs a group walk its 9
+    # blocks; 6 channels a group (a partial channel block) or 16 (a whole one, unmasked)
+    x = _randn(3, 2 * channels, 5, 7)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    w = _randn(10, channels, 1, 1, seed=1)
+    b = _randn(10, seed=2)
+    small = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
+    with override(config=small, launch="persistent", max_programs=programs), \
+            record_launches() as log:
+        got = generated.conv2d(x, w, b, groups=2)
+    assert log[-1].kernel == "flat"
+    _close(got, F.conv2d(x.double(), w.double(), b.double(), groups=2))
+
+
+@pytest.mark.parametrize("channels, dtype, kernel", [
+    (160, torch.float32, "gemm"), (64, torch.float32, "flat"), (96, torch.float32, "gemm"),
+    (32, torch.float64, "flat"), (48, torch.float64, "gemm"), (128, torch.float16, "flat")])
+def test_flat_kernel_takes_a_block_of_at_most_256_bytes(channels, dtype, kernel):
+    # a group's channels are one block in shared memory, its width a power of two: past 256
+    # bytes (96 float32 channels: a block of 128, 512 bytes) a forced flat falls back
+    x = _randn(1, channels, 3, 3).to(dtype)
+    w = _randn(8, channels, 1, 1, seed=1).to(dtype)
+    with override(strategy="flat"), record_launches() as log:
+        got = generated.conv2d(x, w)
+    # (float16's output rounds at 2**-11 of values about 11)
+    tolerance = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(got.double(), F.conv2d(x.double(), w.double()), rtol=tolerance,
+                               atol=tolerance)
+    assert log[-1].kernel == kernel
 
 
 def test_flat_kernel_takes_every_channel_under_a_forced_small_tile():
@@ -357,15 +397,6 @@ def test_flat_grid_shares_each_channel_block_among_programs():
                                 (1, 1), 48, (), 64, None, 2, "cpu", True, (None,))
     assert grouped.kernel == "flat" and not grouped.even_c  # 96 channels in a block of 128
     assert grouped.flat_grid({"BLOCK_M": 64, "BLOCK_N": 256, "PROGRAMS_PER_SM": 1}) == (96, 1)
-
-
-def test_flat_kernel_takes_at_most_one_block_of_channels():
-    # past 128 channels a group the weight block would not be one: a forced flat falls back
-    x = _randn(1, 160, 3, 3)
-    w = _randn(8, 160, 1, 1, seed=1)
-    with override(strategy="flat"), record_launches() as log:
-        _close(generated.conv2d(x, w), F.conv2d(x.double(), w.double()))
-    assert log[-1].kernel == "gemm"
 
 
 def _index_bits(x, w, b=None, **geometry):

@@ -22,8 +22,8 @@ from torch._prims_common import suggest_memory_format
 
 from specgen.runtime.checks import as_int, check_interpreted_dot, check_tensors
 from specgen.runtime.context import interpreting, note_launch, overrides
-from specgen.runtime.launch import (choose_int64, launch, multiprocessors, plan_cache,
-                                   shared_memory)
+from specgen.runtime.launch import (capped_programs, choose_int64, launch, multiprocessors,
+                                    plan_cache, shared_memory)
 from specgen.runtime.matmul import (MIN_DOT_BLOCK, TMA_ALIGN, fit_tiles, has_tma, input_precision,
                                    tile_fits, tma_aligned)
 from specgen.runtime.layout import span
@@ -51,8 +51,11 @@ FLAT_CONFIGS = tuple(
     for m, n, programs, warps in ((64, 256, 2, 4), (64, 256, 4, 8), (64, 256, 1, 4),
                                   (64, 256, 2, 8), (128, 256, 1, 8), (64, 128, 2, 4),
                                   (128, 128, 2, 8)))
-# the most input channels a group the flat kernel takes (in one block)
-FLAT_MAX_CHANNELS = 128
+# the flat kernel's widest block of a group's channels, in bytes (128 half-precision channels, 64
+# float32, 32 float64): within it the space's lead, 64 x 256 in 3 stages, takes 112 KiB of shared
+# memory; past it, 224 KiB at 128 float32 channels and 448 at float64's (the implicit GEMM
+# loops over such channels instead)
+FLAT_MAX_BLOCK_BYTES = 256
 _PADDINGS = ("same", "valid")
 
 
@@ -173,7 +176,8 @@ class ConvPlan:
         _, _, out_h, out_w = self.shape
         pairs = self.groups * -(-self.n // meta["BLOCK_N"])
         blocks = self.shape[0] * -(-(out_h * out_w) // meta["BLOCK_M"])
-        return (pairs, max(1, min(blocks, self.sms * meta["PROGRAMS_PER_SM"] // pairs)))
+        programs = capped_programs(self.sms * meta["PROGRAMS_PER_SM"])
+        return (pairs, max(1, min(blocks, programs // pairs)))
 
     def tma_grid(self, meta: dict) -> tuple[int]:
         """One program per multiprocessor (or per tile, where fewer)."""
@@ -259,8 +263,12 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     nchw_input = x_strides[1] != 1 and _nchw(x_shape, x_strides)
     # a 1 x 1 filter at stride 1 without padding over pixels one stride apart (the height's is
     # the width's times the width): a GEMM per image, the flat kernel's
+    # (the flat kernel's one block of a group's channels: the power of two at or above them, at
+    # least tl.dot's least K)
+    channel_block = max(MIN_DOT_BLOCK, 1 << (c_group - 1).bit_length())
     flat = (kh == kw == 1 and stride == (1, 1) and not any(pads)
-            and x_strides[2] == width * x_strides[3])
+            and x_strides[2] == width * x_strides[3]
+            and channel_block * element_size <= FLAT_MAX_BLOCK_BYTES)
     if forced is None:
         # measured on an H100 (docs/performance.md, 000v): the TMA kernel wins from 128 input
         # channels a group (a long K loop), loses below (the pointer kernel's 64-channel 3 x 3:
@@ -289,7 +297,7 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         else x_strides
     w_after = (kh * kw * c_group, 1, kw * c_group, c_group) if repack_weight else w_strides
     kernel = "depthwise" if forced == "depthwise" else "flat" if forced == "flat" and flat \
-        and c_group <= FLAT_MAX_CHANNELS else "gemm"
+        else "gemm"
     if forced == "tma" and tma_describable(x_after, w_shape, w_after, stride, groups,
                                            element_size, index_64, device):
         kernel = "tma"
@@ -303,9 +311,6 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         run = next((r for r in (16, 8) if (out_h * out_w) % r == 0), 1)
     strategy = kernel if kernel != "gemm" else ("gemm_repack" if repack_input or repack_weight
                                                 else "gemm")
-    # the flat kernel's one block of a group's channels: the power of two at or above them (at
-    # least tl.dot's least K)
-    channel_block = max(MIN_DOT_BLOCK, 1 << (c_group - 1).bit_length()) if kernel == "flat" else 0
     # whether every channel block is whole
     even_c = c_group == channel_block if kernel == "flat" else c_group % max_block_k == 0
     return ConvPlan(shape=shape, strides=strides, m=m, n=n, groups=groups,
@@ -313,7 +318,8 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
                     geometry=(stride[0], stride[1], pads[0], pads[2], dilation[0], dilation[1]),
                     strategy=strategy, kernel=kernel, repack_input=repack_input,
                     repack_weight=repack_weight, index_64=index_64,
-                    even_c=even_c, channel_block=channel_block, flat_out=flat_out,
+                    even_c=even_c, channel_block=channel_block if kernel == "flat" else 0,
+                    flat_out=flat_out,
                     pixel_run=run if flat_out or kernel == "flat" else 1, tile_w=tile_w,
                     sms=multiprocessors(torch.device(device)) if kernel in ("tma", "flat")
                     else 0)
@@ -354,21 +360,25 @@ def prune_flat_configs(configs, named_args, **kwargs):
     """The flat kernel's configs with pixel blocks fitted to one image's pixels (a flat block
     never spans two images: fitted to the batch's, a 7 x 7 image would leave 79 of 128 rows
     idle) and channel blocks to a group's, the configs that become equal merged; those whose
-    pipelined input tiles and one weight block exceed the shared memory dropped unless nothing
-    else is left, as those whose accumulator takes more than 128 registers a thread."""
+    pipelined input tiles and one weight block exceed the shared memory dropped, as those whose
+    accumulator takes more than 128 registers a thread (where none is left, the one of least
+    shared memory: the planner's FLAT_MAX_BLOCK_BYTES keeps that within the device's)."""
     x = named_args["input_ptr"]
     pixels = named_args["out_h"] * named_args["out_w"]
     fitted = fit_tiles(configs, {"BLOCK_M": pixels, "BLOCK_N": named_args["N"]})
     channels, size = kwargs["C_BLOCK"], x.element_size()
     limit = shared_memory(x.device)
 
+    def shared(config) -> int:
+        meta = config.kwargs
+        return (meta["BLOCK_M"] * config.num_stages + meta["BLOCK_N"]) * channels * size
+
     def fits(config) -> bool:
         meta = config.kwargs
-        smem = (meta["BLOCK_M"] * config.num_stages + meta["BLOCK_N"]) * channels * size
         words = 2 if size == 8 else 1
-        return smem <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] * words \
+        return shared(config) <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] * words \
             <= 128 * 32 * config.num_warps
-    return [c for c in fitted if fits(c)] or fitted[:1]
+    return [c for c in fitted if fits(c)] or [min(fitted, key=shared)]
 
 
 def prune_tma_configs(configs, named_args, **kwargs):

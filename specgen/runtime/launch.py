@@ -95,13 +95,19 @@ def _device_shared_memory(device_index: int) -> int:
 def max_programs(device: torch.device, launch: str,
                  per_sm: int = PERSISTENT_PROGRAMS_PER_SM) -> int:
     """The most programs a grid-stride launch starts: all tiles (flat) or ``per_sm`` per SM."""
+    return capped_programs(per_sm * multiprocessors(device), launch)
+
+
+def capped_programs(programs: int, launch: str = "persistent") -> int:
+    """``programs``, the most a persistent launch starts, unless the tests' overrides say
+    otherwise: no cap (``launch="flat"``: a program a tile) or ``max_programs``, so that a tiny
+    input still loops."""
     forced = overrides()
-    launch = forced.launch or launch
-    if launch == "flat":
+    if (forced.launch or launch) == "flat":
         return INT32_MAX
     if forced.max_programs is not None:
         return forced.max_programs
-    return per_sm * multiprocessors(device)
+    return programs
 
 
 def grid_size(num_tiles: int, cap: int) -> int:

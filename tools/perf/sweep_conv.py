@@ -6,15 +6,15 @@
 
 At each cell of the conv bench (specgen/families/conv.py BENCH_CELLS, bf16, NCHW and
 channels-last), each strategy the planner can take there (``override(strategy=...)``: the
-implicit GEMM, with the input and weight copied to channels-last first or not, the flat 1 x 1
-kernel, the TMA kernel) runs each config of the spec's space (``override(config=...)``, the
-mapping as given: unpruned, so a config's stages are timed as written), and, for the flat
-kernel at one channel step, each config again in 2 stages. Every variant is checked against
-cuDNN's result, then timed in CUDA graphs over inputs rotating past L2 (tools/perf/
-sweep_matmul.py), the copies to channels-last included; "auto" is the planner's choice and the
-frozen table's config. The label names the kernel that ran (a forced strategy the call cannot
-take falls back). The numbers decide the planner's rules for 1 x 1 filters (docs/performance.md,
-items 001b and 001c: the flat kernel over NCHW pixels, its stages, its configs for the table).
+implicit GEMM, with the input and weight copied to channels-last first or not, the TMA kernel)
+runs each config of the spec's space (``override(config=...)``, the mapping as given:
+unpruned, so a config's stages are timed as written), and at 1 x 1 filters the flat kernel
+each of its own (``conv_rt.FLAT_CONFIGS``: tiles and programs a multiprocessor). Every variant
+is checked against cuDNN's result, then timed in CUDA graphs over inputs rotating past L2
+(tools/perf/sweep_matmul.py), the copies to channels-last included; "auto" is the planner's
+choice and the frozen table's config. The label names the kernel that ran (a forced strategy
+the call cannot take falls back). What set the 1 x 1 rules and showed the 3 x 3 space's limits:
+docs/performance.md, items 001b, 001d and 001g (001d's flat kernel was the one before 001f's).
 """
 
 from __future__ import annotations
@@ -52,19 +52,18 @@ def inputs(n, c, h, w, k, r, channels_last, seed, device="cuda", dtype=torch.bfl
 def variants(r: int, c: int, channels_last: bool) -> list[tuple[str, dict | None]]:
     """(strategy, config) pairs to time at a cell of ``r`` x ``r`` filters and ``c`` channels:
     the copies to channels-last only where the input is NCHW, TMA where the input is
-    channels-last or copied to it (not 1 x 1 NCHW: the planner gives that the implicit GEMM) and
-    with BLOCK_N at most conv_rt.TMA_MAX_BLOCK_N, as its prune caps it."""
+    channels-last or copied to it and with BLOCK_N at most conv_rt.TMA_MAX_BLOCK_N, as its
+    prune caps it, and for 1 x 1 filters the flat kernel over its own space (FLAT_CONFIGS)."""
     strategies = ["gemm"] + ([] if channels_last else ["gemm_repack"]) + \
-        (["tma"] if channels_last or r > 1 else []) + (["flat"] if r == 1 else [])
+        (["tma"] if channels_last or r > 1 else [])
     chosen = [("auto", None)]
     for strategy in strategies:
         for config in CONFIGS:
             if strategy == "tma" and config["BLOCK_N"] > conv_rt.TMA_MAX_BLOCK_N:
                 continue
             chosen.append((strategy, dict(config)))
-            # one channel step (1 x 1 at BLOCK_K >= C): stages past the second hold nothing
-            if strategy == "flat" and config["BLOCK_K"] >= c and config["num_stages"] > 2:
-                chosen.append((strategy, {**config, "num_stages": 2}))
+    if r == 1:
+        chosen += [("flat", dict(config)) for config in conv_rt.FLAT_CONFIGS]
     return chosen
 
 
@@ -81,6 +80,9 @@ def label(variant) -> str:
     strategy, config = variant
     if config is None:
         return f"{strategy:11s} (planner, table)"
+    if strategy == "flat":  # a group's channels one block; programs a multiprocessor
+        return (f"{strategy:11s} {config['BLOCK_M']:3d}x{config['BLOCK_N']:3d} "
+                f"x{config['PROGRAMS_PER_SM']} w{config['num_warps']} s{config['num_stages']}")
     return (f"{strategy:11s} {config['BLOCK_M']:3d}x{config['BLOCK_N']:3d}x{config['BLOCK_K']:2d}"
             f" w{config['num_warps']} s{config['num_stages']}")
 
