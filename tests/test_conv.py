@@ -356,8 +356,8 @@ def test_flat_kernel_takes_a_block_of_at_most_256_bytes(channels, dtype, kernel)
     w = _randn(8, channels, 1, 1, seed=1).to(dtype)
     with override(strategy="flat"), record_launches() as log:
         got = generated.conv2d(x, w)
-    # (float16's output rounds at 2**-11 of values about 11)
-    tolerance = 2e-2 if dtype == torch.float16 else 1e-4
+    # (float16's output rounds to 2**-11 of its value)
+    tolerance = 1e-3 if dtype == torch.float16 else 1e-4
     torch.testing.assert_close(got.double(), F.conv2d(x.double(), w.double()), rtol=tolerance,
                                atol=tolerance)
     assert log[-1].kernel == kernel

@@ -24,9 +24,9 @@ from specgen.runtime.checks import as_int, check_interpreted_dot, check_tensors
 from specgen.runtime.context import interpreting, note_launch, overrides
 from specgen.runtime.launch import (capped_programs, choose_int64, launch, multiprocessors,
                                     plan_cache, shared_memory)
-from specgen.runtime.matmul import (MIN_DOT_BLOCK, TMA_ALIGN, fit_tiles, has_tma, input_precision,
-                                   tile_fits, tma_aligned)
-from specgen.runtime.layout import span
+from specgen.runtime.matmul import (MIN_DOT_BLOCK, TMA_ALIGN, accumulator_fits, fit_tiles,
+                                   has_tma, input_precision, tile_fits, tma_aligned)
+from specgen.runtime.layout import next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
 
@@ -261,11 +261,12 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     n = out_channels // groups
     m = batch * out_h * out_w
     nchw_input = x_strides[1] != 1 and _nchw(x_shape, x_strides)
+    # the flat kernel's one block of a group's channels: the power of two at or above them, at
+    # least tl.dot's least K
+    channel_block = max(MIN_DOT_BLOCK, next_power_of_2(c_group))
     # a 1 x 1 filter at stride 1 without padding over pixels one stride apart (the height's is
-    # the width's times the width): a GEMM per image, the flat kernel's
-    # (the flat kernel's one block of a group's channels: the power of two at or above them, at
-    # least tl.dot's least K)
-    channel_block = max(MIN_DOT_BLOCK, 1 << (c_group - 1).bit_length())
+    # the width's times the width), a group's channels one block of FLAT_MAX_BLOCK_BYTES at
+    # most: a GEMM per image, the flat kernel's
     flat = (kh == kw == 1 and stride == (1, 1) and not any(pads)
             and x_strides[2] == width * x_strides[3]
             and channel_block * element_size <= FLAT_MAX_BLOCK_BYTES)
@@ -275,9 +276,9 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         # 31.8 us against 36.3); the channels-last copy pays for 3 x 3 filters, not for 1 x 1
         # ones, which read each input element once (49 us direct against 59); under 128
         # channels a group the flat kernel where it applies, over channels-last or NCHW pixels:
-        # on an H200 at N32 C64 56x56 K256 its best configs took 28.0 us channels-last and
-        # 26.2 over NCHW pixels (its loads vectorized by the pixel mask's hint), the implicit
-        # GEMM's 33.7 and 39.6 (item 001d); from 128 it was not measured
+        # on an H200 at N32 C64 56x56 K256 it took 26.2-28.0 us against the implicit GEMM's
+        # 33.7-39.6 (item 001d), 23-24 since it walks pixel blocks with its weight held (001f);
+        # from 128 it was not measured
         forced = ("depthwise" if c_group == 1 else "tma" if c_group >= TMA_CHANNELS
                   else "flat" if flat
                   else "gemm_repack" if nchw_input and c_group >= MIN_DOT_BLOCK and kh * kw > 1
@@ -373,12 +374,8 @@ def prune_flat_configs(configs, named_args, **kwargs):
         meta = config.kwargs
         return (meta["BLOCK_M"] * config.num_stages + meta["BLOCK_N"]) * channels * size
 
-    def fits(config) -> bool:
-        meta = config.kwargs
-        words = 2 if size == 8 else 1
-        return shared(config) <= limit and meta["BLOCK_M"] * meta["BLOCK_N"] * words \
-            <= 128 * 32 * config.num_warps
-    return [c for c in fitted if fits(c)] or [min(fitted, key=shared)]
+    kept = [c for c in fitted if shared(c) <= limit and accumulator_fits(c, size)]
+    return kept or [min(fitted, key=shared)]
 
 
 def prune_tma_configs(configs, named_args, **kwargs):

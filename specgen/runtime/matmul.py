@@ -204,7 +204,7 @@ def _batch_strides(tensor: torch.Tensor, batch_t: tuple[int, ...], batch: tuple[
 
 def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             dims: Mapping[str, tuple[str, ...]], packed: int = 1,
-            group: tuple[str, int] | None = None) -> Problem:
+            group: tuple[str, int, int] | None = None) -> Problem:
     """Sizes, result shape and operand strides, with a ValueError naming the argument at fault.
     ``packed``: elements a stored element of B holds along K (a quantized B); ``group``: the
     group-size argument's name and value, where operands have dims N, G."""
@@ -258,15 +258,16 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
 
 
 def _group_view(op: str, name: str, tensor: torch.Tensor, n: int, k: int,
-                group: tuple[str, int], batch_rank: int) -> View:
-    """A quantized B's per-group operand: (N, K / group size), no batch dims."""
-    arg, size = group
+                group: tuple[str, int, int], batch_rank: int) -> View:
+    """A quantized B's per-group operand: (N, K / group size), no batch dims. ``group``: the
+    group-size argument's name, its value and the least one the op takes."""
+    arg, size, least = group
     if k % size:
         raise ValueError(f"{op}: K = {k} is not a multiple of {arg} = {size}")
     if tuple(tensor.shape) != (n, k // size):
         # (16, 4) where (16, 2) is expected: scales quantized at another group size
         fits = k // tensor.shape[1] if tensor.dim() == 2 and tensor.shape[1] else 0
-        implied = (f" (which fits {arg}={fits})" if fits >= 32 and fits & (fits - 1) == 0
+        implied = (f" (which fits {arg}={fits})" if is_group_size(fits, least)
                    and fits * tensor.shape[1] == k and tensor.shape[0] == n else "")
         raise ValueError(f"{op}: argument '{name}' must have shape (N, K / {arg}) = "
                          f"{(n, k // size)}, got {tuple(tensor.shape)}{implied}")
@@ -557,12 +558,18 @@ def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] 
 
 def tile_fits(config: triton.Config, element_size: int, shared_limit: int) -> bool:
     """Whether a config's pipelined A and B tiles fit the shared memory and its accumulator the
-    registers (at most 128 a thread; a float64 one, of float64 operands, takes two a value)."""
+    registers (``accumulator_fits``)."""
     meta = config.kwargs
     smem = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * element_size * config.num_stages
+    return smem <= shared_limit and accumulator_fits(config, element_size)
+
+
+def accumulator_fits(config: triton.Config, element_size: int) -> bool:
+    """Whether a config's BLOCK_M x BLOCK_N accumulator takes at most 128 registers a thread (a
+    float64 one, of float64 operands, two a value)."""
+    meta = config.kwargs
     words = 2 if element_size == 8 else 1
-    registers = meta["BLOCK_M"] * meta["BLOCK_N"] * words // (32 * config.num_warps)
-    return smem <= shared_limit and registers <= 128
+    return meta["BLOCK_M"] * meta["BLOCK_N"] * words // (32 * config.num_warps) <= 128
 
 
 def workspace(strategy: Strategy, batch: int, m: int, n: int, device: torch.device,
@@ -616,10 +623,16 @@ class OpLayout:
     gemv: bool = False                  # the module has the GEMV kernel (M = 1)
 
 
+def is_group_size(value: object, least: int) -> bool:
+    """Whether ``value`` is a group size a quantized matmul takes: an int, a power of two (a K
+    block lies in one group: BLOCK_K is clamped to it), at least the least BLOCK_K its dots
+    take (``least``)."""
+    return type(value) is int and value >= least and not value & (value - 1)
+
+
 def check_group(op: str, name: str, value: object, least: int) -> int:
-    """The group-size argument of a quantized matmul: an int, a power of two (a K block lies in
-    one group: BLOCK_K is clamped to it), at least the least BLOCK_K the dots take."""
-    if type(value) is not int or value < least or value & (value - 1):
+    """The group-size argument of a quantized matmul (``is_group_size``), or ValueError."""
+    if not is_group_size(value, least):
         raise ValueError(f"{op}: argument '{name}' must be a power of two of at least "
                          f"{least} (K elements per group of scales), got {value!r}")
     return value
@@ -745,7 +758,8 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         check_same_dtype(op.name, shared)
     # the dtype tl.dot multiplies in (a quantized B is converted to it)
     dtype = present[op.a].dtype
-    prob = problem(op.name, named, dims, op.packed, (op.group, group) if op.group else None)
+    prob = problem(op.name, named, dims, op.packed,
+                   (op.group, group, op.min_block_k) if op.group else None)
     # outputs are allocated contiguous, as torch allocates matmul results
     stand_in = torch.empty(prob.shape, device="meta")
     space = prob.space(op.name, {name: stand_in for name in op.outputs}, op.rank)
