@@ -155,6 +155,25 @@ def test_a_row_that_sees_no_key_gives_zeros_and_its_logsumexp_is_minus_infinity(
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("scale", [-0.4, 0.0, 0.4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_any_scale_in_the_blocks_every_row_sees_whole(scale, causal):
+    # 16-key blocks over 53 keys: whole blocks take the fused max and FMA, which need a scale of
+    # at least 0 (the kernel flips a negative one into the query), the last block the tested path
+    module = __import__("generated.scaled_dot_product_attention", fromlist=["OP"])
+    q, k, v = _randn64((2, 2, 53, 16), (2, 2, 53, 16), (2, 2, 53, 8), seed=5)
+    args = (q.float(), k.float(), v.float(), None, 0.0, causal, scale, False)
+    with override(config=SMALL_TILES):
+        out, lse = runtime.forward(module.OP, args)
+    want = ref.scaled_dot_product_attention(q, k, v, None, 0.0, causal, scale, False)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    scores = q @ k.mT * scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(53, 53, dtype=torch.bool, device=q.device)
+                                    .triu(1), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
+
+
 def _qkv(*shape_q, s=6, e=8, ev=8, hkv=None):
     *batch, h, l, _ = shape_q
     hkv = hkv or h

@@ -104,7 +104,9 @@ GENERATED_PREFIXES: tuple[str, ...] = ("score_d", "head_grad_", "part_", "grad_"
 
 DEFAULT_BLOCK_M = (64, 128)
 DEFAULT_BLOCK_N = (64, 128)
-DEFAULT_STAGES = (3,)
+# 3 first: an op with no frozen entry runs the space's first config. 2 fits 128 x 64 tiles at
+# head dim 256 (E 256 440 -> 521 TFLOP/s on an H200), 4 won at E 128 (docs/performance.md, 001i)
+DEFAULT_STAGES = (3, 2, 4)
 # the backward's tiles (BLOCK_M, BLOCK_N, warps, stages). The query pass holds BLOCK_M query rows
 # and walks keys BLOCK_N at a time; the key pass holds BLOCK_N keys and walks query rows BLOCK_M
 # at a time. Chosen by tools/perf/sweep_attention_backward.py on an H100 (bf16, E 64 and 128):
@@ -629,6 +631,13 @@ class AttentionPlan(CommonPlan):
     kernel_floats: tuple[str, ...] = ()
 
     @property
+    def flips_scale(self) -> bool:
+        """Whether the forward flips a negative scale into the query (NEGATIVE_SCALE): without
+        a score expression its whole key blocks take the row maximum of q.k before scaling,
+        which needs a scale of at least 0. A score expression reads the scale as given."""
+        return not self.score
+
+    @property
     def float_args(self) -> tuple[str, ...]:
         # int arguments stay integers: masks bound keys with them
         return ("scale", *self.kernel_floats)
@@ -921,9 +930,11 @@ def draw_case(draw, info):
         elif name == "enable_gqa":
             args[name] = gqa
         elif name == "scale":
-            # float64 math takes a scale whole (float32 math, rounded to float32)
+            # float64 math takes a scale whole (float32 math, rounded to float32); torch takes a
+            # negative one too (the kernels flip it into the query)
             width = 64 if dtype == torch.float64 else 32
-            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=width)))
+            args[name] = draw(st.one_of(st.none(), st.floats(0.0625, 1.0, width=width),
+                                        st.floats(-1.0, -0.0625, width=width)))
         elif arg.kind == "float" and dtype == torch.float64:
             # at full precision: float64 math takes a float argument whole, as torch's does
             args[name] = draw(st.floats(*(arg.range or FLOAT_RANGE)))

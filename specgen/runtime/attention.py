@@ -95,6 +95,7 @@ class Launch:
     flags: tuple[str, ...]          # bool arguments
     split_kv: bool = False          # programs may share a row's keys, then a merge kernel runs
     packable: bool = False          # a program may take a group of query heads (PACKED)
+    flips_scale: bool = False       # the forward takes a negative scale's sign (NEGATIVE_SCALE)
     head_grads: tuple[str, ...] = ()    # per-head tensors the score differentiates by
 
 
@@ -378,6 +379,8 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         constexprs = {"SPLIT": splits > 1}
     if spec.packable:
         constexprs["PACKED"] = packed
+    if spec.flips_scale:
+        constexprs["NEGATIVE_SCALE"] = scale < 0
     note_launch(op.name, "forward", index_64, mask=mask_kind, splits=splits,
                 packed=packed)
 
