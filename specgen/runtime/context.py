@@ -17,8 +17,14 @@ from torch.utils._device import DeviceContext
 from triton.runtime import _allocation
 
 
+# read once: Triton decides whether a jit function is interpreted when it is decorated, so the
+# generated kernels are what they are for the whole process; and a launch asks several times
+# (reading the environment costs a few microseconds each)
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return _INTERPRETING
 
 
 @dataclass(frozen=True)

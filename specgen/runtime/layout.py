@@ -30,6 +30,14 @@ def next_power_of_2(n: int) -> int:
     return power
 
 
+def cdiv(n: int, d: int) -> int:
+    """``triton.cdiv`` in plain Python: Triton's is a constexpr function, whose host-side call
+    costs a few microseconds (an import and a list of unwrapped arguments), and every planner
+    and grid of a first call takes several. The same expression, so that symbolic sizes stay
+    symbolic as they did."""
+    return (n + d - 1) // d
+
+
 def broadcast_shapes(*shapes: Shape) -> Shape | None:
     """torch's broadcast of ``shapes`` (None where they do not broadcast), in plain Python:
     ``torch.broadcast_shapes`` costs ~20 us a call."""

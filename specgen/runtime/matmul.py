@@ -25,7 +25,8 @@ from specgen.runtime.context import Overrides, interpreting, note_launch, overri
 from specgen.runtime.launch import (launch, max_programs, multiprocessors, shared_memory,
                                    use_int64)
 from specgen.runtime.op import FamilyRuntime, Op
-from specgen.runtime.layout import broadcast_shapes, broadcast_strides, collapse, next_power_of_2
+from specgen.runtime.layout import (broadcast_shapes, broadcast_strides, cdiv, collapse,
+                                    next_power_of_2)
 from specgen.runtime.pointwise import result_dtype
 from specgen.runtime.replay import empty, note_tuning, zeros
 
@@ -286,7 +287,7 @@ def split_k_factor(m: int, n: int, k: int, batch: int, sms: int, factors: Sequen
     MIN_K_PER_SPLIT of K per program.
     """
     tile_m = 16 if m <= 16 else 64
-    tiles = batch * triton.cdiv(m, tile_m) * triton.cdiv(n, 128)
+    tiles = batch * cdiv(m, tile_m) * cdiv(n, 128)
     if tiles >= sms:
         return 1
     best = 1
@@ -677,8 +678,8 @@ class LaunchPlan:
     def grid(self, meta: Mapping) -> tuple[int, ...]:
         """The grid of the direct and split kernels (split: SPLIT_K programs per tile)."""
         batch = (min(self.batch, 65535),) if self.batched else ()
-        rows = triton.cdiv(self.m, meta["BLOCK_M"])
-        cols = triton.cdiv(self.n, meta["BLOCK_N"])
+        rows = cdiv(self.m, meta["BLOCK_M"])
+        cols = cdiv(self.n, meta["BLOCK_N"])
         splits = meta.get("SPLIT_K", 1)
         if self.swizzle2d:
             # column blocks past 65535 are looped over in the kernel
@@ -689,12 +690,12 @@ class LaunchPlan:
         """The GEMV kernel's grid: column blocks, then rows (each program loops over the rows
         past 65535), then batch elements."""
         batch = (min(self.batch, 65535),) if self.batched else ()
-        return (triton.cdiv(self.n, meta["BLOCK_N"]), min(self.m, 65535)) + batch
+        return (cdiv(self.n, meta["BLOCK_N"]), min(self.m, 65535)) + batch
 
     def tma_grid(self, meta: Mapping) -> tuple[int]:
         """The persistent grid of the TMA kernel: its programs walk the output tiles (of every
         batch element)."""
-        tiles = triton.cdiv(self.m, meta["BLOCK_M"]) * triton.cdiv(self.n, meta["BLOCK_N"])
+        tiles = cdiv(self.m, meta["BLOCK_M"]) * cdiv(self.n, meta["BLOCK_N"])
         return (min(tiles * self.batch, self.programs),)
 
     def tma_fits(self, a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -704,7 +705,7 @@ class LaunchPlan:
 
     def reduce_grid(self, meta: Mapping) -> tuple[int, ...]:
         """The grid of the split-K reduction kernel: one program per output tile."""
-        tiles = triton.cdiv(self.m, meta["BLOCK_M"]) * triton.cdiv(self.n, meta["BLOCK_N"])
+        tiles = cdiv(self.m, meta["BLOCK_M"]) * cdiv(self.n, meta["BLOCK_N"])
         return (tiles,) + ((min(self.batch, 65535),) if self.batched else ())
 
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
-import triton
 
 from specgen import promotion
 from specgen.runtime.autograd import sibling
@@ -18,7 +17,7 @@ from specgen.runtime.checks import (broadcast_shape, check_out, check_outs_disjo
 from specgen.runtime.context import note_launch, overrides
 from specgen.runtime.dtypes import all_floating, compute_dtype, torch_result
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
-from specgen.runtime.layout import (Shape, collapse, dense_strides, fast_setup_strides,
+from specgen.runtime.layout import (Shape, cdiv, collapse, dense_strides, fast_setup_strides,
                                     memory_order, span, strides_at)
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
@@ -94,7 +93,7 @@ def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device
     if space.dense:
         numel = space.numel
         return LaunchPlan(True, index_64, (numel,),
-                          lambda meta: (grid_size(triton.cdiv(numel, meta["BLOCK"]), cap),))
+                          lambda meta: (grid_size(cdiv(numel, meta["BLOCK"]), cap),))
     space = space.padded(rank, op)
     size_m, size_n = space.sizes[-2:]
     outer = 1
@@ -102,7 +101,7 @@ def _plan(op, indexing, names, metas, max_tile, launch, rank, _overrides, device
         outer *= size
 
     def grid(meta: dict) -> tuple[int]:
-        tiles = triton.cdiv(size_m, meta["TILE_M"]) * triton.cdiv(size_n, meta["TILE_N"])
+        tiles = cdiv(size_m, meta["TILE_M"]) * cdiv(size_n, meta["TILE_N"])
         return (grid_size(outer * tiles, cap),)
 
     strides = tuple(stride for operand in space.strides for stride in operand)

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import triton
 
 from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.dtypes import compute_dtype, torch_result
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
-from specgen.runtime.layout import Shape, merge_dims, next_power_of_2, span
+from specgen.runtime.layout import Shape, cdiv, merge_dims, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty, persistent, zeros
 
@@ -265,7 +264,7 @@ class Level:
     cap: int
 
     def grid(self, meta: dict) -> tuple[int]:
-        return (grid_size(triton.cdiv(self.num_kept, meta["BLOCK_K"]) * self.splits, self.cap),)
+        return (grid_size(cdiv(self.num_kept, meta["BLOCK_K"]) * self.splits, self.cap),)
 
 
 @dataclass(frozen=True)
