@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
-import triton
 from torch._prims_common import suggest_memory_format
 
 from specgen.runtime import pointwise
 from specgen.runtime.autograd import sibling
 from specgen.runtime.checks import as_int, check_tensors
 from specgen.runtime.context import note_launch, overrides, untraced
-from specgen.runtime.launch import launch, max_programs, multiprocessors, use_int64
-from specgen.runtime.layout import collapse, dense_strides, next_power_of_2
+from specgen.runtime.launch import (choose_int64, launch, max_programs, multiprocessors,
+                                   plan_cache)
+from specgen.runtime.layout import cdiv, collapse, dense_strides, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty, zeros
 
@@ -300,23 +300,26 @@ class RowSpace:
         return args
 
 
-def _collapsed(op: str, sizes: tuple[int, ...], strides: list[tuple[int, ...]], rank: int,
-               what: str) -> tuple[int, tuple[int, ...], list[tuple[int, ...]]]:
-    """Collapse one group of dims; returns (dims used, sizes, strides), fastest first, padded."""
+@plan_cache
+def _collapsed(op: str, sizes: tuple[int, ...], strides: tuple[tuple[int, ...], ...], rank: int,
+               what: str) -> tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Collapse one group of dims; returns (dims used, sizes, strides), fastest first, padded.
+    Cached on its arguments: the reduced dims' group of a call at a new row count is most often
+    one seen before (the row dims change, the reduced ones and their strides do not)."""
     if not strides:
-        strides = [tuple(0 for _ in sizes)]
+        strides = (tuple(0 for _ in sizes),)
     space = collapse(sizes, strides) if sizes else None
     if space is None or not space.sizes:
         # no dims, or all of size 1: one index, stride irrelevant
         count = 0 if any(s == 0 for s in sizes) else 1
-        return 1, (count,) + (1,) * (rank - 1), [(0,) * rank for _ in strides]
+        return 1, (count,) + (1,) * (rank - 1), tuple((0,) * rank for _ in strides)
     used = len(space.sizes)
     if used > rank:
         raise ValueError(f"{op}: the operands' {what} dims collapse to {used} dims that cannot be "
                          f"merged (sizes {space.sizes}); at most {rank} are supported")
     pad = rank - used
     out_sizes = tuple(reversed(space.sizes)) + (1,) * pad
-    out_strides = [tuple(reversed(s)) + (0,) * pad for s in space.strides]
+    out_strides = tuple(tuple(reversed(s)) + (0,) * pad for s in space.strides)
     return used, out_sizes, out_strides
 
 
@@ -324,21 +327,31 @@ def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
               elements: Sequence[torch.Tensor], along: Sequence[torch.Tensor | None],
               row_outputs: Sequence[torch.Tensor]) -> RowSpace:
     """The (rows, N) view of ``x`` and its operands; ``elements`` have x's shape."""
-    shape = tuple(x.shape)
+    return space_of(op, tuple(x.shape), reduced, [t.stride() for t in elements],
+                    [None if t is None else t.stride() for t in along],
+                    [t.stride() for t in row_outputs])
+
+
+def space_of(op: str, shape: tuple[int, ...], reduced: tuple[int, ...],
+             elements: Sequence[tuple[int, ...]], along: Sequence[tuple[int, ...] | None],
+             row_outputs: Sequence[tuple[int, ...]]) -> RowSpace:
+    """``row_space`` from x's shape and each tensor's strides (None: an omitted along tensor)."""
     row_d = [d for d in range(len(shape)) if d not in reduced]
     row_sizes = tuple(shape[d] for d in row_d)
     col_sizes = tuple(shape[d] for d in reduced)
-    elem_row_strides = [tuple(t.stride(d) for d in row_d) for t in elements]
+    elem_row_strides = [tuple(s[d] for d in row_d) for s in elements]
     # a per-row output has the row dims, or x's rank when it keeps the reduced dims (as 1)
-    out_row_strides = [tuple(t.stride(d) for d in row_d) if t.dim() == len(shape) else t.stride()
-                       for t in row_outputs]
-    row_dims, rsizes, rstrides = _collapsed(op, row_sizes, elem_row_strides + out_row_strides,
+    out_row_strides = [tuple(s[d] for d in row_d) if len(s) == len(shape) else tuple(s)
+                       for s in row_outputs]
+    row_dims, rsizes, rstrides = _collapsed(op, row_sizes,
+                                            tuple(elem_row_strides + out_row_strides),
                                             ROW_RANK, "row")
-    elem_col_strides = [tuple(t.stride(d) for d in reduced) for t in elements]
+    elem_col_strides = [tuple(s[d] for d in reduced) for s in elements]
     # along tensors have exactly the reduced shape; an omitted one (None) is never read
-    along_strides = [tuple(t.stride()) if t is not None and reduced else (0,) * len(reduced)
-                     for t in along]
-    col_dims, csizes, cstrides = _collapsed(op, col_sizes, elem_col_strides + along_strides,
+    along_strides = [tuple(s) if s is not None and reduced else (0,) * len(reduced)
+                     for s in along]
+    col_dims, csizes, cstrides = _collapsed(op, col_sizes,
+                                            tuple(elem_col_strides + along_strides),
                                             COL_RANK, "reduced")
     rows = 1
     for size in row_sizes:
@@ -348,8 +361,8 @@ def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
         n *= size
     count = len(elements)
     return RowSpace(rows, n, row_dims, col_dims, rsizes, csizes,
-                    tuple(rstrides[:count]), tuple(cstrides[:count]),
-                    tuple(cstrides[count:count + len(along)]), tuple(rstrides[count:]))
+                    rstrides[:count], cstrides[:count], cstrides[count:count + len(along)],
+                    rstrides[count:])
 
 
 def choose_strategy(rows: int, n: int, online: bool, sms: int, kept: bool = False) -> str:
@@ -396,7 +409,7 @@ def strategy(op: str, spec_strategy: str, available: Sequence[str], rows: int, n
 def split_count(rows: int, n: int, block_n: int, device: torch.device) -> int:
     """Programs per row of a split launch: enough to fill the GPU, each with at least one chunk."""
     target = SPLIT_PROGRAMS_PER_SM * multiprocessors(device)
-    return max(1, min(triton.cdiv(target, max(rows, 1)), triton.cdiv(n, block_n)))
+    return max(1, min(cdiv(target, max(rows, 1)), cdiv(n, block_n)))
 
 
 def single_config(rows: int, n: int) -> dict[str, int]:
@@ -454,8 +467,8 @@ def columns_launch(n: int, device: torch.device) -> tuple[tuple[int], dict[str, 
     outputs' partials, for outputs of ``n`` columns. (With 64-column blocks a 4096-wide output had
     64 programs for 132 multiprocessors, each adding 264 rows: H200, 8.3 us for layer_norm's two.)"""
     sms = multiprocessors(device)
-    block_c = next((b for b in COLUMN_BLOCKS if triton.cdiv(n, b) >= sms), COLUMN_BLOCKS[-1])
-    return (triton.cdiv(n, block_c),), {"BLOCK_C": block_c, "BLOCK_P": COLUMNS_TILE // block_c,
+    block_c = next((b for b in COLUMN_BLOCKS if cdiv(n, b) >= sms), COLUMN_BLOCKS[-1])
+    return (cdiv(n, block_c),), {"BLOCK_C": block_c, "BLOCK_P": COLUMNS_TILE // block_c,
                                         "num_warps": 4}
 
 
@@ -500,7 +513,7 @@ class LaunchPlan:
         """Row blocks (single, looped, online), or rows times splits (split)."""
         if self.strategy == "split":
             return (max(1, min(self.space.rows * self.splits, self.cap)),)
-        return (max(1, min(triton.cdiv(self.space.rows, meta["BLOCK_M"]), self.cap)),)
+        return (max(1, min(cdiv(self.space.rows, meta["BLOCK_M"]), self.cap)),)
 
 
 _plans: dict[tuple, LaunchPlan | None] = {}
@@ -519,24 +532,28 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
     ``columns``: the op has column outputs (in ``along``), so its single and chunked grids are
     persistent, a few programs a multiprocessor, each summing many rows."""
     tensors = [*elements, *along, *row_outputs]
+    # each tensor's metadata read once: the key, the collapsed view and the spans take it
+    metas = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors)
     key = None
     if untraced(tensors):
-        key = (op, reduced, x.device, overrides(),
-               tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors))
+        key = (op, reduced, x.device, overrides(), metas)
         try:
             if key in _plans:
                 return _plans[key]
         except TypeError:  # a mapping config forced by the tests does not hash: plan uncached
             key = None
-    space = row_space(op, x, reduced, elements, along, row_outputs)
+    count, along_count = len(elements), len(along)
+    space = space_of(op, tuple(x.shape), reduced, [m[1] for m in metas[:count]],
+                     [None if m is None else m[1] for m in metas[count:count + along_count]],
+                     [m[1] for m in metas[count + along_count:]])
     plan = None
     # rows of length 0 still have per-row outputs
     if space.rows and (space.n or row_outputs_only_need_rows):
         kept = any(t is x and kept_layout(space, i) for i, t in enumerate(elements))
         chosen = strategy(op, spec_strategy, available, space.rows, space.n, x.device, kept)
         # int64 when any offset may pass 2**31 - 1: a tensor's span plus a tile of masked columns
-        spans = {name: t for name, t in zip(names, tensors) if t is not None}
-        index_64 = use_int64(op, indexing, spans, max_block * space.max_col_stride)
+        spans = {name: span(*m[:2]) for name, m in zip(names, metas) if m is not None}
+        index_64 = choose_int64(op, indexing, spans, max_block * space.max_col_stride)
         if kept and (chosen == "single" or chosen != "split" and overrides().config is None):
             # strided rows: many a program (a config the tests force runs as forced)
             tile = kept_config(space.rows, space.n, chosen, multiprocessors(x.device))
@@ -551,7 +568,7 @@ def launch_plan(op: str, spec_strategy: str, available: Sequence[str], indexing:
         # a loop over row blocks only where the grid is capped below them (a loop costs time
         # even when it runs once); an autotuned chunked kernel's BLOCK_M is the autotuner's, so
         # its rows stand in for its blocks (at least as many)
-        blocks = triton.cdiv(space.rows, tile["BLOCK_M"]) if tile else space.rows
+        blocks = cdiv(space.rows, tile["BLOCK_M"]) if tile else space.rows
         plan = LaunchPlan(space, chosen, index_64, cap, tile, splits, masks, cap < blocks)
     if key is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:  # many distinct shapes: start over rather than grow
