@@ -293,7 +293,7 @@ def _space(op, *tensors):
     dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
     problem = matmul.problem(op, dict(zip(dims, tensors)), dims)
     out = empty(problem.shape)
-    return problem, problem.space("op", {"out": out}, 3 if "..." in sum(dims.values(), ()) else 1)
+    return problem, problem.space("op", {"out": out.stride()}, 3 if "..." in sum(dims.values(), ()) else 1)
 
 
 def test_batch_dims_fold_into_m_when_strides_allow():

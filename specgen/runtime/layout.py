@@ -52,11 +52,6 @@ def broadcast_shapes(*shapes: Shape) -> Shape | None:
     return tuple(result)
 
 
-def broadcast_strides(tensor: torch.Tensor, shape: Shape) -> Shape:
-    """``tensor``'s strides viewed at the broadcast ``shape``: stride 0 where it is broadcast."""
-    return strides_at(tuple(tensor.shape), tuple(tensor.stride()), shape)
-
-
 def strides_at(size: Shape, stride: Shape, shape: Shape) -> Shape:
     """Strides of a (size, stride) view broadcast to ``shape``."""
     lead = len(shape) - len(size)
@@ -144,6 +139,11 @@ def _non_overlapping_and_dense(shape: Shape, stride: Shape) -> bool:
             return False
         expected *= shape[dim]
     return True
+
+
+def contiguous_strides(shape: Shape) -> Shape:
+    """The strides ``torch.empty(shape)`` gives: row-major, a size-0 dim counted as 1."""
+    return dense_strides(shape, range(len(shape) - 1, -1, -1))
 
 
 def dense_strides(shape: Shape, order: Sequence[int]) -> Shape:

@@ -22,11 +22,11 @@ import triton.testing
 from specgen.runtime import tuned
 from specgen.runtime.checks import check_interpreted_dot, check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
-from specgen.runtime.launch import (launch, max_programs, multiprocessors, shared_memory,
-                                   use_int64)
+from specgen.runtime.launch import (choose_int64, launch, max_programs, multiprocessors,
+                                   shared_memory)
 from specgen.runtime.op import FamilyRuntime, Op
-from specgen.runtime.layout import (broadcast_shapes, broadcast_strides, cdiv, collapse,
-                                    next_power_of_2)
+from specgen.runtime.layout import (broadcast_shapes, cdiv, collapse, contiguous_strides,
+                                    next_power_of_2, span, storage_span, strides_at)
 from specgen.runtime.pointwise import result_dtype
 from specgen.runtime.replay import empty, note_tuning, zeros
 
@@ -75,10 +75,11 @@ def _target(dims: Sequence[str], batch: tuple[int, ...], m: int, n: int,
     return tuple(shape)
 
 
-def _view(tensor: torch.Tensor, dims: Sequence[str], batch: tuple[int, ...], m: int, n: int,
-          keeps: tuple[bool, bool]) -> View:
-    """``tensor`` broadcast to its target shape, its strides assigned to the batch dims and letters."""
-    strides = list(broadcast_strides(tensor, _target(dims, batch, m, n, keeps)))
+def _view(shape: tuple[int, ...], strides: tuple[int, ...], dims: Sequence[str],
+          batch: tuple[int, ...], m: int, n: int, keeps: tuple[bool, bool]) -> View:
+    """A tensor of ``shape`` and ``strides`` broadcast to its target shape, its strides assigned
+    to the batch dims and letters."""
+    strides = list(strides_at(shape, strides, _target(dims, batch, m, n, keeps)))
     batched = dims[0] in BATCH
     batch_strides = tuple(strides[:len(batch)]) if batched else (0,) * len(batch)
     rest = strides[len(batch):] if batched else strides
@@ -102,12 +103,14 @@ class Problem:
     views: Mapping[str, View]
     m_operands: frozenset[str]      # the inputs indexed by M (A, column vectors, residuals)
 
-    def space(self, op: str, outputs: Mapping[str, torch.Tensor], rank: int) -> Space:
+    def space(self, op: str, outputs: Mapping[str, tuple[int, ...]], rank: int) -> Space:
         """Folds batch dims into M where every operand allows it, collapses the rest to ``rank``
-        (a ValueError naming ``op`` and the operands where they do not collapse that far)."""
+        (a ValueError naming ``op`` and the operands where they do not collapse that far).
+        ``outputs``: each output's strides (of the result's shape)."""
         views = dict(self.views)
-        for name, out in outputs.items():
-            views[name] = _view(out, ("...", "M", "N"), self.batch, self.m, self.n, self.keeps)
+        for name, strides in outputs.items():
+            views[name] = _view(self.shape, strides, ("...", "M", "N"), self.batch, self.m,
+                                self.n, self.keeps)
         has_m = self.m_operands | set(outputs)
         m, batch = self.m, list(self.batch)
         # innermost batch dim first: a dim folds into M when it steps exactly over M rows in every
@@ -253,7 +256,8 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             column = " or, of A's rank, (..., M, 1)" if _letters(dims[name]) == ("M",) else ""
             raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}, which does "
                              f"not broadcast to {target} ({' x '.join(dims[name])}){column}")
-        views[name] = _view(tensor, dims[name], batch, m, n, keeps)
+        views[name] = _view(tuple(tensor.shape), tuple(tensor.stride()), dims[name], batch, m, n,
+                            keeps)
     m_operands = frozenset(name for name in views if name != b and "M" in dims[name])
     return Problem(m, n, k, batch, shape, keeps, views, m_operands)
 
@@ -761,9 +765,10 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     dtype = present[op.a].dtype
     prob = problem(op.name, named, dims, op.packed,
                    (op.group, group, op.min_block_k) if op.group else None)
-    # outputs are allocated contiguous, as torch allocates matmul results
-    stand_in = torch.empty(prob.shape, device="meta")
-    space = prob.space(op.name, {name: stand_in for name in op.outputs}, op.rank)
+    # outputs are allocated contiguous, as torch allocates matmul results (their strides
+    # computed, not read off a meta tensor: allocating one took a few us)
+    out_strides = contiguous_strides(prob.shape)
+    space = prob.space(op.name, {name: out_strides for name in op.outputs}, op.rank)
     batch = space.batch_count
     forced = overrides()
     # a quantized B is unpacked in registers after a plain load, never through a descriptor;
@@ -772,13 +777,14 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         tma_layout(space, op.a, op.b, dtype.itemsize)
     strategy_ = strategy(op.split_k, space.m, space.n, space.k, batch, device, op.split_factors,
                          tma is not None, op.gemv)
-    spans = dict(present)
-    spans.update({name: stand_in for name in op.outputs})
+    spans = {name: storage_span(t) for name, t in present.items()}
+    spans.update({name: span(prob.shape, out_strides) for name in op.outputs})
     if strategy_.split:
         slices = 1 if strategy_.kind == "atomic" else strategy_.factor
-        spans["workspace"] = torch.empty((batch, slices, space.m, space.n), device="meta")
+        workspace_shape = (batch, slices, space.m, space.n)
+        spans["workspace"] = span(workspace_shape, contiguous_strides(workspace_shape))
     # only lanes inside M, N and K are dereferenced; masked lanes may form any offset
-    index_64 = use_int64(op.name, op.indexing, spans, 0)
+    index_64 = choose_int64(op.name, op.indexing, spans, 0)
     layout = space.layout(op.a, op.b, list(op.outputs))
     precision = input_precision(dtype)
     # a forced mapping config brings its own BLOCK_K; a forced config number picks from the space
