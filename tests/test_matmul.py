@@ -21,6 +21,7 @@ from specgen.runtime.op import _autocast_lines
 from specgen.parse import parse_spec
 from specgen.runtime import matmul
 from specgen.runtime.launch import forced_config
+from specgen.runtime.layout import contiguous_strides
 
 GOOD = """
 [op]
@@ -294,6 +295,23 @@ def _space(op, *tensors):
     problem = matmul.problem(op, dict(zip(dims, tensors)), dims)
     out = empty(problem.shape)
     return problem, problem.space("op", {"out": out.stride()}, 3 if "..." in sum(dims.values(), ()) else 1)
+
+
+def test_outputs_are_planned_with_the_strides_torch_allocates():
+    # the plan computes its outputs' strides (and spans) rather than allocating meta tensors
+    for shape in [(), (0,), (3,), (0, 5), (5, 0), (1, 1), (2, 1, 3), (4, 0, 1, 2)]:
+        assert contiguous_strides(shape) == torch.empty(shape, device="meta").stride()
+
+
+def test_an_output_past_int32_takes_int64_at_a_new_row_count():
+    mm = importlib.import_module("generated.mm").LAYOUT
+    b = torch.empty(16, 4096, dtype=torch.float16, device="meta")
+    plan = matmul.launch_plan(mm, torch.empty(8, 16, dtype=torch.float16, device="meta"), b)
+    assert not plan.index_64
+    # A and B stay small; the output, 2**19 + 8 rows of 4096, passes 2**31 elements
+    rows = 2**19 + 8
+    plan = matmul.launch_plan(mm, torch.empty(rows, 16, dtype=torch.float16, device="meta"), b)
+    assert plan.index_64 and plan.shape == (rows, 4096)
 
 
 def test_batch_dims_fold_into_m_when_strides_allow():

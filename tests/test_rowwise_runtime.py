@@ -3,6 +3,7 @@
 
 import importlib
 import math
+import random
 
 import numpy
 import pytest
@@ -14,6 +15,7 @@ from specgen import runtime, testing
 from specgen.runtime import rowwise
 from specgen.runtime.launch import _tuned as tuned_configs
 from specgen.runtime.launch import multiprocessors
+from specgen.runtime.layout import dense_strides
 from specgen.testing import device
 
 
@@ -667,3 +669,63 @@ def test_a_0_dim_input_takes_a_0_dim_along_tensor(authored):
         torch.testing.assert_close(got, expected.float())
     with pytest.raises(ValueError, match=r"argument 'w' has shape \(1,\), expected \(\)"):
         module.test_weighted_rows(x, randn(1), 0)
+
+
+def _meta(shape, order=None, step=None):
+    """A meta tensor of ``shape`` laid out in ``order`` (fastest dim first; contiguous when
+    None), every ``step``-th element of a larger one along each dim where given."""
+    full = tuple(s * (step or 1) for s in shape)
+    order = list(range(len(shape)))[::-1] if order is None else order
+    base = torch.empty_strided(full, dense_strides(full, order), device="meta")
+    return base[tuple(slice(None, None, step) for _ in shape)] if step else base
+
+
+def _plan(x, reduced, weight=True, per_row=False):
+    """layer_norm's launch plan of ``x`` with its reduced dims (``per_row``: a per-row output
+    beside the element-wise one, as a backward's statistics)."""
+    spec = importlib.import_module("generated.layer_norm").LAUNCH
+    out = torch.empty(x.shape, device="meta")
+    along = [torch.empty(rowwise.column_shape(x, reduced), device="meta") if weight else None]
+    row_outputs = [torch.empty(rowwise.row_shape(x, reduced), device="meta")] if per_row else []
+    return rowwise.launch_plan("layer_norm", "auto", spec.strategies, "auto", spec.max_block,
+                               spec.max_chunk, bool(row_outputs), x, reduced, [out, x], along,
+                               row_outputs, ["out", "x", "weight"] + ["stat"] * per_row)
+
+
+def test_plans_at_new_sizes_match_uncached_planning(monkeypatch):
+    # a call at a new row count reuses the collapse of its reduced dims (cached on their sizes
+    # and strides): the plan is the one planned from scratch, whatever the layout
+    rng = random.Random(37)
+    for _ in range(60):
+        rank = rng.randint(1, 4)
+        order = rng.sample(range(rank), rank)
+        step = rng.choice([None, None, 2])
+        reduced = tuple(range(rng.randint(1, rank) - 1, rank)) if rng.random() < 0.7 else \
+            (rng.randrange(rank),)
+        weight, per_row = rng.random() < 0.7, rng.random() < 0.5
+        tail = [rng.choice([1, 3, 16, 40]) for _ in range(rank - 1)]
+        for rows in rng.sample([0, 1, 2, 7, 64, 100, 1000], 4):
+            x = _meta((rows, *tail), order, step)
+            cached = _plan_or_error(x, reduced, weight, per_row)
+            with monkeypatch.context() as patch:
+                patch.setattr(rowwise, "_collapsed", rowwise._collapsed.__wrapped__)
+                patch.setattr(rowwise, "_plans", {})
+                fresh = _plan_or_error(x, reduced, weight, per_row)
+            assert fresh == cached, (x.shape, x.stride(), reduced)
+
+
+def _plan_or_error(*args):
+    # (dims that do not merge into the kernels' ranks are refused, cached or not)
+    try:
+        return _plan(*args)
+    except ValueError as error:
+        return str(error)
+
+
+def test_a_new_size_past_int32_takes_int64_after_cached_smaller_ones():
+    small = _plan(_meta((8, 1024)), (1,))
+    assert not small.index_64 and small.space.elem_cols[0][0] == 1
+    # the same reduced dims (their collapse cached): 2**21 + 8 rows of 1024 pass 2**31 elements
+    large = _plan(_meta((2**21 + 8, 1024)), (1,))
+    assert large.index_64 and large.space.rows == 2**21 + 8
+    assert large.space.elem_cols == small.space.elem_cols
