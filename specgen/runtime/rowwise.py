@@ -253,6 +253,10 @@ def empty_in_memory_format(shape: tuple[int, ...], dtype: torch.dtype, device: t
     channels_last_3d for 5-D, else contiguous. Several inputs: the format of their element-wise
     result, which is what rms_norm(x + residual) sees (``pointwise.output_strides``: TensorIterator's
     fast setup sets the strides of size-1 dims, which suggest_memory_format reads)."""
+    if len(shape) not in (4, 5):
+        # only 4-D and 5-D strides suggest a channels-last format: skip building the meta
+        # tensor of several inputs' layout (a few us of a first call's backward)
+        return empty(shape, dtype, device)
     like = inputs[0]
     if len(inputs) > 1:
         like = torch.empty_strided(shape, pointwise.output_strides(shape, inputs), device="meta")
