@@ -413,6 +413,19 @@ def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
     # 4 * (2 stages * 32 * 512 + 64 * 256) = 196608 bytes
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == \
         [(64, 32, 2)]
+    # 2 and 4 stages keep FORWARD_STAGE_SLACK clear: float32 at E 256, Ev 64 on 2 stages of 64
+    # x 64 blocks is 4 * (2 * 64 * 320 + 64 * 256) = 229376 bytes by the estimate, which Triton
+    # counted past the limit; bfloat16 at E 256 on 2 stages of 128 x 64 (the H200's entry,
+    # 196608 bytes) and 4 stages at E 128 (163840) keep running
+    kept = runtime.prune_configs(configs((64, 64, 2), (64, 64, 4)), {"q": single},
+                                 BLOCK_E=256, BLOCK_EV=64)
+    assert [(c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(32, 2)]
+    bf16 = torch.empty(1, dtype=torch.bfloat16)
+    kept = runtime.prune_configs(configs((128, 64, 2)), {"q": bf16}, BLOCK_E=256, BLOCK_EV=256)
+    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kept] == [(128, 2)]
+    kept = runtime.prune_configs(configs((128, 64, 4), (128, 128, 4)), {"q": bf16},
+                                 BLOCK_E=128, BLOCK_EV=128)
+    assert [(c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(64, 4)]
     # the backward's key pass holds BLOCK_N keys and values and streams BLOCK_M query rows and
     # their output gradients: the same rule, roles swapped (2 * (4 stages * 64 * 256 + 128 *
     # 256) = 196608 bytes at E 128 fits; 4 stages of 128 rows do not)
