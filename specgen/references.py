@@ -80,10 +80,10 @@ def _causal(is_causal: bool):
 def softcap_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       softcap: float, is_causal: bool = False,
                       scale: float | None = None) -> torch.Tensor:
-    """Attention whose scores are soft-capped (Gemma 2): s = softcap * tanh(s / softcap)."""
-    return _attention(query, key, value, scale,
-                      score=lambda s, i, j: softcap * torch.tanh(s / softcap),
-                      visible=_causal(is_causal))
+    """Attention whose scores are soft-capped (Gemma 2): s = softcap * tanh(s / softcap); a
+    softcap of 0 leaves them as they are (FlashAttention's softcap=0.0)."""
+    capped = None if softcap == 0 else lambda s, i, j: softcap * torch.tanh(s / softcap)
+    return _attention(query, key, value, scale, score=capped, visible=_causal(is_causal))
 
 
 def alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -155,13 +155,16 @@ def test_a_row_that_sees_no_key_gives_zeros_and_its_logsumexp_is_minus_infinity(
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("scale", [-0.4, 0.0, 0.4])
+@pytest.mark.parametrize("scale", [-0.4, -0.0, 0.0, 0.4])
 @pytest.mark.parametrize("causal", [False, True])
 def test_any_scale_in_the_blocks_every_row_sees_whole(scale, causal):
     # 16-key blocks over 53 keys: whole blocks take the fused max and FMA, which need a scale of
-    # at least 0 (the kernel flips a negative one into the query), the last block the tested path
+    # at least 0 (the kernel flips a negative one into the query), the last block the tested
+    # path. Queries of 12 times the keys' size spread a row's scores past exp2's range, where a
+    # maximum taken with the wrong sign overflows (the online softmax hides any smaller error)
     module = __import__("generated.scaled_dot_product_attention", fromlist=["OP"])
     q, k, v = _randn64((2, 2, 53, 16), (2, 2, 53, 16), (2, 2, 53, 8), seed=5)
+    q = q * 12
     args = (q.float(), k.float(), v.float(), None, 0.0, causal, scale, False)
     with override(config=SMALL_TILES):
         out, lse = runtime.forward(module.OP, args)
@@ -171,7 +174,41 @@ def test_any_scale_in_the_blocks_every_row_sees_whole(scale, causal):
     if causal:
         scores = scores.masked_fill(torch.ones(53, 53, dtype=torch.bool, device=q.device)
                                     .triu(1), float("-inf"))
-    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decoding_takes_a_negative_scale(splits):
+    # packed grouped heads, split keys merged: the flip reaches decoding's kernel too (queries
+    # 40 times the keys' size spread the scores past exp2's range, as above)
+    q, k, v = _randn64((3, 4, 2, 16), (3, 2, 50, 16), (3, 2, 50, 16), seed=13)
+    q = q * 40
+    lengths = torch.tensor([50, 7, 23], dtype=torch.int32, device=q.device)
+    with override(strategy=f"split:{splits}", config=SMALL_TILES):
+        out = generated.decode_attention(q.float(), k.float(), v.float(), lengths, scale=-0.3,
+                                         enable_gqa=True)
+    want = ref.decode_attention(q, k, v, lengths, -0.3, True)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_softcap_of_zero_caps_nothing(causal):
+    # FlashAttention's softcap=0.0: the scores as they are, forward and backward (the capped
+    # form divides by 0 there, in the kernel's unselected branch only)
+    q, k, v = (t.float().requires_grad_() for t in _randn64((1, 2, 21, 16), (1, 2, 21, 16),
+                                                             (1, 2, 21, 8), seed=3))
+    out = generated.softcap_attention(q, k, v, 0.0, is_causal=causal)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for g, e in zip(got, expected):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        generated.softcap_attention(q, k, v, 0.0).detach(),
+        ref.softcap_attention(q.detach(), k.detach(), v.detach(), 0.0), rtol=1e-5, atol=1e-5)
 
 
 def _qkv(*shape_q, s=6, e=8, ev=8, hkv=None):

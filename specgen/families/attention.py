@@ -105,7 +105,7 @@ GENERATED_PREFIXES: tuple[str, ...] = ("score_d", "head_grad_", "part_", "grad_"
 DEFAULT_BLOCK_M = (64, 128)
 DEFAULT_BLOCK_N = (64, 128)
 # 3 first: an op with no frozen entry runs the space's first config. 2 fits 128 x 64 tiles at
-# head dim 256 (E 256 440 -> 521 TFLOP/s on an H200), 4 won at E 128 (docs/performance.md, 001i)
+# head dim 256 (E 256 440 -> 518 TFLOP/s on an H200), 4 won at E 128 (docs/performance.md, 001i)
 DEFAULT_STAGES = (3, 2, 4)
 # the backward's tiles (BLOCK_M, BLOCK_N, warps, stages). The query pass holds BLOCK_M query rows
 # and walks keys BLOCK_N at a time; the key pass holds BLOCK_N keys and walks query rows BLOCK_M
@@ -655,7 +655,9 @@ class AttentionPlan(CommonPlan):
     @property
     def tune_keys(self) -> tuple[str, ...]:
         """What autotuning keys on: the sizes, and every constexpr that makes another kernel
-        (a config tuned for one variant is not the best of another)."""
+        (a config tuned for one variant is not the best of another), but NEGATIVE_SCALE: a
+        negative scale's kernel differs by one negation of the query tile, and takes the
+        positive one's config (and its frozen entry)."""
         return ("L", "S", "E", "EV", "INDEX_64", *self.flags,
                 *(("MASK_KIND",) if self.attn_mask else ()), *(("SPLIT",) if self.split_kv else ()),
                 *(("PACKED",) if self.packable else ()))

@@ -17,9 +17,9 @@ from torch.utils._device import DeviceContext
 from triton.runtime import _allocation
 
 
-# read once: Triton decides whether a jit function is interpreted when it is decorated, so the
-# generated kernels are what they are for the whole process; and a launch asks several times
-# (reading the environment costs a few microseconds each)
+# read once, at import (set TRITON_INTERPRET before importing specgen): Triton decides whether a
+# jit function is interpreted when it is decorated, which for the generated kernels is at their
+# import too; and a launch asks several times (reading the environment costs a few us each)
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
