@@ -226,16 +226,32 @@ def _decode(g) -> list[list[str]]:
     return rows
 
 
+# the authored variants' cell: (batch, heads, length, head dim), the sliding window's width
+VARIANT_SHAPE = (4, 32, 4096, 128)
+WINDOW = 1024
+SOFTCAP = 30.0
+
+
+def _variant_calls(g, slopes: torch.Tensor) -> dict[str, Callable]:
+    """Each variant's call on (q, k, v) as the section times it, by its row's name: softcap and
+    ALiBi causal, the sliding window of WINDOW keys."""
+    return {"softcap_attention causal": lambda q, k, v: g.softcap_attention(q, k, v, SOFTCAP, True),
+            "alibi_attention causal": lambda q, k, v: g.alibi_attention(q, k, v, slopes, True),
+            f"sliding_window_attention {WINDOW}":
+                lambda q, k, v: g.sliding_window_attention(q, k, v, WINDOW)}
+
+
 def _variants(g) -> list[list[str]]:
-    batch, heads, length, dim = 4, 32, 4096, 128
+    batch, heads, length, dim = VARIANT_SHAPE
     q, k, v = (torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE)
                for _ in range(3))
     slopes = torch.rand(heads, device="cuda")
-    window = 1024
+    window = WINDOW
+    calls = _variant_calls(g, slopes)
     rows = []
 
     def softcap_mod(score, b, h, i, j):
-        return 30.0 * torch.tanh(score / 30.0)
+        return SOFTCAP * torch.tanh(score / SOFTCAP)
 
     def alibi_mod(score, b, h, i, j):
         return score - slopes[h] * (i - j).abs()
@@ -247,16 +263,14 @@ def _variants(g) -> list[list[str]]:
         return (j <= i) & (j > i - window)
 
     cases = [
-        ("softcap_attention causal", lambda: g.softcap_attention(q, k, v, 30.0, True),
-         _flex(softcap_mod, causal_mask, length), 0.5),
-        ("alibi_attention causal", lambda: g.alibi_attention(q, k, v, slopes, True),
-         _flex(alibi_mod, causal_mask, length), 0.5),
-        (f"sliding_window_attention {window}", lambda: g.sliding_window_attention(q, k, v, window),
-         _flex(None, window_mask, length), window / length),
+        ("softcap_attention causal", _flex(softcap_mod, causal_mask, length), 0.5),
+        ("alibi_attention causal", _flex(alibi_mod, causal_mask, length), 0.5),
+        (f"sliding_window_attention {window}", _flex(None, window_mask, length), window / length),
     ]
-    for name, ours, flex, fraction in cases:
+    for name, flex, fraction in cases:
         flops = 4 * batch * heads * length * length * dim * fraction
-        times = {"specgen": _time(ours), "flex": _time(lambda: flex(q, k, v))}
+        times = {"specgen": _time(lambda: calls[name](q, k, v)),
+                 "flex": _time(lambda: flex(q, k, v))}
         cells = [f"{name} B{batch} H{heads} S{length} E{dim}", _cell(times["specgen"], flops),
                  "", "", "", _cell(times["flex"], flops), ""]
         print(" | ".join(cells), flush=True)
@@ -274,9 +288,9 @@ def _versions() -> str:
 def tune_cases(quick: bool) -> list[harness.Case]:
     """What `specgen tune` searches for the attention family (its benchmark is a section): the
     forward at the section's cells, and forward+backward at its training cells (the backward's
-    two passes), each against SDPA in the same dtype; the gradients compared as one vector; and
-    decoding at its cells (full caches: SDPA computes the same). ``quick``: sequences 16 times
-    shorter."""
+    two passes), each against SDPA in the same dtype; the gradients compared as one vector;
+    decoding at its cells (full caches: SDPA computes the same); and the authored variants at
+    their cell against their references. ``quick``: sequences 16 times shorter."""
     cases = []
     for batch, heads, length, dim, causal in SHAPES:
         length = length // 16 if quick else length
@@ -329,4 +343,26 @@ def tune_cases(quick: bool) -> list[harness.Case]:
             eager=lambda q, k, v, lengths: F.scaled_dot_product_attention(
                 q, k, v, enable_gqa=True),
             bytes_moved=2 * DTYPE.itemsize * batch * heads_kv * keys * dim))
+    # the authored variants at their cell, against their references (specgen/references.py)
+    from specgen import references
+
+    batch, heads, length, dim = VARIANT_SHAPE
+    length = length // 16 if quick else length
+    sizes = (batch, heads, length, dim)
+
+    def variant_inputs():
+        return (*(torch.randn(sizes, device="cuda", dtype=DTYPE) for _ in range(3)),
+                torch.rand(heads, device="cuda"))
+
+    def variant(module, name):
+        return lambda q, k, v, slopes: _variant_calls(module(), slopes)[name](q, k, v)
+
+    for name in _variant_calls(None, None):
+        share = min(WINDOW / length, 1.0) if name.startswith("sliding") else 0.5
+        cases.append(harness.Case(
+            family="attention", op=name, shape=f"B{batch} H{heads} S{length} E{dim}",
+            dtype=DTYPE, make_inputs=variant_inputs,
+            specgen=variant(_generated, name), eager=variant(lambda: references, name),
+            bytes_moved=4 * DTYPE.itemsize * batch * heads * length * dim,
+            flops=int(4 * batch * heads * length * length * dim * share)))
     return cases

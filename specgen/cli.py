@@ -222,7 +222,10 @@ def tune_command(ops: tuple[str, ...], only: tuple[str, ...], shapes: tuple[str,
         except ValueError as err:
             raise click.ClickException(str(err)) from None
     if not cases:
-        raise click.ClickException("no benchmark case has " + ", ".join(labels))
+        if labels:
+            raise click.ClickException("no benchmark case has the shape " + ", ".join(labels))
+        raise click.ClickException(f"no benchmark case times {', '.join(ops)}: give the calls to "
+                                   f"tune at as --shapes NAME=SHAPE,... (specgen tune --help)")
     _need_gpu("tune")
     import importlib
 

@@ -13,7 +13,8 @@ from specgen.cli import main
 
 FAMILIES = {"add": "pointwise", "softmax": "rowwise", "sum": "reduce", "cross_entropy":
             "cross_entropy", "mm": "matmul", "scaled_dot_product_attention": "attention",
-            "amax": "reduce", "decode_attention": "attention"}
+            "amax": "reduce", "decode_attention": "attention",
+            "softcap_attention": "attention"}
 
 
 def test_ops_narrow_the_rows_and_pick_their_families_sections():
@@ -47,6 +48,8 @@ def test_the_command_refuses_before_any_gpu_work(tmp_path, monkeypatch):
     runner = CliRunner()
     result = runner.invoke(main, ["bench", "nosuch"])
     assert result.exit_code == 1 and "unknown op nosuch" in result.output
+    result = runner.invoke(main, ["tune", "softmax", "--shapes", "3x3"])
+    assert result.exit_code == 1 and "no benchmark case has the shape 3x3" in result.output
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = runner.invoke(main, ["bench", "--only", "rowwise", "--out", str(out)])
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
@@ -105,6 +108,10 @@ def test_tune_reaches_a_section_familys_kernels_through_its_tuning_cases():
     decoding = command.tune_cases(command.select(ops=("decode_attention",), op_families=FAMILIES),
                                   ("decode_attention",), quick=True)
     assert [c.shape for c in decoding] == ["B8 Hq32 Hkv8 S2048 E128", "B1 Hq32 Hkv32 S8192 E128"]
+    # the authored variants at their cell (the section's rows), against their references
+    softcap = command.tune_cases(command.select(ops=("softcap_attention",), op_families=FAMILIES),
+                                 ("softcap_attention",), quick=True)
+    assert [(c.op, c.shape) for c in softcap] == [("softcap_attention causal", "B4 H32 S256 E128")]
     # and none where the ops asked for are another family's
     rows = command.tune_cases(command.select(ops=("softmax",), op_families=FAMILIES), ("softmax",))
     assert [(c.op, c.shape) for c in rows] == [
