@@ -48,8 +48,6 @@ def test_the_command_refuses_before_any_gpu_work(tmp_path, monkeypatch):
     runner = CliRunner()
     result = runner.invoke(main, ["bench", "nosuch"])
     assert result.exit_code == 1 and "unknown op nosuch" in result.output
-    result = runner.invoke(main, ["tune", "softmax", "--shapes", "3x3"])
-    assert result.exit_code == 1 and "no benchmark case has the shape 3x3" in result.output
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = runner.invoke(main, ["bench", "--only", "rowwise", "--out", str(out)])
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output

@@ -190,7 +190,7 @@ def test_the_command_refuses_before_any_gpu_work(monkeypatch):
     before = tables()
 
     result = CliRunner().invoke(main, ["tune", "mm", "--shapes", "7x7"])
-    assert result.exit_code == 1 and "no benchmark case has 7x7" in result.output
+    assert result.exit_code == 1 and "no benchmark case has the shape 7x7" in result.output
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = CliRunner().invoke(main, ["tune", "mm"])
     assert result.exit_code == 1 and "needs a CUDA GPU" in result.output
