@@ -232,13 +232,16 @@ WINDOW = 1024
 SOFTCAP = 30.0
 
 
-def _variant_calls(g, slopes: torch.Tensor) -> dict[str, Callable]:
-    """Each variant's call on (q, k, v) as the section times it, by its row's name: softcap and
-    ALiBi causal, the sliding window of WINDOW keys."""
-    return {"softcap_attention causal": lambda q, k, v: g.softcap_attention(q, k, v, SOFTCAP, True),
-            "alibi_attention causal": lambda q, k, v: g.alibi_attention(q, k, v, slopes, True),
-            f"sliding_window_attention {WINDOW}":
-                lambda q, k, v: g.sliding_window_attention(q, k, v, WINDOW)}
+# each variant's call as the section times it, by its row's name, on a module of the ops (the
+# generated ones, or specgen.references), q, k, v and ALiBi's per-head slopes: softcap and ALiBi
+# causal, the sliding window of WINDOW keys
+VARIANT_CALLS: dict[str, Callable] = {
+    "softcap_attention causal":
+        lambda g, q, k, v, slopes: g.softcap_attention(q, k, v, SOFTCAP, True),
+    "alibi_attention causal": lambda g, q, k, v, slopes: g.alibi_attention(q, k, v, slopes, True),
+    f"sliding_window_attention {WINDOW}":
+        lambda g, q, k, v, slopes: g.sliding_window_attention(q, k, v, WINDOW),
+}
 
 
 def _variants(g) -> list[list[str]]:
@@ -246,8 +249,6 @@ def _variants(g) -> list[list[str]]:
     q, k, v = (torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE)
                for _ in range(3))
     slopes = torch.rand(heads, device="cuda")
-    window = WINDOW
-    calls = _variant_calls(g, slopes)
     rows = []
 
     def softcap_mod(score, b, h, i, j):
@@ -260,16 +261,16 @@ def _variants(g) -> list[list[str]]:
         return j <= i
 
     def window_mask(b, h, i, j):
-        return (j <= i) & (j > i - window)
+        return (j <= i) & (j > i - WINDOW)
 
     cases = [
         ("softcap_attention causal", _flex(softcap_mod, causal_mask, length), 0.5),
         ("alibi_attention causal", _flex(alibi_mod, causal_mask, length), 0.5),
-        (f"sliding_window_attention {window}", _flex(None, window_mask, length), window / length),
+        (f"sliding_window_attention {WINDOW}", _flex(None, window_mask, length), WINDOW / length),
     ]
     for name, flex, fraction in cases:
         flops = 4 * batch * heads * length * length * dim * fraction
-        times = {"specgen": _time(lambda: calls[name](q, k, v)),
+        times = {"specgen": _time(lambda: VARIANT_CALLS[name](g, q, k, v, slopes)),
                  "flex": _time(lambda: flex(q, k, v))}
         cells = [f"{name} B{batch} H{heads} S{length} E{dim}", _cell(times["specgen"], flops),
                  "", "", "", _cell(times["flex"], flops), ""]
@@ -355,9 +356,9 @@ def tune_cases(quick: bool) -> list[harness.Case]:
                 torch.rand(heads, device="cuda"))
 
     def variant(module, name):
-        return lambda q, k, v, slopes: _variant_calls(module(), slopes)[name](q, k, v)
+        return lambda q, k, v, slopes: VARIANT_CALLS[name](module(), q, k, v, slopes)
 
-    for name in _variant_calls(None, None):
+    for name in VARIANT_CALLS:
         share = min(WINDOW / length, 1.0) if name.startswith("sliding") else 0.5
         cases.append(harness.Case(
             family="attention", op=name, shape=f"B{batch} H{heads} S{length} E{dim}",

@@ -571,6 +571,11 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         return tuple(joins)
 
     @property
+    def joined_places(self) -> str:
+        """The tile ``place_joins`` ends in (B's block with every place, before ``place_order``)."""
+        return self.place_joins[-1][2]
+
+    @property
     def place_order(self) -> tuple[int, ...]:
         """The permutation of the joined places (``place_joins``) to (BLOCK_K // packed, 2, ...,
         2, BLOCK_N): reshaped to (BLOCK_K, BLOCK_N), row packed * c + p is place p of byte row

@@ -26,7 +26,7 @@ from specgen.runtime.launch import (capped_programs, choose_int64, launch, multi
                                     plan_cache, shared_memory)
 from specgen.runtime.matmul import (MIN_DOT_BLOCK, TMA_ALIGN, accumulator_fits, fit_tiles,
                                    has_tma, input_precision, tile_fits, tma_aligned)
-from specgen.runtime.layout import next_power_of_2, span
+from specgen.runtime.layout import cdiv, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
 
@@ -166,16 +166,15 @@ class ConvPlan:
     sms: int                        # multiprocessors: the TMA kernel's grid
 
     def grid(self, meta: dict) -> tuple[int]:
-        tiles_m = -(-self.m // meta["BLOCK_M"])
-        return (tiles_m * -(-self.n // meta["BLOCK_N"]) * self.groups,)
+        return (cdiv(self.m, meta["BLOCK_M"]) * cdiv(self.n, meta["BLOCK_N"]) * self.groups,)
 
     def flat_grid(self, meta: dict) -> tuple[int, int]:
         """The 1 x 1 kernel's: its (group, channel block) pairs, by the programs that walk each
         one's pixel blocks: PROGRAMS_PER_SM a multiprocessor in all, at least one a pair, at
         most one a pixel block."""
         _, _, out_h, out_w = self.shape
-        pairs = self.groups * -(-self.n // meta["BLOCK_N"])
-        blocks = self.shape[0] * -(-(out_h * out_w) // meta["BLOCK_M"])
+        pairs = self.groups * cdiv(self.n, meta["BLOCK_N"])
+        blocks = self.shape[0] * cdiv(out_h * out_w, meta["BLOCK_M"])
         programs = capped_programs(self.sms * meta["PROGRAMS_PER_SM"])
         return (pairs, max(1, min(blocks, programs // pairs)))
 
@@ -183,11 +182,11 @@ class ConvPlan:
         """One program per multiprocessor (or per tile, where fewer)."""
         _, _, out_h, out_w = self.shape
         tile_h = meta["BLOCK_M"] // self.tile_w
-        patches = -(-out_h // tile_h) * -(-out_w // self.tile_w)
-        return (min(self.shape[0] * patches * -(-self.n // meta["BLOCK_N"]), self.sms),)
+        patches = cdiv(out_h, tile_h) * cdiv(out_w, self.tile_w)
+        return (min(self.shape[0] * patches * cdiv(self.n, meta["BLOCK_N"]), self.sms),)
 
     def depthwise_grid(self, meta: dict) -> tuple[int, int]:
-        return (-(-self.m // meta["BLOCK_M"]), -(-self.n * self.groups // meta["BLOCK_N"]))
+        return (cdiv(self.m, meta["BLOCK_M"]), cdiv(self.n * self.groups, meta["BLOCK_N"]))
 
 
 def _channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -304,7 +303,7 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
         kernel = "tma"
     # each image's pixels one run per channel (an NCHW output, or one of one channel)
     flat_out = strides[3] == 1 and strides[2] == out_w
-    tile_w = min((16, 8), key=lambda t: (-(-out_w // t) * t, -t))
+    tile_w = min((16, 8), key=lambda t: (cdiv(out_w, t) * t, -t))
     if kernel == "tma":
         # runs of a patch row, each starting on a multiple of the run
         run = next((r for r in (16, 8) if tile_w % r == 0 and out_w % r == 0), 1)
@@ -533,7 +532,7 @@ def _repacked(op: Op, tensor: torch.Tensor, shape: tuple, strides: tuple,
     b, c, h, w = shape
     out = empty((b, h, w, c), tensor.dtype, tensor.device)
     tile = REPACK_TILE
-    launch(op.kernels["repack"], (-(-h * w // tile["BLOCK_L"]), -(-c // tile["BLOCK_C"]), b),
+    launch(op.kernels["repack"], (cdiv(h * w, tile["BLOCK_L"]), cdiv(c, tile["BLOCK_C"]), b),
            tensor, out, c, h * w, strides[0], strides[1], INDEX_64=index_64, **tile)
     return out, (h * w * c, 1, w * c, c)
 

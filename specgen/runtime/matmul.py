@@ -539,12 +539,11 @@ def prune_gemv(configs, named_args, **kwargs):
     return fit_tiles(configs, {"BLOCK_N": named_args["N"], "BLOCK_K": named_args["K"]}, adjust)
 
 
-def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] | None = None,
-              stages: Callable[[dict, int], int] | None = None) -> list[triton.Config]:
+def fit_tiles(configs, sizes: Mapping[str, int],
+              adjust: Callable[[dict], None] | None = None) -> list[triton.Config]:
     """``configs`` with each block clamped to its problem size (``sizes``: block key -> size;
-    ``_fitted_block``), then ``adjust``ed, their stages ``stages(meta, num_stages)`` where
-    given, the configs that became equal merged (the matmul and convolution families'
-    pruning)."""
+    ``_fitted_block``), then ``adjust``ed, the configs that became equal merged (the matmul and
+    convolution families' pruning)."""
     fitted, seen = [], set()
     for config in configs:
         meta = dict(config.kwargs)
@@ -552,12 +551,12 @@ def fit_tiles(configs, sizes: Mapping[str, int], adjust: Callable[[dict], None] 
             meta[key] = _fitted_block(meta[key], size)
         if adjust is not None:
             adjust(meta)
-        count = config.num_stages if stages is None else stages(meta, config.num_stages)
-        point = (tuple(sorted(meta.items())), config.num_warps, count)
+        point = (tuple(sorted(meta.items())), config.num_warps, config.num_stages)
         if point in seen:
             continue
         seen.add(point)
-        fitted.append(triton.Config(meta, num_warps=config.num_warps, num_stages=count))
+        fitted.append(triton.Config(meta, num_warps=config.num_warps,
+                                    num_stages=config.num_stages))
     return fitted
 
 
