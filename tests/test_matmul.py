@@ -294,7 +294,8 @@ def _space(op, *tensors):
     dims = {a.name: a.dims for a in info.args if a.kind == "tensor"}
     problem = matmul.problem(op, dict(zip(dims, tensors)), dims)
     out = empty(problem.shape)
-    return problem, problem.space("op", {"out": out.stride()}, 3 if "..." in sum(dims.values(), ()) else 1)
+    rank = 3 if "..." in sum(dims.values(), ()) else 1
+    return problem, problem.space("op", {"out": out.stride()}, rank)
 
 
 def test_outputs_are_planned_with_the_strides_torch_allocates():
