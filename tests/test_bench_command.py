@@ -121,10 +121,35 @@ def test_the_host_table_reads_each_first_call_against_its_target():
 
     def row(key, first_us):
         case = host.HostCase(key, f"{key}(x)", lambda grad, rows=8: (), None, None)
-        return host.HostRow(case, inputs="8x1024", first_us=first_us, first_rows=24,
+        return host.HostRow(case, inputs="8x1024", first_us=first_us,
                             us={"specgen": [10.0] * host.ROUNDS, "eager": [8.0] * host.ROUNDS})
 
-    lines = host.table([row("add", 310.4), row("sum", 1500.0), row("gelu", None)]).splitlines()
+    lines = host.table([row("add", [310.4, 980.0, 290.0]), row("sum", [1500.0, 900.0]),
+                        row("gelu", [])]).splitlines()
     first = [line.rstrip(" |").rpartition("|")[2].strip() for line in lines[2:]]
-    # (gelu: every fresh row count compiled something, so not measured)
-    assert first == ["310 at 24 rows (pass)", "1500 at 24 rows (miss)", "-"]
+    # the median against the target (sum: 1200); gelu: every fresh row count compiled something
+    assert first == ["310 (290-980) of 3 (pass)", "1200 (900-1500) of 2 (miss)", "-"]
+
+
+def test_first_calls_pass_over_sizes_that_compile_and_stop_at_the_sample_count(monkeypatch):
+    import triton
+
+    from bench import host
+
+    compiling = {24, 56}  # row counts at which the fake op "compiles" (calls Triton's cache hook)
+    seen = []
+
+    def specgen(x):
+        seen.append(x)
+        if x in compiling:
+            triton.knobs.runtime.jit_cache_hook()
+        return x
+
+    case = host.HostCase("add", "add(x)", lambda grad, rows: (rows,), specgen, None)
+    # each call's time: its row count, so the result says which sizes were kept
+    monkeypatch.setattr(host, "_timed_once", lambda call: (float(call()), 0.0))
+    monkeypatch.setattr(host, "FIRST_SAMPLES", 3)
+    hook = triton.knobs.runtime.jit_cache_hook
+    assert host.first_calls(case) == [40.0, 72.0, 88.0]
+    assert seen == [24, 40, 56, 72, 88]  # no call past the third kept size
+    assert triton.knobs.runtime.jit_cache_hook is hook  # restored
