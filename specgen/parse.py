@@ -221,8 +221,9 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
         raise where.child("optional").error("an optional argument defaults to None; drop 'default'")
     # where the property tests draw a float or int scalar (each family has a default range)
     drawn = _parse_range(table, None) if kind in ("float", "int") else None
-    if kind == "int" and drawn is not None and math.floor(drawn[1]) < math.ceil(drawn[0]):
-        raise where.child("range").error(f"no integer in [{drawn[0]}, {drawn[1]}]")
+    if kind == "int" and drawn is not None and not all(v.is_integer() for v in drawn):
+        raise where.child("range").error(
+            f"an int argument's range takes integers, got [{drawn[0]:g}, {drawn[1]:g}]")
     table.finish()
     return ScalarArg(name, kind, default, optional, drawn)
 

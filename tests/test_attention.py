@@ -240,6 +240,14 @@ def _qkv(*shape_q, s=6, e=8, ev=8, hkv=None):
      TypeError, "argument 'cache_seqlens' has dtype torch.float32; expected int32 or int64"),
     (lambda q, k, v: generated.decode_attention(q, k, v, torch.tensor([3, 1, 2], device=q.device)),
      ValueError, r"argument 'cache_seqlens' has shape \(3,\); expected \(2,\)"),
+    # a per-batch tensor indexes one batch dim: two batch dims (which the kernel would flatten
+    # under cache_seqlens' (B,)) and none are refused
+    (lambda q, k, v: generated.decode_attention(q[None], k[None], v[None],
+                                                torch.tensor([3, 1], device=q.device)),
+     ValueError, r"argument 'query' has 5 dims; expected 4 \(batch, heads, length, head dim\): "
+                 r"cache_seqlens holds a value per batch element"),
+    (lambda q, k, v: generated.decode_attention(q[0], k, v, torch.tensor([3, 1], device=q.device)),
+     ValueError, r"argument 'query' has 3 dims; expected 4"),
 ])
 def test_bad_calls_are_refused_before_any_launch(call, error, match):
     q, k, v = _qkv(2, 2, 4, 8)
@@ -250,6 +258,12 @@ def test_bad_calls_are_refused_before_any_launch(call, error, match):
 def test_heads_that_do_not_group_name_enable_gqa():
     q, k, v = _qkv(1, 4, 4, 8, hkv=2)
     with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        generated.scaled_dot_product_attention(q, k, v)
+    # grouping asked for, but 3 query heads do not share 2 key heads
+    q, k, v = _qkv(1, 3, 4, 8, hkv=2)
+    with pytest.raises(ValueError, match="query's head count must be a multiple of key's"):
+        generated.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match="expected equal head counts or one head on either side$"):
         generated.scaled_dot_product_attention(q, k, v)
     q, k, v = _qkv(1, 3, 4, 300, e=300)
     with pytest.raises(ValueError, match="at most 256"):

@@ -308,6 +308,14 @@ def _checked(op: Op, args: tuple) -> Call:
         raise ValueError(f"{op.name}: attn_mask and is_causal=True together are refused, as "
                          f"torch refuses them; fold the causal mask into attn_mask")
     operands = {spec.query: query, spec.key: key, spec.value: value}
+    if spec.per_batch:
+        # a per-batch tensor is read at the batch element: one batch dim, which it indexes
+        for name, tensor in operands.items():
+            if tensor.dim() != 4:
+                raise ValueError(
+                    f"{op.name}: argument '{name}' has {tensor.dim()} dims; expected 4 (batch, "
+                    f"heads, length, head dim): {', '.join(spec.per_batch)} holds a value per "
+                    f"batch element, so the op takes one batch dim")
     device = check_tensors(op.name, operands, d.dtypes)
     check_interpreted_dot(op.name, query.dtype, device)
     problem = _problem(op.name, operands, mask, named.get("enable_gqa", False))
@@ -597,11 +605,15 @@ def _problem(op: str, operands: dict[str, torch.Tensor], mask: torch.Tensor | No
         heads, group = hq, max(hq, 1)
     elif hq == 1:             # one query head broadcasts over the key's
         heads, group = hkv, 1
+    elif gqa:
+        raise ValueError(f"{op}: {qn} has {hq} heads and {kn} {hkv}; enable_gqa=True shares "
+                         f"key/value heads among query heads, so {qn}'s head count must be a "
+                         f"multiple of {kn}'s")
     else:
-        hint = ("" if gqa else "; pass enable_gqa=True to share key/value heads among query heads"
+        hint = ("; pass enable_gqa=True to share key/value heads among query heads"
                 if hkv and hq % hkv == 0 else "")
-        raise ValueError(f"{op}: {qn} has {hq} heads and {kn} {hkv}, which do not "
-                         f"broadcast{hint}")
+        raise ValueError(f"{op}: {qn} has {hq} heads and {kn} {hkv}; expected equal head counts "
+                         f"or one head on either side{hint}")
     batch = broadcast_shapes(q[:-3], k[:-3], v[:-3])
     if batch is None:
         raise ValueError(f"{op}: batch dims do not broadcast: {qn} {tuple(query.shape)}, {kn} "
@@ -634,14 +646,14 @@ def _check_per_head(op: str, name: str, tensor: torch.Tensor, heads: int,
                     dtypes: Sequence[torch.dtype]) -> None:
     if tensor.dim() != 1 or tensor.shape[0] not in (1, heads):
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
-                         f"({heads},), a value per query head")
+                         f"({heads},), a value per query head (or (1,), one for all)")
     check_tensors(op, {name: tensor}, dtypes)
 
 
 def _check_per_batch(op: str, name: str, tensor: torch.Tensor, batch: int) -> None:
     if tensor.dim() != 1 or tensor.shape[0] not in (1, batch):
         raise ValueError(f"{op}: argument '{name}' has shape {tuple(tensor.shape)}; expected "
-                         f"({batch},), a value per batch element")
+                         f"({batch},), a value per batch element (or (1,), one for all)")
     if tensor.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: argument '{name}' has dtype {tensor.dtype}; expected int32 or "
                         f"int64 (key counts)")
