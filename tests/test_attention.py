@@ -155,6 +155,23 @@ def test_a_row_that_sees_no_key_gives_zeros_and_its_logsumexp_is_minus_infinity(
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("heads, heads_kv, length, gqa", [(0, 2, 5, True), (0, 1, 5, False),
+                                                          (4, 2, 0, True)])
+def test_no_rows_or_no_heads_give_zero_gradients_of_the_inputs_shapes(heads, heads_kv, length,
+                                                                       gqa):
+    # nothing to launch (no query heads, or no rows), every gradient zeros of its input's shape:
+    # the key's and value's head count is the key's own, not the query's over the group (0 here)
+    q = torch.randn(1, heads, length, 8, device=device(), requires_grad=True)
+    k, v = (torch.randn(1, heads_kv, 7, 8, device=device(), requires_grad=True) for _ in range(2))
+    out = generated.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, enable_gqa=gqa).sum(), (q, k, v), allow_unused=True, materialize_grads=True)
+    for got, expected in zip(grads, want):
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.parametrize("scale", [-0.4, -0.0, 0.0, 0.4])
 @pytest.mark.parametrize("causal", [False, True])
 def test_any_scale_in_the_blocks_every_row_sees_whole(scale, causal):

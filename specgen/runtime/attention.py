@@ -112,7 +112,8 @@ class Problem:
 
     batch: tuple[int, ...]          # the broadcast batch dims
     heads: int                      # query heads of the result
-    group: int                      # query heads per key/value head
+    group: int                      # query heads per key/value head (0 where no query heads)
+    heads_kv: int                   # key/value heads (the key's and value's gradients')
     length: int                     # L
     keys: int                       # S
     dim: int                        # E
@@ -431,8 +432,7 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
         raise ValueError(f"{op.name}: the output's gradient has shape {tuple(grad_out.shape)}, "
                          f"the output {tuple(out.shape)}")
     mask_grad = mask_grad and mask is not None and mask.dtype != torch.bool
-    batch, heads, group = problem.batch, problem.heads, problem.group
-    heads_kv = heads // group if group else heads
+    batch, heads, heads_kv = problem.batch, problem.heads, problem.heads_kv
     # each gradient at the problem's full shape (dense), summed to its input's where the input
     # broadcast (batch dims, one head); in the math's type until then
     compute = compute_dtype(query.dtype)
@@ -525,9 +525,8 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
            *scalars, **meta, **({"MASK_GRAD": grad_mask is not None} if spec.attn_mask else {}),
            tune_key=(*tune_key, grad_mask is not None))
     note_launch(op.name, "backward_key", index_64, mask=mask_kind)
-    heads_kv = problem.heads // problem.group
     launch(op.kernels["backward_key"],
-           lambda m: (batches * heads_kv * cdiv(problem.keys, m["BLOCK_N"]),),
+           lambda m: (batches * problem.heads_kv * cdiv(problem.keys, m["BLOCK_N"]),),
            *inputs, lse, grad_out, delta,
            grad_key, grad_value, *head_grads.values(),
            *sizes, *operand_strides, *strides["lse"], *strides["grad_out"], *strides["grad_key"],
@@ -626,7 +625,7 @@ def _problem(op: str, operands: dict[str, torch.Tensor], mask: torch.Tensor | No
         if mask.dim() > len(target) or broadcast_shapes(target, tuple(mask.shape)) != target:
             raise ValueError(f"{op}: attn_mask of shape {tuple(mask.shape)} does not broadcast "
                              f"to the scores' {target}")
-    return Problem(tuple(batch), heads, group, q[-2], k[-2], q[-1], v[-1], rank)
+    return Problem(tuple(batch), heads, group, hkv, q[-2], k[-2], q[-1], v[-1], rank)
 
 
 def _padded(shape: Sequence[int], rank: int) -> tuple[int, ...]:
