@@ -7,7 +7,7 @@ Operands are identified by their ``dims``: the query ``["...", "H", "L", "E"]``,
 ``attn_mask``), per-head tensors ``["H"]`` (ALiBi slopes), which expressions read at the
 program's head, and per-batch integer tensors ``["B"]`` (a KV cache's lengths), read at its
 batch element. Arguments named ``scale`` (optional float; None is ``1 / sqrt(E)``),
-``dropout_p`` and ``enable_gqa`` have torch's meanings.
+``dropout_p``, ``is_causal`` and ``enable_gqa`` have torch's meanings.
 
 Spec tables: ``[attention]`` (``score``: an expression over the scaled score ``s``; ``mask``: a
 condition saying which keys a query sees; both over the indices ``i`` (query row), ``j`` (key
@@ -76,13 +76,13 @@ GENERATED_NAMES = frozenset({
     "out_stride_b0", "out_stride_b1", "out_stride_h", "out_stride_l", "out_stride_e",
     "lse_stride_b0", "lse_stride_b1", "lse_stride_h", "lse_stride_l", "split", "splits",
     "split_lo", "split_hi", "per_split", "key_blocks", "partial_ptr", "partial_lse_ptr",
-    "partial_base", "partial_offsets", "row", "weights", "total", "parts", "lse_parts",
+    "partial_offsets", "row", "weights", "total", "parts", "lse_parts",
     "lse_max", "cols_split", "part_offsets", "NUM_SPLITS", "partial_mask", "partial_row",
     "num_rows", "heads", "head", "block_rows", "row_heads", "row_valid", "query_rows", "PACKED",
     # the backward's
     "grad_out_ptr", "grad_out_base", "grad_out_stride_b0", "grad_out_stride_b1",
     "grad_out_stride_h", "grad_out_stride_l", "grad_out_stride_e", "delta_ptr", "delta_base",
-    "delta", "lse2", "grad_tile", "grad_offsets", "out_tile", "row_stats", "row_mask_ev",
+    "delta", "lse2", "grad_tile", "grad_offsets", "row_stats", "row_mask_ev",
     "grad_query", "grad_query_ptr", "grad_query_base", "grad_query_offsets",
     "grad_query_stride_b0", "grad_query_stride_b1", "grad_query_stride_h",
     "grad_query_stride_l", "grad_query_stride_e", "grad_key", "grad_key_ptr", "grad_key_base",
@@ -92,9 +92,9 @@ GENERATED_NAMES = frozenset({
     "grad_value_stride_h", "grad_value_stride_s", "grad_value_stride_e", "grad_mask_ptr",
     "grad_mask_base", "grad_mask_offsets", "grad_mask_stride_b0", "grad_mask_stride_b1",
     "grad_mask_stride_h", "grad_mask_stride_l", "grad_mask_stride_s", "MASK_GRAD", "grad_p",
-    "grad_score", "grad_qk", "score_ds", "seen", "query_tile", "key_lo", "key_hi",
+    "grad_score", "grad_qk", "score_ds", "seen", "key_lo", "key_hi",
     "num_blocks_n", "start_n", "heads_kv", "group_head", "sees_some", "sees_all", "slots",
-    "slot_base", "query_offsets", "grad_offsets", "score_a", "score_b",
+    "slot_base", "score_a", "score_b",
     # the math's type (float64 for float64 data)
     "COMPUTE",
 })
@@ -681,7 +681,8 @@ def plan(spec: OpSpec) -> AttentionPlan:
     integers = frozenset({"i", "j", "h", "b", "L", "S", *body.per_batch,
                           *(a.name for a in spec.args
                             if isinstance(a, ScalarArg) and a.type == "int")})
-    names = {"i": "rows", "j": "cols", **{f: _flag(f) for f in flags}}
+    # the key bounds read i at the block's rows (row_first, row_last) and never j itself
+    names = {f: _flag(f) for f in flags}
     score = ""
     score_names = {"i": "row_i", "j": "col_j", **{f: _flag(f) for f in flags}}
     if body.score is not None:

@@ -100,10 +100,10 @@ class Launch:
     per_batch: tuple[str, ...]      # integer tensors read at the batch element (cache lengths)
     scalars: tuple[str, ...]        # float and int arguments, in order
     flags: tuple[str, ...]          # bool arguments
-    split_kv: bool = False          # programs may share a row's keys, then a merge kernel runs
-    packable: bool = False          # a program may take a group of query heads (PACKED)
-    flips_scale: bool = False       # the forward takes a negative scale's sign (NEGATIVE_SCALE)
-    head_grads: tuple[str, ...] = ()    # per-head tensors the score differentiates by
+    split_kv: bool                  # programs may share a row's keys, then a merge kernel runs
+    packable: bool                  # a program may take a group of query heads (PACKED)
+    flips_scale: bool               # the forward takes a negative scale's sign (NEGATIVE_SCALE)
+    head_grads: tuple[str, ...]     # per-head tensors the score differentiates by
 
 
 @dataclass(frozen=True)
