@@ -388,7 +388,11 @@ class _Bounder:
                        form.get(var, [])]
         integer = abs(coef) == 1 and all(self.is_integer(f) for _, f, _ in bound_terms)
         slope = _coefficient([(s, f) for s, f, var in bound_terms if var == "i"])
-        ends = [self.code(_terms(bound_terms, row)) for row in ("row_first", "row_last")]
+        # a fractional bound is computed in float64 from the rows on: in float32 a term past
+        # 2**24 (a row of 16M keys, or a large constant) could put it keys off
+        ends = [emit(_terms(bound_terms, row), self.names if integer else
+                     {**self.names, row: f"tl.cast({row}, tl.float64)"}, integers=True)
+                for row in ("row_first", "row_last")]
         if slope == 0:
             low = high = ends[0]
         elif slope is not None:   # a known direction: the ends are the extremes in order
@@ -397,10 +401,10 @@ class _Bounder:
             low, high = f"tl.minimum({ends[0]}, {ends[1]})", f"tl.maximum({ends[0]}, {ends[1]})"
 
         def floor(x: str) -> str:
-            return x if integer else f"tl.floor(tl.cast({x}, tl.float32)).to(tl.int32)"
+            return x if integer else f"tl.floor(tl.cast({x}, tl.float64)).to(tl.int32)"
 
         def ceil(x: str) -> str:
-            return x if integer else f"tl.ceil(tl.cast({x}, tl.float32)).to(tl.int32)"
+            return x if integer else f"tl.ceil(tl.cast({x}, tl.float64)).to(tl.int32)"
 
         if op is ast.LtE:     # j <= bound
             blocks = ("0", f"{floor(high)} + 1"), ("0", f"{floor(low)} + 1")
@@ -415,9 +419,9 @@ class _Bounder:
         else:
             return Blocks(FULL, EMPTY, False)   # j != bound: no interval
         if not integer:
-            # a fractional bound is rounded in float32, which may land a whole number one off
-            # (9 * j <= i - 6 at i = 150): `any` grows and `all` shrinks by a key each side,
-            # and the element-wise test in the blocks at the edges decides exactly
+            # a fractional bound is rounded, which may land a whole number one off (9 * j <= i
+            # - 6 at i = 150): `any` grows and `all` shrinks by a key each side, and the
+            # element-wise test in the blocks at the edges decides exactly
             blocks = _widened(blocks[0], 1), _widened(blocks[1], -1)
         return Blocks(*blocks, True)
 
