@@ -58,6 +58,12 @@ ROLES = {
 INDEX_SYMBOLS = ("i", "j", "h", "b", "L", "S")
 # arguments whose meaning is torch's, by name (runtime/attention.py reads them)
 NAMED_ARGS = {"scale": "float", "dropout_p": "float", "enable_gqa": "bool", "is_causal": "bool"}
+# those the host alone reads: no expression may, no kernel takes them
+HOST_ARGS = ("dropout_p", "enable_gqa")
+# those the runtime takes itself, as torch's scaled_dot_product_attention does: the host's, and
+# the scale, which it resolves (None: 1 / sqrt(E)) and passes as every kernel's first float.
+# is_causal is not among them: a mask reads it, as any bool argument
+RUNTIME_ARGS = (*HOST_ARGS, "scale")
 
 # names the generated module binds for itself: a spec that declared one would shadow it or be
 # shadowed (tests/test_spec_errors.py checks the set against what the template binds)
@@ -147,11 +153,6 @@ def body_names(body: AttentionBody) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return ()
 
 
-# arguments the runtime takes itself, as torch's scaled_dot_product_attention does (is_causal
-# only through a mask that reads it)
-RUNTIME_ARGS = ("dropout_p", "scale", "enable_gqa")
-
-
 def unread_args(body: AttentionBody, spec_args: tuple) -> tuple[tuple[str, str], ...]:
     """The per-head and per-batch tensors and the scalars neither score nor mask reads."""
     scalars = [a for a in scalar_args(spec_args) if a.name not in RUNTIME_ARGS]
@@ -184,7 +185,7 @@ def parse_body(top: Table, spec_args: tuple, name: str) -> AttentionBody:
     values = {n: Symbol(n, "value") for n in (*INDEX_SYMBOLS, *roles["per_head"],
                                               *roles["per_batch"])}
     for arg in spec_args:
-        if isinstance(arg, ScalarArg) and arg.name not in ("dropout_p", "enable_gqa"):
+        if isinstance(arg, ScalarArg) and arg.name not in HOST_ARGS:
             values[arg.name] = Symbol(arg.name, "bool" if arg.type == "bool" else "scalar")
     operands = {n: "a tensor operand is no value here (per-head tensors, dims [\"H\"], are)"
                 for n in (roles["query"] + roles["key"] + roles["value"] + roles["attn_mask"])}
@@ -679,9 +680,9 @@ def _flag(name: str) -> str:
 def plan(spec: OpSpec) -> AttentionPlan:
     body: AttentionBody = spec.body
     flags = tuple(a.name for a in spec.args if isinstance(a, ScalarArg) and a.type == "bool"
-                  and a.name != "enable_gqa")
+                  and a.name not in HOST_ARGS)
     scalars = tuple(a.name for a in spec.args if isinstance(a, ScalarArg)
-                    and a.type in ("float", "int") and a.name not in ("dropout_p", "scale"))
+                    and a.type in ("float", "int") and a.name not in RUNTIME_ARGS)
     integers = frozenset({"i", "j", "h", "b", "L", "S", *body.per_batch,
                           *(a.name for a in spec.args
                             if isinstance(a, ScalarArg) and a.type == "int")})
