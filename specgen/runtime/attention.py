@@ -363,7 +363,7 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         return out, lse
 
     strides = _batch_strides(op.name, problem, {**operands, "out": out, "lse": lse})
-    b0, b1 = strides.pop("batch")
+    B0, B1 = strides.pop("batch")
     lse_strides = strides.pop("lse")
     index_64 = choose_int64(op.name, d.indexing, {
         name: _padded_span(tensor) for name, tensor in (*operands.items(), ("out", out))},
@@ -373,7 +373,7 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     # packed: a program per key/value head takes its group's query heads as rows
     packed = (spec.packable and problem.group > 1 and mask is None
               and problem.group * problem.length <= PACK_MAX_ROWS)
-    blocks = b0 * b1 * (problem.heads // problem.group if packed else problem.heads)
+    blocks = B0 * B1 * (problem.heads // problem.group if packed else problem.heads)
     length = problem.length * problem.group if packed else problem.length
 
     vectors, vector_strides = _vectors(call)
@@ -385,7 +385,7 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     splits = _splits(blocks * cdiv(length, SPLIT_BLOCK_M), problem.keys, device) \
         if spec.split_kv else 1
     split_args, constexprs = [], {}
-    rows = b0 * b1 * problem.heads * problem.length
+    rows = B0 * B1 * problem.heads * problem.length
     if spec.split_kv:
         partial = partial_lse = out         # unused where one program takes a row's keys
         if splits > 1:
@@ -404,14 +404,14 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         return (blocks * cdiv(length, config["BLOCK_M"]) * splits,)
 
     launch(op.kernels["forward"], grid, *pointers, *split_args,
-           b1, problem.heads, problem.length, problem.keys, problem.group,
+           B1, problem.heads, problem.length, problem.keys, problem.group,
            *strides[spec.query], *strides[spec.key], *strides[spec.value], *mask_strides,
            *vector_strides, *strides["out"], *lse_strides,
            scale, *(named[name] for name in spec.scalars), **meta, **constexprs, INDEX_64=index_64,
            tune_key=(problem.length, problem.keys, query.dtype, mask_kind, splits))
     if splits > 1:
         launch(op.kernels["merge"], (rows,), partial, partial_lse, out,
-               lse, rows, splits, b1, problem.heads, problem.length,
+               lse, rows, splits, B1, problem.heads, problem.length,
                *strides["out"], *lse_strides, EV=int(problem.value_dim),
                BLOCK_EV=meta["BLOCK_EV"], NUM_SPLITS=next_power_of_2(splits), INDEX_64=index_64,
                num_warps=4)
@@ -495,7 +495,7 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
         grad_out = tensors["grad_out"] = empty(out.shape, grad_out.dtype, call.device,
                                                out.stride()).copy_(grad_out)
         strides = _batch_strides(op.name, problem, tensors)
-    b0, b1 = strides.pop("batch")
+    B0, B1 = strides.pop("batch")
     index_64 = choose_int64(op.name, d.indexing, {
         name: _padded_span(tensor) for name, tensor in tensors.items()
         if name not in ROW_STATISTICS}, max_tile=0)
@@ -505,12 +505,12 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
     # a pointer stands in for an absent mask and an unwanted mask gradient (never read or written)
     mask_pointer = [mask if mask is not None else query] if spec.attn_mask else []
     mask_strides = strides.get(spec.attn_mask, (0,) * 5) if spec.attn_mask else ()
-    sizes = (b1, problem.heads, problem.length, problem.keys, problem.group)
+    sizes = (B1, problem.heads, problem.length, problem.keys, problem.group)
     operand_strides = (*strides[spec.query], *strides[spec.key], *strides[spec.value],
                        *mask_strides, *vector_strides)
     scalars = (call.scale, *(named[name] for name in spec.scalars))
     tune_key = (problem.length, problem.keys, query.dtype, mask_kind)
-    batches = b0 * b1
+    batches = B0 * B1
     grad_query, grad_key, grad_value = grads.values()
     note_launch(op.name, "backward_query", index_64, mask=mask_kind)
     inputs = (query, operands[spec.key], operands[spec.value], *mask_pointer, *vectors)
