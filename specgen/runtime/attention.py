@@ -115,7 +115,7 @@ class Problem:
     group: int                      # query heads per key/value head (0 where no query heads)
     heads_kv: int                   # key/value heads (the key's and value's gradients')
     length: int                     # L
-    keys: int                       # S
+    key_length: int                 # S
     dim: int                        # E
     value_dim: int                  # Ev
     rank: int                       # the result's rank
@@ -382,7 +382,7 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
                                      if spec.attn_mask else []),
                 *vectors, out, lse]
     mask_strides = strides.get(spec.attn_mask, (0, 0, 0, 0, 0)) if spec.attn_mask else ()
-    splits = _splits(blocks * cdiv(length, SPLIT_BLOCK_M), problem.keys, device) \
+    splits = _splits(blocks * cdiv(length, SPLIT_BLOCK_M), problem.key_length, device) \
         if spec.split_kv else 1
     split_args, constexprs = [], {}
     rows = B0 * B1 * problem.heads * problem.length
@@ -404,11 +404,11 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         return (blocks * cdiv(length, config["BLOCK_M"]) * splits,)
 
     launch(op.kernels["forward"], grid, *pointers, *split_args,
-           B1, problem.heads, problem.length, problem.keys, problem.group,
+           B1, problem.heads, problem.length, problem.key_length, problem.group,
            *strides[spec.query], *strides[spec.key], *strides[spec.value], *mask_strides,
            *vector_strides, *strides["out"], *lse_strides,
            scale, *(named[name] for name in spec.scalars), **meta, **constexprs, INDEX_64=index_64,
-           tune_key=(problem.length, problem.keys, query.dtype, mask_kind, splits))
+           tune_key=(problem.length, problem.key_length, query.dtype, mask_kind, splits))
     if splits > 1:
         launch(op.kernels["merge"], (rows,), partial, partial_lse, out,
                lse, rows, splits, B1, problem.heads, problem.length,
@@ -438,20 +438,20 @@ def backward(op: Op, args: tuple, out: torch.Tensor, lse: torch.Tensor,
     compute = compute_dtype(query.dtype)
     full = {
         spec.query: (*batch, heads, problem.length, problem.dim),
-        spec.key: (*batch, heads_kv, problem.keys, problem.dim),
-        spec.value: (*batch, heads_kv, problem.keys, problem.value_dim),
+        spec.key: (*batch, heads_kv, problem.key_length, problem.dim),
+        spec.value: (*batch, heads_kv, problem.key_length, problem.value_dim),
     }
     grads = {}
     # no rows or no keys: no launch, every gradient 0
-    launches = bool(lse.numel() and problem.keys)
+    launches = bool(lse.numel() and problem.key_length)
     make = empty if launches else zeros
     for name, shape in full.items():
         exact = tuple(operands[name].shape) == shape
         grads[name] = make(shape, query.dtype if exact else compute, device)
-    grad_mask = (zeros((*batch, heads, problem.length, problem.keys), compute, device)
+    grad_mask = (zeros((*batch, heads, problem.length, problem.key_length), compute, device)
                  if mask_grad else None)
     # a slot per 16 keys: the key pass's programs each write BLOCK_N / 16 of them
-    slots = cdiv(problem.keys, 16)
+    slots = cdiv(problem.key_length, 16)
     head_grads = {name: make((math.prod(batch), heads, slots), compute, device)
                   for name in spec.head_grads}
     # addressed with the logsumexp's strides
@@ -505,11 +505,11 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
     # a pointer stands in for an absent mask and an unwanted mask gradient (never read or written)
     mask_pointer = [mask if mask is not None else query] if spec.attn_mask else []
     mask_strides = strides.get(spec.attn_mask, (0,) * 5) if spec.attn_mask else ()
-    sizes = (B1, problem.heads, problem.length, problem.keys, problem.group)
+    sizes = (B1, problem.heads, problem.length, problem.key_length, problem.group)
     operand_strides = (*strides[spec.query], *strides[spec.key], *strides[spec.value],
                        *mask_strides, *vector_strides)
     scalars = (call.scale, *(named[name] for name in spec.scalars))
-    tune_key = (problem.length, problem.keys, query.dtype, mask_kind)
+    tune_key = (problem.length, problem.key_length, query.dtype, mask_kind)
     batches = B0 * B1
     grad_query, grad_key, grad_value = grads.values()
     note_launch(op.name, "backward_query", index_64, mask=mask_kind)
@@ -526,7 +526,7 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
            tune_key=(*tune_key, grad_mask is not None))
     note_launch(op.name, "backward_key", index_64, mask=mask_kind)
     launch(op.kernels["backward_key"],
-           lambda m: (batches * problem.heads_kv * cdiv(problem.keys, m["BLOCK_N"]),),
+           lambda m: (batches * problem.heads_kv * cdiv(problem.key_length, m["BLOCK_N"]),),
            *inputs, lse, grad_out, delta,
            grad_key, grad_value, *head_grads.values(),
            *sizes, *operand_strides, *strides["lse"], *strides["grad_out"], *strides["grad_key"],
