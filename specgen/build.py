@@ -192,7 +192,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     root = out_dir.resolve().parent
     specs = load_specs(paths, root)
     refuse_clashes(specs, out_dir)
-    wanted = {out_dir / f"{spec.name}.py": render_op(spec, out_dir.name) for spec in specs}
+    wanted = {out_dir / f"{spec.name}.py": _rendered(spec, out_dir.name, root) for spec in specs}
     built_from = {spec.source.path for spec in specs}
     removed = []
     if out_dir.is_dir():
@@ -228,6 +228,16 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
                     if _STAGED.match(path.name)
                     and _written_by_us(path, (_INDEX_HEADER, _MODULE_HEADER), empty=True)]
     return changes
+
+
+def _rendered(spec: OpSpec, package: str, root: Path) -> str:
+    """The module of ``spec``; a spec error its planner raises names the spec from the working
+    folder, as ``load_specs`` names the parser's (the spec's own path is from ``root``)."""
+    try:
+        return render_op(spec, package)
+    except SpecError as err:
+        raise SpecError(relative_path(root / spec.source.path, Path.cwd()), err.key,
+                        err.message) from None
 
 
 def refuse_hand_edits(changes: list[Change]) -> None:

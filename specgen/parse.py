@@ -184,6 +184,12 @@ def _parse_arg(name: str, raw: object, where: Where) -> Arg:
         low, high = _parse_range(table)
         dims_raw = table.pop_any("dims")
         dims = () if dims_raw is None else parse_list(dims_raw, str, where.child("dims"))
+        for dim in dims:
+            if dim != "..." and not dim.isidentifier():
+                # dims = "N, K": one string where an array of names was meant
+                raise where.child("dims").error(
+                    f"'{dim}' is not a dim name; expected an array of names, such as "
+                    f'["N", "K"]')
         dtypes = _parse_tensor_dtypes(table)
         table.finish()
         return TensorArg(name, optional, low, high, dims, dtypes)

@@ -261,6 +261,23 @@ def test_every_bad_spec_is_reported_from_the_working_folder(project):
     assert not (project / "generated").exists()
 
 
+def test_a_planners_spec_error_names_the_spec_from_the_working_folder_too(project):
+    # the conv planner checks the reference's geometry names after parsing: its error names the
+    # spec as the parser's do (from the working folder), not from the output package's parent
+    (project / "specs" / "zz_conv.toml").write_text(
+        '[op]\nname = "zz_conv"\nfamily = "conv"\n'
+        'reference = "ref.conv2d(input, weight, None, stride, padding)"\n'
+        '[args]\ninput = { kind = "tensor", dims = ["N", "C", "H", "W"] }\n'
+        'weight = { kind = "tensor", dims = ["K", "C", "R", "S"] }\n'
+        '[conv]\nargs = ["stride"]\n[epilogue]\nout = "acc"\n')
+    (project / "sub").mkdir()
+    os.chdir(project / "sub")
+    code, output = run("build", "../specs/zz_conv.toml", "--out", "../generated")
+    assert code == 1
+    assert output.startswith("Error: ../specs/zz_conv.toml: [op.reference]: 'padding' is not an "
+                             "argument of the op"), output
+
+
 def test_duplicate_op_name_is_an_error(project):
     shutil.copy(project / "specs" / "add.toml", project / "specs" / "zz_add_again.toml")
     code, output = run("build", "specs")

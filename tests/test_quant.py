@@ -64,6 +64,12 @@ def test_quantize_int8_per_token_feeds_int8_linear():
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="expected a floating tensor"):
         quant.quantize_int8_per_token(x_int8)
+    # one token, 1-D: its scale (1,) is its one row's, as the (1, K) row's (1, 1) is
+    token_int8, token_scale = quant.quantize_int8_per_token(x[0, 0])
+    assert token_scale.shape == (1,)
+    one = generated.int8_linear(token_int8, token_scale, qweight, scales, out_dtype=torch.float32)
+    assert one.shape == (8,)
+    torch.testing.assert_close(one, out[0, 0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("group_size", quant.GROUP_SIZES)

@@ -247,10 +247,11 @@ def problem(op: str, tensors: Mapping[str, torch.Tensor | None],
             views[name] = _group_view(op, name, tensor, n, k, group, len(batch))
             continue
         target = _target(dims[name], batch, m, n, keeps)
-        if (_letters(dims[name]) == ("M",) and tensor.dim() == tensors[a].dim() > 1
+        if (_letters(dims[name]) == ("M",) and tensor.dim() == tensors[a].dim()
                 and tensor.shape[-1] == 1):
             # a per-row operand as torch broadcasts one against the (..., M, N) product:
-            # (..., M, 1), of A's rank (int8_linear's per-token scales)
+            # (..., M, 1), of A's rank (int8_linear's per-token scales); a 1-D A's one row
+            # takes a (1,)
             tensor = tensor[..., 0]
         if broadcast_shapes(tuple(tensor.shape), target) != target:
             column = " or, of A's rank, (..., M, 1)" if _letters(dims[name]) == ("M",) else ""
