@@ -290,11 +290,18 @@ def helpers(expr: Expr) -> set[str]:
     return {FUNCTIONS[name][1] for name in called if not FUNCTIONS[name][1].startswith("tl.")}
 
 
-def emit(expr: Expr | ast.expr, names: Mapping[str, str], integers: bool = False) -> str:
+# an integer literal where the math may be an integer type: of the math's type (COMPUTE)
+TYPED_INT = "tl.full([], {}, COMPUTE)"
+
+
+def emit(expr: Expr | ast.expr, names: Mapping[str, str], integers: bool = False,
+         typed_ints: bool = False) -> str:
     """Triton source for ``expr``; ``names`` maps spec names to the kernel's variable names.
-    ``integers``: integer literals stay integers (index arithmetic, as an attention mask's)."""
+    ``integers``: integer literals stay integers (index arithmetic, as an attention mask's);
+    ``typed_ints``: they take the math's type (``TYPED_INT``; a kernel whose math may be an
+    integer type), else they are written as floats."""
     tree = expr.tree if isinstance(expr, Expr) else expr
-    tree = _Emitter(names, integers).visit(_copy(tree))
+    tree = _Emitter(names, integers, typed_ints).visit(_copy(tree))
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
@@ -303,9 +310,11 @@ def _copy(tree: ast.expr) -> ast.expr:
 
 
 class _Emitter(ast.NodeTransformer):
-    def __init__(self, names: Mapping[str, str], integers: bool = False):
+    def __init__(self, names: Mapping[str, str], integers: bool = False,
+                 typed_ints: bool = False):
         self.names = names
         self.integers = integers
+        self.typed_ints = typed_ints
 
     def visit_Name(self, node: ast.Name) -> ast.expr:
         return ast.Name(self.names.get(node.id, node.id), ast.Load())
@@ -339,10 +348,13 @@ class _Emitter(ast.NodeTransformer):
         return result
 
     def visit_Constant(self, node: ast.Constant) -> ast.expr:
-        # all math is float32: an integer literal left as it is would make Triton compute in
-        # int32 (where(x > 0, 1, 0) is an int32 tensor, stored as its bits into a bfloat16
-        # output; 100000 * 100000 wraps)
+        # an integer literal left as it is would make Triton compute in int32 (where(x > 0, 1,
+        # 0) is an int32 tensor, stored as its bits into a bfloat16 output; 100000 * 100000
+        # wraps): a float where all math is, else the math's type, as torch takes x * 4 of an
+        # int64 x in int64
         if type(node.value) is int and not self.integers:
+            if self.typed_ints:
+                return ast.parse(TYPED_INT.format(node.value), mode="eval").body
             return ast.Constant(float(node.value))
         return node
 

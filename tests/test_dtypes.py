@@ -239,6 +239,57 @@ def test_a_cast_and_a_scalar_given_as_an_int_promote_as_torch(authored):
         assert torch.equal(got, want.to(got.dtype)), (alpha, got)
 
 
+INTEGER_LITERALS = """
+[op]
+name = "test_times_four_plus_k"
+family = "pointwise"
+reference = "x * 4 + y * k"
+dtypes = ["float32", "int32", "int64"]
+
+[args]
+x = "tensor"
+y = "tensor"
+k = { kind = "int", default = 3 }
+
+[compute]
+out = "x * 4 + y * k"
+"""
+
+INTEGER_MAP = """
+[op]
+name = "test_sum_of_doubles"
+family = "reduce"
+reference = "torch.sum(x * 2, dim=dim, keepdim=keepdim)"
+dtypes = ["float32", "int32", "int64"]
+
+[args]
+x = "tensor"
+
+[reduce]
+combine = "sum"
+map = "x * 2"
+"""
+
+
+def test_integer_literals_and_int_arguments_take_an_integer_maths_type(authored):
+    """In an op that lists integer dtypes, ``4`` and an int argument ``k`` compute in the data's
+    integer type, as torch's: exact past 2**24 in int64, wrapping in int32 (they were floats,
+    which lost int64's low bits and saturated int32's overflow); float data stays in floats."""
+    device = testing.device()
+    op = authored(INTEGER_LITERALS).test_times_four_plus_k
+    big = torch.tensor([2**40 + 1, -(2**41) - 3, 7], device=device)
+    wide = torch.tensor([2**30, 5, -2**30], dtype=torch.int32, device=device)
+    fractions = torch.tensor([1.5, -0.25, 3.0], device=device)
+    for x, y, k in ((big, big, 3), (wide, wide, 2), (fractions, fractions, 3), (big, big, 2**33)):
+        got, want = op(x, y, k), x * 4 + y * k
+        assert got.dtype == want.dtype and torch.equal(got, want), (x, k, got, want)
+    total = authored(INTEGER_MAP).test_sum_of_doubles
+    # (an int32 x's map runs in the int64 sum's type: doubles that stay in int32's range)
+    for x in (big, wide // 2, fractions):
+        got, want = total(x, 0), torch.sum(x * 2, dim=0)
+        assert got.dtype == want.dtype and torch.equal(got, want), (x, got, want)
+
+
 def test_an_output_a_later_one_reads_is_read_in_the_result_dtype(authored):
     """``z = sqrt(y)`` reads ``y`` as torch reads the float16 tensor ``a + b``, whose int32 ``b``
     is converted where it meets ``a`` although ``y`` is read under a function."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from specgen import kernel_lib, reduce_lib
 from specgen.errors import Where
 from specgen.families.contract import PUBLIC_FUNCTION_NAMES
+from specgen.model import INTEGER_DTYPES
 from specgen.expr import FUNCTIONS, Symbol
 from specgen.model import ChoiceArg, OpSpec, TensorArg
 from specgen.table import Table, parse_list
@@ -168,6 +169,11 @@ def tile_pairs(table: Table, key: str, default: tuple[tuple[int, int], ...],
     return tuple(tiles)
 
 
+def integer_math(dtypes: Sequence[str]) -> bool:
+    """Whether kernels of an op taking ``dtypes`` may compute in an integer type."""
+    return any(d in INTEGER_DTYPES for d in dtypes)
+
+
 @dataclass(frozen=True)
 class ArgPlan:
     name: str
@@ -278,11 +284,29 @@ class CommonPlan:
         return tuple(a.name for a in self.args if a.kind == "int")
 
     @property
+    def integer_math(self) -> bool:
+        """Whether the kernels may compute in an integer type (the spec lists one: pointwise,
+        reduce). Their integer literals and int arguments then take the math's type, COMPUTE,
+        as torch computes ``x * 4 + k`` of an int64 ``x`` in int64 (exact, wrapping), and of a
+        float ``x`` in floats."""
+        return integer_math(self.dtypes)
+
+    @property
+    def float_ints(self) -> tuple[str, ...]:
+        """The int arguments the kernels compute with in floats (their int32 products would
+        overflow, k ** 3 at k = 2000): all of them, where the math is never an integer type."""
+        return () if self.integer_math else self.value_ints
+
+    @property
+    def typed_ints(self) -> tuple[str, ...]:
+        """The int arguments the kernels take to the math's type (``integer_math``)."""
+        return self.value_ints if self.integer_math else ()
+
+    @property
     def float_args(self) -> tuple[str, ...]:
         """The scalar arguments kernels take to the math's type first (the templates'
-        ``float_scalars``): the float ones, and the ints they compute with, whose int32 math
-        would overflow (k ** 3 at k = 2000)."""
-        return tuple(a.name for a in self.args if a.kind == "float" or a.name in self.value_ints)
+        ``float_scalars``): the float ones, and ``float_ints``."""
+        return tuple(a.name for a in self.args if a.kind == "float" or a.name in self.float_ints)
 
     @property
     def float64_math(self) -> bool:

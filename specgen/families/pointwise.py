@@ -16,8 +16,9 @@ import torch
 from specgen import promotion
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
-from specgen.families.common import (CommonPlan, check_name, common_plan, power_of_two_list,
-                                     symbols_of, tile_pairs, unread, warps_list)
+from specgen.families.common import (CommonPlan, check_name, common_plan, integer_math,
+                                     power_of_two_list, symbols_of, tile_pairs, unread,
+                                     warps_list)
 from specgen.model import OpSpec, Output, TensorArg
 from specgen.table import Table, check_type
 
@@ -174,7 +175,8 @@ def plan(spec: OpSpec) -> PointwisePlan:
     for i, o in enumerate(body.outputs):
         tree, sites = promotion.wrap_sites(o.expr.tree, tensors, sites)
         read_later = any(o.name in later.expr.names for later in body.outputs[i + 1:])
-        outputs.append(OutputTensor(o.name, emit(tree, names), ast.unparse(o.expr.tree), read_later))
+        code = emit(tree, names, typed_ints=integer_math(spec.dtypes))
+        outputs.append(OutputTensor(o.name, code, ast.unparse(o.expr.tree), read_later))
         if body.derived_from is None:
             tensors.add(o.name)
     dense = tuple({"BLOCK": b, "num_warps": w} for b, w in itertools.product(body.blocks, body.num_warps))

@@ -18,8 +18,8 @@ import torch
 
 from specgen.expr import Symbol, emit, helpers, parse_expr
 from specgen.families.contract import Family
-from specgen.families.common import (ArgPlan, CommonPlan, common_plan, scalar_args, symbols_of,
-                                     tile_pairs, unread, warps_list)
+from specgen.families.common import (ArgPlan, CommonPlan, common_plan, integer_math, scalar_args,
+                                     symbols_of, tile_pairs, unread, warps_list)
 from specgen.model import OpSpec, ScalarArg, TensorArg
 from specgen.reduce_lib import HELPERS
 from specgen.table import Table
@@ -237,10 +237,12 @@ def plan(spec: OpSpec) -> ReducePlan:
     x = spec.tensors[0].name
     identity, kind = COMBINES[body.combine]
     index = kind == "index"
-    map_code = emit(body.map_expr, {x: "x"}) if body.map_expr is not None else ""
+    map_code = (emit(body.map_expr, {x: "x"}, typed_ints=integer_math(spec.dtypes))
+                if body.map_expr is not None else "")
     if map_code == "x":
         map_code = ""
-    finish_code = (emit(body.finish_expr, {"acc": "result", "N": "n_float"})
+    finish_code = (emit(body.finish_expr, {"acc": "result", "N": "n_float"},
+                        typed_ints=integer_math(spec.dtypes))
                    if body.finish_expr is not None else "")
     reads_count = body.finish_expr is not None and "N" in body.finish_expr.names
     warps = body.num_warps
