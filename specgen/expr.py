@@ -290,16 +290,17 @@ def helpers(expr: Expr) -> set[str]:
     return {FUNCTIONS[name][1] for name in called if not FUNCTIONS[name][1].startswith("tl.")}
 
 
-# an integer literal where the math may be an integer type: of the math's type (COMPUTE)
-TYPED_INT = "tl.full([], {}, COMPUTE)"
+# an integer literal where the math may be an integer type: of the type a kernel sets for them
+# (INT_MATH: int64 for integer data, the math's type for float data; templates/_macros.py.jinja)
+TYPED_INT = "tl.full([], {}, INT_MATH)"
 
 
 def emit(expr: Expr | ast.expr, names: Mapping[str, str], integers: bool = False,
          typed_ints: bool = False) -> str:
     """Triton source for ``expr``; ``names`` maps spec names to the kernel's variable names.
     ``integers``: integer literals stay integers (index arithmetic, as an attention mask's);
-    ``typed_ints``: they take the math's type (``TYPED_INT``; a kernel whose math may be an
-    integer type), else they are written as floats."""
+    ``typed_ints``: they take ``TYPED_INT``'s type (a kernel whose math may be an integer type),
+    else they are written as floats."""
     tree = expr.tree if isinstance(expr, Expr) else expr
     tree = _Emitter(names, integers, typed_ints).visit(_copy(tree))
     return ast.unparse(ast.fix_missing_locations(tree))
@@ -332,7 +333,7 @@ class _Emitter(ast.NodeTransformer):
         base = self.visit(node.left)
         exponent = _int_constant(node.right)
         if exponent == 0:
-            return ast.Constant(1.0)
+            return self.visit(ast.Constant(1))
         product = base
         for _ in range(abs(exponent) - 1):
             product = ast.BinOp(product, ast.Mult(), base)
@@ -350,7 +351,7 @@ class _Emitter(ast.NodeTransformer):
     def visit_Constant(self, node: ast.Constant) -> ast.expr:
         # an integer literal left as it is would make Triton compute in int32 (where(x > 0, 1,
         # 0) is an int32 tensor, stored as its bits into a bfloat16 output; 100000 * 100000
-        # wraps): a float where all math is, else the math's type, as torch takes x * 4 of an
+        # wraps): a float where all math is, else TYPED_INT's type, as torch takes x * 4 of an
         # int64 x in int64
         if type(node.value) is int and not self.integers:
             if self.typed_ints:

@@ -75,9 +75,6 @@ MASKS = [
     "j * j <= i", "not (j <= i and j > i - window)", "window > 3 and j <= i",
     "j <= i / 2 + 0.5", "9 * j <= i - 6", "3 * j < i - 8", "j > i - abs(window)",
     "j <= i + 2 ** -1", "j - j + i < 3",
-    # terms past float32's 2**24: the fractional bound (i + 41) / 2 is computed in float64 (in
-    # float32 500000020.5 rounds to 500000032, and `all` took hidden keys)
-    "2 * j <= i + 1000000041 - 1000000000",
 ]
 
 
@@ -113,6 +110,36 @@ def test_key_bounds_hold_key_by_key(source):
                 assert any_lo <= j < any_hi, (source, window, first, last, j)
             if all_lo <= j < all_hi:
                 assert all(seen), (source, window, first, last, j)
+
+
+FAR_CONSTANT_MASK = """
+[op]
+name = "test_far_constant_mask"
+family = "attention"
+reference = "F.scaled_dot_product_attention(query, key, value, attn_mask=2 * torch.arange(key.shape[-2], device=query.device) <= torch.arange(query.shape[-2], device=query.device)[:, None] + 41)"
+autocast = "lower"
+
+[args]
+query = { kind = "tensor", dims = ["...", "H", "L", "E"] }
+key = { kind = "tensor", dims = ["...", "Hkv", "S", "E"] }
+value = { kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }
+
+[attention]
+mask = "2 * j <= i + 1000000041 - 1000000000"
+"""
+
+
+def test_a_fractional_bound_with_terms_past_float32s_range(authored):
+    # the bound (i + 41) / 2 is computed in float64 in the kernel: in float32 its terms
+    # (500000020.5) round to 500000032, and the blocks taken as wholly visible held keys the
+    # mask hides, which then took part unmasked
+    op = authored(FAR_CONSTANT_MASK).test_far_constant_mask
+    q, k, v = _randn64((1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 64, 8), seed=21)
+    with override(config=SMALL_TILES):
+        out = op(q.float(), k.float(), v.float())
+    visible = 2 * torch.arange(64, device=q.device) <= torch.arange(64, device=q.device)[:, None] + 41
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_causal_bounds_read_as_written():

@@ -243,7 +243,7 @@ INTEGER_LITERALS = """
 [op]
 name = "test_times_four_plus_k"
 family = "pointwise"
-reference = "x * 4 + y * k"
+reference = "x * 4 + y * k + x ** 0"
 dtypes = ["float32", "int32", "int64"]
 
 [args]
@@ -252,7 +252,39 @@ y = "tensor"
 k = { kind = "int", default = 3 }
 
 [compute]
-out = "x * 4 + y * k"
+out = "x * 4 + y * k + x ** 0"
+"""
+
+BOOL_COMPARISONS = """
+[op]
+name = "test_where_above"
+family = "pointwise"
+reference = "torch.where(x > -1, torch.where(x > k, x, y), y)"
+dtypes = ["bool", "int8", "float32"]
+
+[args]
+x = "tensor"
+y = "tensor"
+k = { kind = "int", default = 0 }
+
+[compute]
+out = "where(x > -1, where(x > k, x, y), y)"
+"""
+
+SCALED_MAXIMUM = """
+[op]
+name = "test_scaled_maximum"
+family = "reduce"
+reference = "torch.amax(x * k, dim=dim, keepdim=keepdim)"
+dtypes = ["float32", "int8", "int32"]
+
+[args]
+x = "tensor"
+k = { kind = "int", default = 2 }
+
+[reduce]
+combine = "max"
+map = "x * k"
 """
 
 INTEGER_MAP = """
@@ -281,7 +313,21 @@ def test_integer_literals_and_int_arguments_take_an_integer_maths_type(authored)
     wide = torch.tensor([2**30, 5, -2**30], dtype=torch.int32, device=device)
     fractions = torch.tensor([1.5, -0.25, 3.0], device=device)
     for x, y, k in ((big, big, 3), (wide, wide, 2), (fractions, fractions, 3), (big, big, 2**33)):
-        got, want = op(x, y, k), x * 4 + y * k
+        got, want = op(x, y, k), x * 4 + y * k + x ** 0
+        assert got.dtype == want.dtype and torch.equal(got, want), (x, k, got, want)
+    # bools compare with -1 and 256 as torch's (in int64: as uint8 they read 255 and 0)
+    above = authored(BOOL_COMPARISONS).test_where_above
+    flags = torch.tensor([True, False, True], device=device)
+    for x, y, k in ((flags, ~flags, -1), (flags, ~flags, 256), (flags, flags, 0),
+                    (torch.tensor([100, -7, 3], dtype=torch.int8, device=device), flags, 2)):
+        got = above(x, y, k)
+        want = torch.where(x > -1, torch.where(x > k, x, y), y)
+        assert got.dtype == want.dtype and torch.equal(got, want), (x, k, got, want)
+    # an int8 map wraps as torch's (100 * 2 is -56) and the int8 maximum is carried as int8
+    scaled = authored(SCALED_MAXIMUM).test_scaled_maximum
+    for x, k in ((torch.tensor([100, 10], dtype=torch.int8, device=device), 2),
+                 (wide, 3), (fractions, 2)):
+        got, want = scaled(x, 0, False, k), torch.amax(x * k, dim=0)
         assert got.dtype == want.dtype and torch.equal(got, want), (x, k, got, want)
     total = authored(INTEGER_MAP).test_sum_of_doubles
     # (an int32 x's map runs in the int64 sum's type: doubles that stay in int32's range)

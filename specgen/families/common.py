@@ -286,10 +286,22 @@ class CommonPlan:
     @property
     def integer_math(self) -> bool:
         """Whether the kernels may compute in an integer type (the spec lists one: pointwise,
-        reduce). Their integer literals and int arguments then take the math's type, COMPUTE,
-        as torch computes ``x * 4 + k`` of an int64 ``x`` in int64 (exact, wrapping), and of a
-        float ``x`` in floats."""
+        reduce). Their integer literals and int arguments then take INT_MATH (the templates'
+        ``int_math``): int64 for integer data, as torch computes ``x * 4 + k`` of an int64
+        ``x`` exactly and of a bool one in int64 (an output of fewer bits wraps as torch's),
+        and the math's type for float data."""
         return integer_math(self.dtypes)
+
+    @property
+    def uses_int_math(self) -> bool:
+        """Whether the kernels read INT_MATH: their int arguments, or an integer literal in a
+        spec expression (``expression_codes``)."""
+        return bool(self.typed_ints) or any("INT_MATH" in code for code in self.expression_codes)
+
+    @property
+    def expression_codes(self) -> tuple[str, ...]:
+        """The emitted code of the spec's expressions (a family with them says so)."""
+        return ()
 
     @property
     def float_ints(self) -> tuple[str, ...]:
@@ -299,7 +311,7 @@ class CommonPlan:
 
     @property
     def typed_ints(self) -> tuple[str, ...]:
-        """The int arguments the kernels take to the math's type (``integer_math``)."""
+        """The int arguments the kernels take to INT_MATH (``integer_math``)."""
         return self.value_ints if self.integer_math else ()
 
     @property

@@ -163,6 +163,10 @@ class PointwisePlan(CommonPlan):
     def tensor_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)
 
+    @property
+    def expression_codes(self) -> tuple[str, ...]:
+        return tuple(o.code for o in self.outputs)
+
 
 def plan(spec: OpSpec) -> PointwisePlan:
     body: PointwiseBody = spec.body

@@ -231,6 +231,16 @@ class ReducePlan(CommonPlan):
         dtype method that gives an integer one's."""
         return EXTREMES.get(self.combine.removeprefix("arg"))
 
+    @property
+    def expression_codes(self) -> tuple[str, ...]:
+        return (self.map_code, self.finish_code)
+
+    @property
+    def map_value(self) -> str:
+        """The map's code, taken back to the accumulator's type where INT_MATH may widen it
+        (int64 beside an int8 accumulator, which the loop must carry in its own type)."""
+        return f"({self.map_code}).to(COMPUTE)" if self.uses_int_math else self.map_code
+
 
 def plan(spec: OpSpec) -> ReducePlan:
     body: ReduceBody = spec.body
