@@ -52,9 +52,12 @@ def build(paths: tuple[Path, ...], out_dir: Path, check: bool, force: bool) -> N
             for change in changes:
                 click.echo(f"stale: {builder.describe(change, base).strip()}", err=True)
             flag = " --force" if any(change.by_hand for change in changes) else ""
+            # the command that brings it up to date: this one's paths and package, no --check
+            given = "".join(f" {p}" for p in paths) + (
+                "" if out_dir == DEFAULT_OUT else f" --out {out_dir}")
             raise click.ClickException(
                 f"{out_dir}/ is out of date with the specs ({len(changes)} file(s) would change); "
-                f"run `specgen build{flag}` and commit the result")
+                f"run `specgen build{given}{flag}` and commit the result")
         click.echo(f"{out_dir}/ is up to date")
         return
     if not force:
@@ -120,7 +123,9 @@ def new(name: str, family: str, spec_dir: Path) -> None:
     builder.refuse_clashes([spec, *spec.derived], None)
     spec_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {path}; edit it, then run `specgen build`")
+    build = ("specgen build" if spec_dir == DEFAULT_SPECS
+             else f"specgen build {spec_dir} --out YOUR_PACKAGE")
+    click.echo(f"wrote {path}; edit it, then run `{build}`")
 
 
 @main.command("bench")

@@ -112,8 +112,14 @@ def test_check_tells_stale_from_hand_edited(project):
     assert code == 1
     assert "changed  generated/relu.py (edited by hand)" in output
     assert "changed  generated/add.py\n" in output
-    assert "out of date" in output and "run `specgen build --force`" in output
+    # the command to run: this one's paths (and package), without --check
+    assert "out of date" in output and "run `specgen build specs --force`" in output
     assert "# a hand edit" in relu.read_text(), "--check must write nothing"
+    code, output = run("build", "specs/add.toml", "--out", "mine")
+    assert code == 0, output
+    spec.write_text(spec.read_text().replace('doc = "sum x + y', 'doc = "the sum x + y'))
+    code, output = run("build", "specs/add.toml", "--out", "mine", "--check")
+    assert code == 1 and "run `specgen build specs/add.toml --out mine` and commit" in output
 
 
 def test_a_hand_edit_is_discarded_only_when_forced(project):
@@ -325,8 +331,11 @@ def test_list_and_show(project):
 
 def test_new_scaffold_builds(project):
     code, output = run("new", "my_op", "--family", "pointwise")
-    assert code == 0
+    assert code == 0 and "edit it, then run `specgen build`" in output
     assert run("new", "my_op", "--family", "pointwise")[0] == 1, "must not overwrite"
+    # a spec of one's own folder builds into one's own package
+    code, output = run("new", "other_op", "--family", "pointwise", "--specs", "my_specs")
+    assert code == 0 and "then run `specgen build my_specs --out YOUR_PACKAGE`" in output
     code, output = run("build", "specs")
     assert code == 0 and "added  generated/my_op.py" in output
     compile((project / "generated" / "my_op.py").read_text(), "my_op.py", "exec")
