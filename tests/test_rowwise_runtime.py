@@ -139,10 +139,15 @@ def test_kernels_loop_over_rows_only_on_a_capped_grid(strategy):
         torch.testing.assert_close(out, torch.log_softmax(x, -1))
 
 
+def _space(x, reduced, *elements):
+    """The planner's (rows, N) view of ``x`` and its element-wise operands."""
+    return rowwise.space_of("op", tuple(x.shape), reduced, [t.stride() for t in elements], [], [])
+
+
 def test_strided_rows_are_told_from_rows_along_the_fast_dim():
     def kept(x, reduced):
         out = torch.empty(x.shape, device=device())
-        space = rowwise.row_space("op", x, reduced, [out, x], [], [])
+        space = _space(x, reduced, out, x)
         return rowwise.kept_layout(space, 1)
     x = randn(40, 48)
     assert kept(x, (0,)) and not kept(x, (1,))
@@ -356,16 +361,16 @@ def test_edge_cases_match_torch():
 def test_row_space_collapses_and_splits_dims():
     x = randn(6, 4, 5).permute(2, 1, 0)             # (5, 4, 6), strides (1, 5, 20)
     out = torch.empty(x.shape, device=device())
-    space = rowwise.row_space("op", x, (1, 2), [out, x], [], [])
+    space = _space(x, (1, 2), out, x)
     assert (space.rows, space.n) == (5, 24)
     # (4, 6) is one dense block in each tensor, but in opposite orders: two reduced dims,
     # fastest (in the output) first
     assert space.col_dims == 2 and space.row_dims == 1
     assert space.elem_cols == ((1, 6, 0), (20, 5, 0))
     merged = randn(4, 6, 5).permute(2, 0, 1)        # strides (1, 30, 5): (4, 6) merges
-    assert rowwise.row_space("op", merged, (1, 2), [out, merged], [], []).col_dims == 1
+    assert _space(merged, (1, 2), out, merged).col_dims == 1
     dense = randn(2, 3, 4, 5)
-    space = rowwise.row_space("op", dense, (3,), [dense], [], [])
+    space = _space(dense, (3,), dense)
     assert (space.rows, space.row_dims, space.col_dims) == (24, 1, 1)
 
 
@@ -375,7 +380,7 @@ def test_four_row_dims_that_do_not_merge(strategy):
     # ROW_RANK of them (the property suite's shapes leave at most three)
     x = randn(6, 4, 8, 6, 9)[::2, ::2, ::2, ::2]    # (3, 2, 4, 3, 9)
     out = torch.empty(x.shape, device=device())
-    space = rowwise.row_space("op", x, (4,), [out, x], [], [])
+    space = _space(x, (4,), out, x)
     assert space.row_dims == rowwise.ROW_RANK == 4
     with runtime.override(strategy=strategy, config=0):
         got = generated.softmax(x, -1)

@@ -327,19 +327,11 @@ def _collapsed(op: str, sizes: tuple[int, ...], strides: tuple[tuple[int, ...], 
     return used, out_sizes, out_strides
 
 
-def row_space(op: str, x: torch.Tensor, reduced: tuple[int, ...],
-              elements: Sequence[torch.Tensor], along: Sequence[torch.Tensor | None],
-              row_outputs: Sequence[torch.Tensor]) -> RowSpace:
-    """The (rows, N) view of ``x`` and its operands; ``elements`` have x's shape."""
-    return space_of(op, tuple(x.shape), reduced, [t.stride() for t in elements],
-                    [None if t is None else t.stride() for t in along],
-                    [t.stride() for t in row_outputs])
-
-
 def space_of(op: str, shape: tuple[int, ...], reduced: tuple[int, ...],
              elements: Sequence[tuple[int, ...]], along: Sequence[tuple[int, ...] | None],
              row_outputs: Sequence[tuple[int, ...]]) -> RowSpace:
-    """``row_space`` from x's shape and each tensor's strides (None: an omitted along tensor)."""
+    """The (rows, N) view of an x of ``shape`` and its operands, from each tensor's strides:
+    ``elements`` have x's shape, ``along`` the reduced one (None: an omitted tensor)."""
     row_d = [d for d in range(len(shape)) if d not in reduced]
     row_sizes = tuple(shape[d] for d in row_d)
     col_sizes = tuple(shape[d] for d in reduced)
