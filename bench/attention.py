@@ -244,6 +244,11 @@ VARIANT_CALLS: dict[str, Callable] = {
 }
 
 
+def _visible_share(name: str, length: int) -> float:
+    """The share of a variant's score matrix its queries see: causal half, or the window's."""
+    return min(WINDOW / length, 1.0) if name.startswith("sliding") else 0.5
+
+
 def _variants(g) -> list[list[str]]:
     batch, heads, length, dim = VARIANT_SHAPE
     q, k, v = (torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE)
@@ -263,13 +268,11 @@ def _variants(g) -> list[list[str]]:
     def window_mask(b, h, i, j):
         return (j <= i) & (j > i - WINDOW)
 
-    cases = [
-        ("softcap_attention causal", _flex(softcap_mod, causal_mask, length), 0.5),
-        ("alibi_attention causal", _flex(alibi_mod, causal_mask, length), 0.5),
-        (f"sliding_window_attention {WINDOW}", _flex(None, window_mask, length), WINDOW / length),
-    ]
-    for name, flex, fraction in cases:
-        flops = 4 * batch * heads * length * length * dim * fraction
+    flexes = {"softcap_attention causal": _flex(softcap_mod, causal_mask, length),
+              "alibi_attention causal": _flex(alibi_mod, causal_mask, length),
+              f"sliding_window_attention {WINDOW}": _flex(None, window_mask, length)}
+    for name, flex in flexes.items():
+        flops = 4 * batch * heads * length * length * dim * _visible_share(name, length)
         times = {"specgen": _time(lambda: VARIANT_CALLS[name](g, q, k, v, slopes)),
                  "flex": _time(lambda: flex(q, k, v))}
         cells = [f"{name} B{batch} H{heads} S{length} E{dim}", _cell(times["specgen"], flops),
@@ -359,7 +362,7 @@ def tune_cases(quick: bool) -> list[harness.Case]:
         return lambda q, k, v, slopes: VARIANT_CALLS[name](module(), q, k, v, slopes)
 
     for name in VARIANT_CALLS:
-        share = min(WINDOW / length, 1.0) if name.startswith("sliding") else 0.5
+        share = _visible_share(name, length)
         cases.append(harness.Case(
             family="attention", op=name, shape=f"B{batch} H{heads} S{length} E{dim}",
             dtype=DTYPE, make_inputs=variant_inputs,
