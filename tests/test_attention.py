@@ -112,28 +112,16 @@ def test_key_bounds_hold_key_by_key(source):
                 assert all(seen), (source, window, first, last, j)
 
 
-FAR_CONSTANT_MASK = """
-[op]
-name = "test_far_constant_mask"
-family = "attention"
-reference = "F.scaled_dot_product_attention(query, key, value, attn_mask=2 * torch.arange(key.shape[-2], device=query.device) <= torch.arange(query.shape[-2], device=query.device)[:, None] + 41)"
-autocast = "lower"
-
-[args]
-query = { kind = "tensor", dims = ["...", "H", "L", "E"] }
-key = { kind = "tensor", dims = ["...", "Hkv", "S", "E"] }
-value = { kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }
-
-[attention]
-mask = "2 * j <= i + 1000000041 - 1000000000"
-"""
-
-
 def test_a_fractional_bound_with_terms_past_float32s_range(authored):
     # the bound (i + 41) / 2 is computed in float64 in the kernel: in float32 its terms
     # (500000020.5) round to 500000032, and the blocks taken as wholly visible held keys the
     # mask hides, which then took part unmasked
-    op = authored(FAR_CONSTANT_MASK).test_far_constant_mask
+    text = _spec_text(
+        'mask = "2 * j <= i + 1000000041 - 1000000000"', name="test_far_constant_mask",
+        reference="F.scaled_dot_product_attention(query, key, value, attn_mask=2 * torch.arange("
+                  "key.shape[-2], device=query.device) <= torch.arange(query.shape[-2], "
+                  "device=query.device)[:, None] + 41)")
+    op = authored(text).test_far_constant_mask
     q, k, v = _randn64((1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 64, 8), seed=21)
     with override(config=SMALL_TILES):
         out = op(q.float(), k.float(), v.float())
@@ -312,11 +300,13 @@ def test_heads_that_do_not_group_name_enable_gqa():
         generated.scaled_dot_product_attention(q, k, v)
 
 
-def _spec(attention: str, extra_args: str = "",
-          reference: str = "F.scaled_dot_product_attention(query, key, value)") -> object:
-    text = f'''
+def _spec_text(attention: str, extra_args: str = "",
+               reference: str = "F.scaled_dot_product_attention(query, key, value)",
+               name: str = "variant") -> str:
+    """An attention spec of query, key and value, ``extra_args`` and the ``[attention]`` table."""
+    return f'''
 [op]
-name = "variant"
+name = "{name}"
 family = "attention"
 reference = "{reference}"
 
@@ -329,6 +319,11 @@ value = {{ kind = "tensor", dims = ["...", "Hkv", "S", "Ev"] }}
 [attention]
 {attention}
 '''
+
+
+def _spec(attention: str, extra_args: str = "",
+          reference: str = "F.scaled_dot_product_attention(query, key, value)") -> object:
+    text = _spec_text(attention, extra_args, reference)
     return parse_spec(text, Source("specs/variant.toml", "0" * 64, text))
 
 
