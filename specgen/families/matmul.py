@@ -110,19 +110,23 @@ PRODUCT_DEFAULTS = {"BLOCK_M": (128,), "BLOCK_N": (256, 128), "BLOCK_K": (64,), 
                     "num_warps": (8,), "num_stages": (3,)}
 DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
 # the GEMV kernel's space (a quantized weight at M = 1); a plan leads it with the config that
-# reads 8 KiB of B a program and K step (MatmulPlan.gemv_configs), which the heuristic runs
-# untuned. Timed on an H200 at 1 x 4096^2 and 1 x 8192^2 (tools/perf/probe_int4_gemv.py
-# --product, docs/performance.md): int4 fastest at 8 x 2048 on 4 warps (9.0 and 27.0 us), int8
-# at 4 x 2048 on 4 warps (8.9 and 25.0 us; 16 x 4096 on 8 warps, the last config here, 24.5 at
-# 8192^2 and 10.0 at 4096^2)
+# reads 8 KiB of B a program and K step in 3 stages (MatmulPlan.gemv_configs), which the
+# heuristic runs untuned. Timed on an H200 (a probe of the kernel's int8 form, do_bench with its
+# flush, docs/performance.md item 001m): 16 x 512 on 4 warps in 3 stages 11.1 us at 1 x 4096^2
+# and 27.1 at 1 x 8192^2, against 12.2 and 31.7 for the kernel's one-stage form at its tuned
+# 4 x 2048 (8 x 1024 in 3 stages 11.1 and 28.0); the unpipelined long blocks stay in the space
+# for the 4-bit form, whose group sums each step were not probed pipelined
 GEMV_CONFIGS = (
-    {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 4},
-    {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 4},
-    {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 8},
-    {"BLOCK_N": 8, "BLOCK_K": 4096, "num_warps": 4},
-    {"BLOCK_N": 4, "BLOCK_K": 4096, "num_warps": 4},
-    {"BLOCK_N": 16, "BLOCK_K": 1024, "num_warps": 4},
-    {"BLOCK_N": 16, "BLOCK_K": 4096, "num_warps": 8},
+    {"BLOCK_N": 16, "BLOCK_K": 512, "STAGES": 3, "num_warps": 4},
+    {"BLOCK_N": 8, "BLOCK_K": 512, "STAGES": 3, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 512, "STAGES": 4, "num_warps": 4},
+    {"BLOCK_N": 8, "BLOCK_K": 1024, "STAGES": 3, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 1024, "STAGES": 3, "num_warps": 4},
+    {"BLOCK_N": 32, "BLOCK_K": 512, "STAGES": 3, "num_warps": 4},
+    {"BLOCK_N": 8, "BLOCK_K": 2048, "STAGES": 1, "num_warps": 4},
+    {"BLOCK_N": 8, "BLOCK_K": 4096, "STAGES": 1, "num_warps": 4},
+    {"BLOCK_N": 4, "BLOCK_K": 2048, "STAGES": 1, "num_warps": 4},
+    {"BLOCK_N": 16, "BLOCK_K": 4096, "STAGES": 1, "num_warps": 8},
 )
 # tl.dot needs every block dimension to be at least 16 (runtime/matmul.py's MIN_DOT_BLOCK, which
 # clamps block sizes at launch; tests/test_matmul.py checks that they agree)
@@ -597,11 +601,11 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
 
     @property
     def gemv_configs(self) -> tuple[dict, ...]:
-        """GEMV_CONFIGS, led by the one that reads 8 KiB of B a program and step (the fastest
-        with 4-bit and with 8-bit weights on an H200)."""
+        """GEMV_CONFIGS, led by the one that reads 8 KiB of B a program and step in 3 stages
+        (the fastest with 8-bit weights on an H200)."""
         if not self.gemv:
             return ()
-        lead = {"BLOCK_N": 4 * self.dequant.packed, "BLOCK_K": 2048, "num_warps": 4}
+        lead = {"BLOCK_N": 16, "BLOCK_K": 512 * self.dequant.packed, "STAGES": 3, "num_warps": 4}
         return (lead,) + tuple(c for c in GEMV_CONFIGS if c != lead)
 
     @property
