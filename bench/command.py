@@ -80,11 +80,19 @@ def select(only: tuple[str, ...] = (), ops: tuple[str, ...] = (), quick: bool = 
         if rows:
             cases[name] = rows
     sections = tuple(name for name in names if name in SECTIONS
-                     and (not ops or name in only or any(op_families[op] == name for op in ops)))
+                     and (not ops or name in only or _section_times(name, ops, op_families)))
     if ops and not cases and not sections:
         raise ValueError(f"no benchmark case times {', '.join(ops)}"
                          + (f" in {', '.join(only)}" if only else ""))
     return Selection(cases, sections)
+
+
+def _section_times(name: str, ops: tuple[str, ...], op_families: dict[str, str]) -> bool:
+    """Whether section ``name`` times one of ``ops``: an op of the family it is named after, or
+    an op of its tuning cases (the quantized section's ops are the matmul family's)."""
+    if any(op_families[op] == name for op in ops):
+        return True
+    return name in TUNE_CASES and any(case_op(case) in ops for case in TUNE_CASES[name](True))
 
 
 # families whose every tensor argument is a floating tensor: `--shapes NAME=SHAPE,...` draws them

@@ -25,6 +25,12 @@ def test_ops_narrow_the_rows_and_pick_their_families_sections():
     assert command.select(ops=("scaled_dot_product_attention",),
                           op_families=FAMILIES).names == ("attention",)
     assert "host" in command.select(("host", "rowwise"), ("softmax",), op_families=FAMILIES).names
+    # a section whose ops are another family's: the quantized ops are the matmul family's
+    quantized = command.select(ops=("int8_weight_linear",),
+                               op_families={**FAMILIES, "int8_weight_linear": "matmul"})
+    assert quantized.names == ("quantized",)
+    assert {command.case_op(c) for c in command.tune_cases(quantized, ("int8_weight_linear",))} \
+        == {"int8_weight_linear"}
     whole = command.select(op_families=FAMILIES)
     assert set(whole.names) == {*command.FAMILIES, *command.SECTIONS}
     assert all(cases for cases in whole.cases.values())
