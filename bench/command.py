@@ -58,8 +58,9 @@ def select(only: tuple[str, ...] = (), ops: tuple[str, ...] = (), quick: bool = 
            op_families: dict[str, str] | None = None) -> Selection:
     """The run's rows: every family's (or ``only``'s), narrowed to ``ops`` where given. A section
     runs whole: named by ``only``, or holding one of ``ops`` (its family is the op's,
-    ``op_families``: op -> family, the generated registry's by default). ValueError names what
-    is unknown and what is known."""
+    ``op_families``: op -> family, the generated registry's by default; or its tuning cases time
+    the op, as the quantized section's do the matmul family's). ValueError names what is unknown
+    and what is known."""
     known = [*FAMILIES, *SECTIONS]
     unknown = [name for name in only if name not in known]
     if unknown:
@@ -92,6 +93,7 @@ def _section_times(name: str, ops: tuple[str, ...], op_families: dict[str, str])
     an op of its tuning cases (the quantized section's ops are the matmul family's)."""
     if any(op_families[op] == name for op in ops):
         return True
+    # the quick cases name the same ops; building them makes no tensors (make_inputs does)
     return name in TUNE_CASES and any(case_op(case) in ops for case in TUNE_CASES[name](True))
 
 

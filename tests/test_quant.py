@@ -333,6 +333,24 @@ def test_the_planner_applies_a_value_where_it_is_cheapest(value, grouped, mode, 
     assert (plan.dequant_mode, plan.coef_code, plan.offset_code) == (mode, coef, offset)
 
 
+def test_the_gemv_space_keeps_a_channel_accumulator_in_registers():
+    """Channel mode holds its (BLOCK_N, BLOCK_K / packed) products across the K loop: the space
+    leaves out the blocks it would spill at, which block mode (sums a step) keeps; each leads
+    with 16 columns x 8 KiB of B."""
+    matmul = sys.modules["specgen.families.matmul"]
+    eight_bit = _dequant_spec("q * scales", False).replace("bits = 4", "bits = 8")
+    channel = FAMILIES["matmul"].plan(_parse(eight_bit))
+    block = FAMILIES["matmul"].plan(_parse(_dequant_spec("(q - zeros) * scales", True)))
+    assert channel.gemv_configs[0] == {"BLOCK_N": 16, "BLOCK_K": 512, "STAGES": 3, "num_warps": 4}
+    assert block.gemv_configs[0] == {"BLOCK_N": 16, "BLOCK_K": 1024, "STAGES": 3, "num_warps": 4}
+
+    def held(config):
+        return config["BLOCK_N"] * config["BLOCK_K"] / (32 * config["num_warps"])
+    assert max(map(held, channel.gemv_configs)) <= matmul.GEMV_ACC_PER_THREAD
+    left_out = [c for c in block.gemv_configs if c not in channel.gemv_configs]
+    assert left_out and min(map(held, left_out)) > matmul.GEMV_ACC_PER_THREAD
+
+
 # formats no shipped spec has: 2-bit elements through a value not linear in q (computed per weight
 # element, per-channel scales loaded before the K loop), and 1-bit ones through a linear value
 # with an offset (scaled per K block); K off the blocks, so the last block is partial

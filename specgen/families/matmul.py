@@ -112,10 +112,11 @@ DEFAULT_SPLIT_K = (1, 2, 4, 8, 16)
 # the GEMV kernel's space (a quantized weight at M = 1); a plan leads it with the config that
 # reads 8 KiB of B a program and K step in 3 stages (MatmulPlan.gemv_configs), which the
 # heuristic runs untuned. Timed on an H200 (a probe of the kernel's int8 form, do_bench with its
-# flush, docs/performance.md item 001m): 16 x 512 on 4 warps in 3 stages 11.1 us at 1 x 4096^2
-# and 27.1 at 1 x 8192^2, against 12.2 and 31.7 for the kernel's one-stage form at its tuned
-# 4 x 2048 (8 x 1024 in 3 stages 11.1 and 28.0); the unpipelined long blocks stay in the space
-# for the 4-bit form, whose group sums each step were not probed pipelined
+# flush, docs/performance.md item 001m): 16 x 512 on 4 warps in 3 stages 12.0 us at 1 x 4096^2
+# (in 4 stages 11.1) and 27.1 at 1 x 8192^2, against 12.2 and 31.7 for the kernel's one-stage
+# form at its tuned 4 x 2048 (8 x 512 in 3 stages 11.1 and 31.8); the unpipelined long
+# blocks stay in the space for the 4-bit form, whose group sums each step were not probed
+# pipelined (channel mode leaves out those its accumulator would spill at)
 GEMV_CONFIGS = (
     {"BLOCK_N": 16, "BLOCK_K": 512, "STAGES": 3, "num_warps": 4},
     {"BLOCK_N": 8, "BLOCK_K": 512, "STAGES": 3, "num_warps": 4},
@@ -128,6 +129,9 @@ GEMV_CONFIGS = (
     {"BLOCK_N": 4, "BLOCK_K": 2048, "STAGES": 1, "num_warps": 4},
     {"BLOCK_N": 16, "BLOCK_K": 4096, "STAGES": 1, "num_warps": 8},
 )
+# the most accumulator elements a thread the GEMV kernel's channel mode holds across its K loop
+# (half of a thread's 255 registers)
+GEMV_ACC_PER_THREAD = 128
 # tl.dot needs every block dimension to be at least 16 (runtime/matmul.py's MIN_DOT_BLOCK, which
 # clamps block sizes at launch; tests/test_matmul.py checks that they agree)
 MIN_BLOCK = 16
@@ -606,7 +610,13 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         if not self.gemv:
             return ()
         lead = {"BLOCK_N": 16, "BLOCK_K": 512 * self.dequant.packed, "STAGES": 3, "num_warps": 4}
-        return (lead,) + tuple(c for c in GEMV_CONFIGS if c != lead)
+        space = (lead,) + tuple(c for c in GEMV_CONFIGS if c != lead)
+        if self.dequant_mode != "channel":
+            return space
+        # channel mode holds a (BLOCK_N, BLOCK_K / packed) float32 accumulator through the loop:
+        # past GEMV_ACC_PER_THREAD a thread it spills (the long unpipelined blocks)
+        return tuple(c for c in space if c["BLOCK_N"] * c["BLOCK_K"] // self.dequant.packed
+                     <= GEMV_ACC_PER_THREAD * 32 * c["num_warps"])
 
     @property
     def tma(self) -> bool:

@@ -37,8 +37,9 @@ MIN_K_PER_SPLIT = 512
 SPLIT_PROGRAMS_PER_SM = 4
 # tl.dot needs every block dimension to be at least 16
 MIN_DOT_BLOCK = 16
-# the GEMV kernel's least columns of B a multiprocessor: a program of its narrowest lead block
-# (int8's 4 columns) for each
+# the GEMV kernel's least columns of B a multiprocessor: a program of its space's narrowest
+# block (4 columns) for each. The space's lead is 16 columns: at this bound its untuned launch
+# fills a quarter of the multiprocessors (not timed against the split tiles there)
 GEMV_COLUMNS_PER_SM = 4
 # Hopper's wgmma works on 64-row tiles: configs with fewer rows are meant for problems that small
 WGMMA_ROWS = 64

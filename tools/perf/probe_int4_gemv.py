@@ -362,9 +362,10 @@ def _label(variant) -> str:
             f"s{stages}{' magic' if magic else ' cvt  '}{' prefetch' if prefetch else ''}")
 
 
-# the generated GEMV kernel's configs to time (--product): (BLOCK_N, BLOCK_K, num_warps)
-PRODUCT_CONFIGS = [(n, k, w) for n, k, w in itertools.product((4, 8, 16), (1024, 2048, 4096), (4, 8))
-                   if n * k <= 65536]
+# the generated GEMV kernel's configs to time (--product): (BLOCK_N, BLOCK_K, num_warps, STAGES)
+PRODUCT_CONFIGS = [(n, k, w, s) for n, k, w, s in itertools.product(
+                       (4, 8, 16), (512, 1024, 2048, 4096), (4, 8), (1, 3))
+                   if n * k <= 65536 and (s == 1 or k <= 1024)]
 
 
 def sweep_product(n: int, k: int) -> None:
@@ -384,13 +385,13 @@ def sweep_product(n: int, k: int) -> None:
         if op.startswith("int4"):
             line += f"; probe 8x2048 w4 {sweep.device_us(lambda *a: gemv(*a, 8, 2048, 1, 4, 1, True), sets, True):.1f} us"
         print(line, flush=True)
-        for block_n, block_k, warps in PRODUCT_CONFIGS:
-            config = {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
+        for block_n, block_k, warps, stages in PRODUCT_CONFIGS:
+            config = {"BLOCK_N": block_n, "BLOCK_K": block_k, "STAGES": stages, "num_warps": warps}
             with override(strategy="gemv", config=config):
                 out = function(*args).float()
                 error = ((out - expected).norm() / expected.norm()).item()
                 us = sweep.device_us(function, sets, True)
-            print(f"{head} | gemv {block_n:2d} x {block_k:4d} w{warps} | {us:5.1f} us | "
+            print(f"{head} | gemv {block_n:2d} x {block_k:4d} w{warps} s{stages} | {us:5.1f} us | "
                   f"{cublas / us:4.2f}x cuBLAS | error {error:.1e}", flush=True)
 
 
