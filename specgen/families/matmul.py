@@ -303,8 +303,17 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
     if group is not None:
         arg = by_name.get(group)
         if arg is None or arg.kind != "int":
+            found = f" (a {arg.kind} argument)" if arg is not None else ""
             raise where.child("group").error(
-                f"expected the name of an int argument (K elements per group), got '{group}'")
+                f"expected the name of an int argument (K elements per group), got "
+                f"'{group}'{found}")
+        # a K block lies in one group and takes a dot a place in B's bytes: the launch refuses
+        # other sizes (runtime.matmul.check_group), so a default among them is refused here
+        least = MIN_BLOCK * (8 // bits)
+        if arg.default is not None and (arg.default < least or arg.default & (arg.default - 1)):
+            raise args_where.child(group).child("default").error(
+                f"a group size is a power of two of at least {least} for {bits}-bit elements, "
+                f"got {arg.default}")
         if not group_operands:
             raise where.child("group").error("no operand has dims [\"N\", \"G\"] (per-group "
                                              "scales): leave group out")
