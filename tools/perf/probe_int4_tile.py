@@ -10,6 +10,12 @@ form below, in float32 (docs/performance.md, item 001e: 38.1 us). The forms time
 - ``join``: A's tile as loaded (the compiler may pipeline it into shared memory untouched), the
   two nibble tiles of B joined and interleaved back into K order, one dot of BLOCK_K;
 - ``split``: A split as the generated kernel does, two dots of BLOCK_K // 2;
+- ``swap`` (``--swap``): the transposed product, out.T = W @ x.T, whose first operand wgmma
+  reads from registers, where the dequantization leaves the weight tile; the joined form
+  stores each dequantized tile to shared memory and waits for it every step (by ptxas for
+  sm_90a, triton 3.8 on a CPU machine: 20 st.shared in the joined 256 x 128 x 64 on 8 warps,
+  216 registers; none in the swapped one, m64n256k16 with a register A, 230 registers; 128 x
+  128 147; the 16-token 16 x 64 x 128 m64n16k16, 128; no spills);
 
 each with the weights dequantized (``DEQUANT``) in the activations' 16-bit dtype, the nibbles
 made floats by an OR into the mantissa of 128 (bf16) or 1024 (fp16) ("magic") or by a
@@ -28,6 +34,7 @@ M = 256 (33.3 us, 0.71x bf16) in the generated kernel's form over a config sweep
 128 x 128 x 64 on 4 warps takes 255 registers and spills, by ptxas.
 
     PYTHONPATH=. python3 tools/perf/probe_int4_tile.py          # GPU: M = 256 (int4, int8), 64, 16
+    PYTHONPATH=. python3 tools/perf/probe_int4_tile.py --swap   # GPU: the swapped form, int4
     TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/probe_int4_tile.py --check   # correctness
 """
 
@@ -125,6 +132,42 @@ def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
 
 
 @triton.jit
+def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                      x_stride_m, q_stride_n, group_stride_n, out_stride_m,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+                      DEQUANT: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The transposed product, out.T = W @ x.T: the dequantized weight tile (BLOCK_N rows of W)
+    is the dot's first operand, which wgmma reads from registers, where the dequantization left
+    it; x's tile, as loaded (pipelined into shared memory), the second. The joined form instead
+    stores each dequantized B tile to shared memory for wgmma and waits for it, every step.
+    BLOCK_N is wgmma's 64-row unit (a warpgroup's), BLOCK_M the tokens (16 and up)."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    tl.static_assert(GROUP % BLOCK_K == 0)
+    share, k_first, offs_m, mask_m, offs_n, offs_k = _tile_start(M, N, K, BLOCK_M, BLOCK_N,
+                                                                 BLOCK_K, GROUP_M, SPLIT_K)
+    offs_byte = k_first // 2 + tl.arange(0, BLOCK_K // 2)
+    x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
+    # W's bytes as stored: BLOCK_N rows, K contiguous
+    q_ptrs = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
+    group_ptrs = offs_n * group_stride_n
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
+        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        q_bytes = tl.load(q_ptrs)
+        scales = tl.load(scales_ptr + group_ptrs + k // GROUP)[:, None]
+        zeros = tl.load(zeros_ptr + group_ptrs + k // GROUP)[:, None]
+        w_low, w_high = dequantized_nibbles(q_bytes, zeros, scales, DTYPE, DEQUANT == "magic")
+        # element 2c is byte c's low nibble, 2c + 1 its high one: joined along a last dim, K order
+        w = tl.reshape(tl.join(w_low, w_high), (BLOCK_N, BLOCK_K))
+        acc = tl.dot(w, tl.trans(x), acc)
+        x_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K // 2
+    out_ptrs = out_ptr + offs_m[None, :] * out_stride_m + offs_n[:, None]
+    store_or_add(out_ptrs, acc, mask_m[None, :], SPLIT_K)
+
+
+@triton.jit
 def _int8_tile_kernel(x_ptr, q_ptr, scales_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, out_stride_m,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -180,11 +223,14 @@ def tile(x, qweight, scales, zeros, block_m, block_n, block_k, warps, stages, de
     out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
         torch.zeros(m, n, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(m, block_m) * (n // block_n), split_k)
-    _int4_tile_kernel[grid](
-        x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
-        scales.stride(0), out.stride(0), GROUP=GROUP_SIZE, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, GROUP_M=8, STAGES=stages, DEQUANT=dequant, JOIN=join, SPLIT_K=split_k,
-        num_warps=warps)
+    common = dict(GROUP=GROUP_SIZE, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
+                  STAGES=stages, DEQUANT=dequant, SPLIT_K=split_k, num_warps=warps)
+    # join: "swap" takes the transposed product (_int4_swap_kernel)
+    kernel = _int4_swap_kernel if join == "swap" else _int4_tile_kernel
+    if join != "swap":
+        common["JOIN"] = join
+    kernel[grid](x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
+                 scales.stride(0), out.stride(0), **common)
     return out if split_k == 1 else out.to(x.dtype)
 
 
@@ -201,6 +247,15 @@ VARIANTS += [(bm, bn, 64, 8 if bm * bn >= 128 * 128 else 4, 3, dequant, join, sp
                  ((64, 128), (128, 128), (256, 128)), ("magic", "cvt", "f32"), (True, False),
                  (1, 4))
              if (dequant, join) != ("magic", True)]
+# the transposed product (JOIN "swap"): BLOCK_N weight rows a warpgroup's 64 (4 warps) or two
+# warpgroups' 128 (8 warps), BLOCK_M the tokens, in the 16-bit dequantization
+SWAPPED = [(bm, bn, bk, 4 if bn == 64 else 8, stages, "magic", "swap", split)
+           for bm, bn, bk, stages, split in itertools.product(
+               (64, 128, 256), (64, 128), (64, 128), (3, 4), (1, 2))
+           if bm * bn <= 256 * 128 and (split == 1 or (bk, stages) == (64, 3))]
+SMALL_SWAPPED = [(16, bn, bk, 4 if bn == 64 else 8, stages, "magic", "swap", split)
+                 for bn, bk, stages, split in itertools.product((64, 128), (64, 128), (3, 4),
+                                                               (1, 2, 4, 8))]
 # M = 16: the small tiles (mma.sync below 64 rows), K split as the generated op splits it
 SMALL = [(16, bn, bk, 4, 4, "magic", join, split)
          for bn, bk, join, split in itertools.product((64, 128), (64, 128), (True, False),
@@ -223,7 +278,9 @@ def check() -> None:
     x = torch.randn(m, k).half()
     qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k) * k ** -0.5, GROUP_SIZE)
     want = x.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
-    for block_m, block_n, block_k, dequant, join, split in ((64, 32, 64, "magic", True, 1),
+    for block_m, block_n, block_k, dequant, join, split in ((64, 64, 64, "magic", "swap", 1),
+                                                            (16, 64, 128, "cvt", "swap", 2),
+                                                            (64, 32, 64, "magic", True, 1),
                                                             (16, 64, 128, "magic", False, 2),
                                                             (32, 32, 64, "cvt", True, 4),
                                                             (64, 64, 128, "f32", False, 1),
@@ -268,13 +325,16 @@ def _label(variant) -> str:
     if len(variant) == 6:
         return f"{label} split-K {variant[5]}"
     dequant, join, split = variant[5:]
-    return f"{'join ' if join else 'split'} {label} {dequant:5s} split-K {split}"
+    form = "swap " if join == "swap" else "join " if join else "split"
+    return f"{form} {label} {dequant:5s} split-K {split}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
     parser.add_argument("--budget", type=float, default=480, help="seconds for the sweep")
+    parser.add_argument("--swap", action="store_true",
+                        help="the transposed product (the weight from registers) at M = 256, 64, 16")
     options = parser.parse_args()
     if options.check:
         check()
@@ -282,6 +342,16 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           flush=True)
     start = time.perf_counter()
+    if options.swap:
+        # the transposed product alone, beside the joined form's best guesses
+        joined = [v for v in VARIANTS if v[6] is True and v[5] == "magic" and v[4] == 3]
+        sweep_m("int4_weight_linear", 256, 4096, 4096, start, options.budget * 0.5,
+                SWAPPED + joined)
+        sweep_m("int4_weight_linear", 64, 4096, 4096, start, options.budget * 0.7,
+                [v for v in SWAPPED + joined if v[0] == 64])
+        sweep_m("int4_weight_linear", 16, 4096, 4096, start, options.budget,
+                SMALL_SWAPPED + [v for v in SMALL if v[6]])
+        return
     sweep_m("int4_weight_linear", 256, 4096, 4096, start, options.budget * 0.5, VARIANTS)
     sweep_m("int8_weight_linear", 256, 4096, 4096, start, options.budget * 0.7, INT8)
     sweep_m("int4_weight_linear", 64, 4096, 4096, start, options.budget * 0.85,
