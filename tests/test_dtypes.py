@@ -66,6 +66,51 @@ def test_integer_tensors_as_torch_takes_them(name, dtype):
             assert torch.equal(got.cpu(), want.cpu()), f"{name} {dtype}: values differ"
 
 
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                   *INTEGRAL), ids=str)
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_python_numbers_for_tensor_arguments_as_torch_takes_them(name, dtype):
+    """``add(x, 2.5)``: a Python number for a tensor argument gives torch's result (its dtype, a
+    wrapped number's: int8 + 300 stays int8 and wraps, int32 + 2.5 is float32; its values), or
+    torch's refusal (a bool subtracted)."""
+    x = _tensor(dtype)
+    function, reference = getattr(generated, name), getattr(torch, name)
+    for value in (2.5, -3, 300, True, 0.1, 1e40):
+        try:
+            want = reference(x, value)
+        except Exception as err:
+            with runtime.record_launches() as launches, pytest.raises(type(err)):
+                function(x, value)
+            assert not launches, f"{name}: launched before refusing {value!r}"
+            continue
+        got = function(x, value)
+        assert got.dtype == want.dtype, f"{name} {dtype} {value!r}: {got.dtype}, torch's {want.dtype}"
+        if want.is_floating_point():
+            # in float64, the number as torch's math takes it (float32 beside 16- and 32-bit
+            # floats: 1e40 is inf), each element held to torch's own accuracy as well
+            number = torch.tensor(value, dtype=torch.float64 if want.dtype == torch.float64
+                                  else torch.float32).item()
+            testing.assert_matches(got, reference(x.double(), number), name, torch_result=want)
+        else:
+            assert torch.equal(got.cpu(), want.cpu()), f"{name} {dtype} {value!r}: values differ"
+
+
+def test_python_numbers_take_out_and_gradients_and_refuse_0_dim_company():
+    x = _tensor(torch.float32)
+    out = torch.empty_like(x)
+    assert generated.mul(x, 2, out=out) is out and torch.equal(out, x * 2)
+    leaf = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(generated.mul(leaf, 3.0).sum(), leaf)
+    assert torch.equal(grad, torch.full_like(x, 3.0))
+    # beside 0-dim tensors only the number's tensor would change the result dtype: refused
+    with runtime.record_launches() as launches, pytest.raises(TypeError, match=(
+            "add: argument 'y' is a Python number beside 0-dim tensors only")):
+        generated.add(x[0, 0].half(), 2.5)
+    with pytest.raises(TypeError, match="add: argument 'x' must be a torch.Tensor, got float"):
+        generated.add(2.0, 3.0)
+    assert not launches
+
+
 def test_mixed_and_zero_dim_promotion():
     """torch.result_type's rules: a 0-dim tensor counts when its kind is higher (int32 + 0-dim
     float64 is float64), else not (int32 + 0-dim int64 is int32); uint8 with int8 is int16."""

@@ -136,7 +136,9 @@ def _x(*shape, dtype=torch.float32, device=None):
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda: generated.add(_x(3), 2.0), TypeError, "add: argument 'y' must be a torch.Tensor, got float"),
+    # a number beside a tensor is taken (tests/test_dtypes.py); numbers alone are not
+    (lambda: generated.add(2.0, 3), TypeError, "add: argument 'x' must be a torch.Tensor, got float"),
+    (lambda: generated.add(_x(3), 2j), TypeError, "add: argument 'y' must be a torch.Tensor, got complex"),
     # None omits an optional tensor only (torch: "argument 'input' must be Tensor, not NoneType")
     (lambda: generated.add(_x(3), None), TypeError, "add: argument 'y' must be a torch.Tensor, got NoneType"),
     (lambda: generated.softmax(None), TypeError, "softmax: argument 'x' must be a torch.Tensor, got NoneType"),

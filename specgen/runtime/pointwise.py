@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -21,6 +22,57 @@ from specgen.runtime.layout import (Shape, cdiv, collapse, dense_strides, fast_s
                                     memory_order, span, strides_at)
 from specgen.runtime.op import FamilyRuntime, Op
 from specgen.runtime.replay import empty
+
+
+# the Python numbers a tensor argument takes, as torch's element-wise ops do (x + 2.0)
+NUMBERS = (bool, int, float)
+# the largest float32, and the least float64 that rounds past it to inf (halfway to 2**128)
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_OVERFLOW = 3.4028235677973366e38
+
+
+def wrapped_numbers(op: Op, args: tuple) -> tuple:
+    """``args`` with each Python number given for a tensor argument (``add(x, 2.0)``) made a
+    0-dim tensor beside the call's tensors, which the kernels read as any other operand. torch
+    promotes such a number below a 0-dim tensor of its kind, and a 0-dim tensor below a
+    dimensioned one; so beside a dimensioned tensor the number's tensor promotes as the number
+    does, with a dtype that keeps its value as torch's math takes it: float32 where the result
+    is a 16- or 32-bit float (torch's opmath), float64 for float64, an int as int64 (integer
+    results compute in their own type, wrap-around included: docs/op-contract.md), a bool as
+    bool (which torch's sub refuses, as for a bool tensor). Beside 0-dim tensors only no dtype
+    does (a 0-dim float32 would promote a 0-dim float16 result), so that call is refused, as a
+    call of numbers alone is by the checks (a TypeError names the argument)."""
+    d = op.description
+    numbers = [i for i in d.tensor_positions if type(args[i]) in NUMBERS]
+    tensors = [args[i] for i in d.tensor_positions if isinstance(args[i], torch.Tensor)]
+    if not numbers or not tensors:
+        return args
+    dimensioned = [t for t in tensors if t.dim() > 0]
+    if not dimensioned:
+        raise TypeError(f"{op.name}: argument '{d.args[numbers[0]].name}' is a Python number "
+                        f"beside 0-dim tensors only, whose result dtype it would change here; "
+                        f"pass it as a tensor (torch.tensor(value, dtype=...))")
+    # torch's promotion of the dimensioned tensors (0-dim ones of their kinds promote below
+    # them), then each number's as a wrapped one: a kind above theirs (a float beside integers,
+    # an int beside bools) takes the default dtype of its kind. (Worked out here: dynamo does
+    # not trace torch.result_type, which returns no tensor)
+    promoted = functools.reduce(torch.promote_types, (t.dtype for t in dimensioned))
+    args = list(args)
+    for i in numbers:
+        value = args[i]
+        if type(value) is bool:
+            dtype = torch.bool
+        elif promoted.is_floating_point or type(value) is float:
+            dtype = compute_dtype(promoted if promoted.is_floating_point
+                                  else torch.get_default_dtype())
+        else:
+            dtype = torch.int64
+        if dtype == torch.float32 and type(value) is float and abs(value) > FLOAT32_MAX:
+            # rounded as torch rounds it (1e40 is inf), where torch.full refuses an overflow
+            value = math.copysign(math.inf if abs(value) >= FLOAT32_OVERFLOW else FLOAT32_MAX,
+                                  value)
+        args[i] = torch.full((), value, dtype=dtype, device=tensors[0].device)
+    return tuple(args)
 
 
 def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
@@ -130,6 +182,10 @@ class Pointwise(FamilyRuntime):
     strides, the scalar arguments, then the choices as constexprs."""
 
     takes_out = True
+
+    def call(self, op: Op, key: tuple | None, args: tuple, out: object = None) -> object:
+        # (a call with a number for a tensor is never keyed: its key is None)
+        return op.call(key, wrapped_numbers(op, args), out)
 
     def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
         inputs, shape, device = _checked(op, args)

@@ -90,6 +90,16 @@ def test_torch_compile_two_ops_no_graph_break():
     torch.testing.assert_close(compiled(a.t().contiguous().t(), b), f(a, b))
 
 
+def test_torch_compile_a_python_number_for_a_tensor():
+    # the number becomes a 0-dim tensor inside the traced function (pointwise.wrapped_numbers)
+    a = torch.randn(333, 517, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: generated.mul(generated.add(a, 2.5), 3), fullgraph=True)
+    got = compiled(a)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, (a + 2.5) * 3)
+
+
 def test_torch_compile_out():
     # the registered out= op in a compiled graph: its autograd kernel (registry._refuse_grad)
     # runs it below autograd, and refuses an input that requires grad as eager does
