@@ -6,6 +6,7 @@ Every op that lists an integer dtype, on every integer and bool dtype: the resul
 The property suite draws these dtypes too (tests/test_ops.py); here each is met once.
 """
 
+import itertools
 import math
 
 import pytest
@@ -71,11 +72,13 @@ def test_integer_tensors_as_torch_takes_them(name, dtype):
 @pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
 def test_python_numbers_for_tensor_arguments_as_torch_takes_them(name, dtype):
     """``add(x, 2.5)``: a Python number for a tensor argument gives torch's result (its dtype, a
-    wrapped number's: int8 + 300 stays int8 and wraps, int32 + 2.5 is float32; its values), or
-    torch's refusal (a bool subtracted)."""
+    wrapped number's: int8 + 300 stays int8 and wraps, int32 + 2.5 is float32; its values, the
+    number taken in float32 beside 16- and 32-bit floats: 1e40 is inf), or torch's refusal (a
+    bool subtracted); beside a 16-bit float a number it does not hold (0.1, 70000) is refused,
+    where torch computes with it in float32."""
     x = _tensor(dtype)
     function, reference = getattr(generated, name), getattr(torch, name)
-    for value in (2.5, -3, 300, True, 0.1, 1e40):
+    for value in (2.5, -3, 300, True, 0.1, 1e40, 70000.0):
         try:
             want = reference(x, value)
         except Exception as err:
@@ -83,31 +86,73 @@ def test_python_numbers_for_tensor_arguments_as_torch_takes_them(name, dtype):
                 function(x, value)
             assert not launches, f"{name}: launched before refusing {value!r}"
             continue
+        number = torch.tensor(value, dtype=torch.float64 if want.dtype == torch.float64
+                              else torch.float32)
+        if dtype in (torch.float16, torch.bfloat16) and not torch.equal(
+                number.to(dtype).to(number.dtype), number):
+            with runtime.record_launches() as launches, pytest.raises(
+                    TypeError, match=f"{name}: argument 'y' is {value!r}, which {dtype} does "
+                                     f"not hold exactly"):
+                function(x, value)
+            assert not launches
+            continue
         got = function(x, value)
         assert got.dtype == want.dtype, f"{name} {dtype} {value!r}: {got.dtype}, torch's {want.dtype}"
         if want.is_floating_point():
-            # in float64, the number as torch's math takes it (float32 beside 16- and 32-bit
-            # floats: 1e40 is inf), each element held to torch's own accuracy as well
-            number = torch.tensor(value, dtype=torch.float64 if want.dtype == torch.float64
-                                  else torch.float32).item()
-            testing.assert_matches(got, reference(x.double(), number), name, torch_result=want)
+            # in float64, each element held to torch's own accuracy as well
+            testing.assert_matches(got, reference(x.double(), number.item()), name,
+                                   torch_result=want)
         else:
             assert torch.equal(got.cpu(), want.cpu()), f"{name} {dtype} {value!r}: values differ"
 
 
-def test_python_numbers_take_out_and_gradients_and_refuse_0_dim_company():
+@pytest.mark.parametrize("default", (torch.float32, torch.float16, torch.float64), ids=str)
+def test_a_numbers_result_dtype_is_torchs(default):
+    """pointwise._result_type (dynamo does not trace torch.result_type) against torch's, for a
+    dimensioned or 0-dim tensor of each dtype and each kind of number, under default dtypes."""
+    from specgen.runtime.pointwise import _result_type
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        for dtype, shape, value in itertools.product(
+                (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
+                 torch.bfloat16, torch.float32, torch.float64), ((), (2,)), (True, 3, 2.5)):
+            tensor = torch.zeros(shape, dtype=dtype)
+            assert _result_type([tensor], [value]) == torch.result_type(tensor, value), \
+                (dtype, shape, value)
+            # a 0-dim tensor of this dtype beside a dimensioned one: the number meets the 0-dim
+            # tensor first (c10 promotes each priority in itself, then the lower into the higher)
+            zero = torch.zeros((), dtype=dtype)
+            for other in (torch.int16, torch.bool, torch.float16):
+                wide = torch.zeros(3, dtype=other)
+                want = torch.result_type(wide, torch.zeros((), dtype=torch.result_type(zero, value)))
+                assert _result_type([wide, zero], [value]) == want, (other, dtype, value)
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def test_python_numbers_take_out_and_gradients():
     x = _tensor(torch.float32)
     out = torch.empty_like(x)
     assert generated.mul(x, 2, out=out) is out and torch.equal(out, x * 2)
     leaf = x.clone().requires_grad_()
     (grad,) = torch.autograd.grad(generated.mul(leaf, 3.0).sum(), leaf)
     assert torch.equal(grad, torch.full_like(x, 3.0))
-    # beside 0-dim tensors only the number's tensor would change the result dtype: refused
-    with runtime.record_launches() as launches, pytest.raises(TypeError, match=(
-            "add: argument 'y' is a Python number beside 0-dim tensors only")):
-        generated.add(x[0, 0].half(), 2.5)
-    with pytest.raises(TypeError, match="add: argument 'x' must be a torch.Tensor, got float"):
-        generated.add(2.0, 3.0)
+    # beside 0-dim tensors only: the result's dtype, which holds the number
+    scalar = x[0, 0].half()
+    assert generated.add(scalar, 2.5).dtype == torch.float16
+    torch.testing.assert_close(generated.add(scalar, 2.5), torch.add(scalar, 2.5))
+    with runtime.record_launches() as launches:
+        with pytest.raises(TypeError, match="add: argument 'x' must be a torch.Tensor, got float"):
+            generated.add(2.0, 3.0)
+        with pytest.raises(TypeError, match="add: argument 'y' is 300, outside torch.int8"):
+            generated.add(torch.tensor(1, dtype=torch.int8), 300)
+        # torch's own refusal: OverflowError
+        with pytest.raises(OverflowError, match="add: argument 'y' is 18446744073709551616"):
+            generated.add(x, 2 ** 64)
+        # a derived backward op takes its forward's tensors and gradients as tensors only
+        with pytest.raises(TypeError, match="add_backward: argument 'y' must be a torch.Tensor"):
+            generated.add_backward(x, 2.0, x)
     assert not launches
 
 

@@ -29,50 +29,100 @@ NUMBERS = (bool, int, float)
 # the largest float32, and the least float64 that rounds past it to inf (halfway to 2**128)
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_OVERFLOW = 3.4028235677973366e38
+# the 16-bit floats: (significand bits, the largest frexp exponent, the least subnormal)
+HALF_FLOATS = {torch.float16: (11, 16, 2.0 ** -24), torch.bfloat16: (8, 128, 2.0 ** -133)}
 
 
 def wrapped_numbers(op: Op, args: tuple) -> tuple:
-    """``args`` with each Python number given for a tensor argument (``add(x, 2.0)``) made a
-    0-dim tensor beside the call's tensors, which the kernels read as any other operand. torch
-    promotes such a number below a 0-dim tensor of its kind, and a 0-dim tensor below a
-    dimensioned one; so beside a dimensioned tensor the number's tensor promotes as the number
-    does, with a dtype that keeps its value as torch's math takes it: float32 where the result
-    is a 16- or 32-bit float (torch's opmath), float64 for float64, an int as int64 (integer
-    results compute in their own type, wrap-around included: docs/op-contract.md), a bool as
-    bool (which torch's sub refuses, as for a bool tensor). Beside 0-dim tensors only no dtype
-    does (a 0-dim float32 would promote a 0-dim float16 result), so that call is refused, as a
-    call of numbers alone is by the checks (a TypeError names the argument)."""
+    """``args`` with each Python number given for a tensor argument (``add(x, 2.5)``) made a
+    0-dim tensor that the kernels read as any other operand, of a dtype that gives torch's
+    result: torch promotes a number ("wrapped") below a 0-dim tensor of its kind, and a 0-dim
+    tensor below a dimensioned one (``_result_type``), and computes with it in the math's type
+    (float32 beside 16- and 32-bit floats), where a tensor operand is rounded to the operation's
+    dtype first. So the number's tensor takes the result's dtype where that is floating (a
+    16-bit one only where it holds the number exactly, and every 16-bit float it meets does:
+    then rounding it changes nothing; else the call is refused, a TypeError: pass a tensor); an
+    int beside integers is int64 (their math is int64, wrap-around included, and a true division
+    takes the number whole; beside 0-dim tensors only the result's own dtype, which must hold
+    it); a bool stays bool where the op takes bool tensors (torch's sub refuses it as one).
+    A call of numbers alone, or a derived backward op's, is left to the checks (a TypeError
+    names the argument)."""
     d = op.description
     numbers = [i for i in d.tensor_positions if type(args[i]) in NUMBERS]
     tensors = [args[i] for i in d.tensor_positions if isinstance(args[i], torch.Tensor)]
-    if not numbers or not tensors:
+    # (a derived backward op takes its forward's tensors and gradients: tensors only)
+    if not numbers or not tensors or d.launch.derived_from:
         return args
-    dimensioned = [t for t in tensors if t.dim() > 0]
-    if not dimensioned:
-        raise TypeError(f"{op.name}: argument '{d.args[numbers[0]].name}' is a Python number "
-                        f"beside 0-dim tensors only, whose result dtype it would change here; "
-                        f"pass it as a tensor (torch.tensor(value, dtype=...))")
-    # torch's promotion of the dimensioned tensors (0-dim ones of their kinds promote below
-    # them), then each number's as a wrapped one: a kind above theirs (a float beside integers,
-    # an int beside bools) takes the default dtype of its kind. (Worked out here: dynamo does
-    # not trace torch.result_type, which returns no tensor)
-    promoted = functools.reduce(torch.promote_types, (t.dtype for t in dimensioned))
+    dimensioned = any(t.dim() > 0 for t in tensors)
+    result = _result_type(tensors, [args[i] for i in numbers])
+    met = {t.dtype for t in tensors if t.dtype in HALF_FLOATS} | (
+        {result} if result in HALF_FLOATS else set())
     args = list(args)
     for i in numbers:
         value = args[i]
-        if type(value) is bool:
-            dtype = torch.bool
-        elif promoted.is_floating_point or type(value) is float:
-            dtype = compute_dtype(promoted if promoted.is_floating_point
-                                  else torch.get_default_dtype())
-        else:
-            dtype = torch.int64
-        if dtype == torch.float32 and type(value) is float and abs(value) > FLOAT32_MAX:
-            # rounded as torch rounds it (1e40 is inf), where torch.full refuses an overflow
+        if type(value) is int and not -2 ** 63 <= value < 2 ** 63:
+            # as torch's own conversion of the number refuses it
+            raise OverflowError(f"{op.name}: argument '{d.args[i].name}' is {value}, an int "
+                                f"too big to convert (past int64)")
+        if type(value) is float and abs(value) > FLOAT32_MAX and result != torch.float64:
+            # rounded to float32 as torch rounds it (1e40 is inf), where torch.full refuses an
+            # overflow
             value = math.copysign(math.inf if abs(value) >= FLOAT32_OVERFLOW else FLOAT32_MAX,
                                   value)
+        if type(value) is bool and torch.bool in d.dtypes:
+            dtype = torch.bool
+        elif result.is_floating_point:
+            dtype = result
+            for half in met:
+                if type(value) is not bool and not _holds(half, value):
+                    raise TypeError(
+                        f"{op.name}: argument '{d.args[i].name}' is {value!r}, which {half} "
+                        f"does not hold exactly: torch computes with a number in float32, where "
+                        f"a tensor operand is rounded to {half}; pass a tensor")
+        elif dimensioned and torch.int64 in d.dtypes and type(value) is not bool:
+            dtype = torch.int64
+        else:
+            dtype = result
+            info = torch.iinfo(result) if result != torch.bool else None
+            if info is not None and not info.min <= value <= info.max:
+                raise TypeError(f"{op.name}: argument '{d.args[i].name}' is {value!r}, outside "
+                                f"{result}, the result's dtype beside 0-dim tensors only; pass "
+                                f"a tensor")
         args[i] = torch.full((), value, dtype=dtype, device=tensors[0].device)
     return tuple(args)
+
+
+def _result_type(tensors: Sequence[torch.Tensor], numbers: Sequence[object]) -> torch.dtype:
+    """torch's result dtype of ``tensors`` and wrapped ``numbers`` (c10's result_type: each
+    priority promoted in itself, then a lower one counts where its kind is higher). Worked out
+    here: dynamo does not trace torch.result_type, which returns no tensor."""
+    def promoted(dtypes):
+        return functools.reduce(torch.promote_types, dtypes) if dtypes else None
+
+    def combine(higher, lower):
+        if higher is None:
+            return lower
+        if higher.is_floating_point or lower is None:
+            return higher
+        if higher == torch.bool or lower.is_floating_point:
+            return torch.promote_types(higher, lower)
+        return higher
+
+    wrapped = promoted([torch.bool if type(v) is bool else torch.int64 if type(v) is int
+                        else torch.get_default_dtype() for v in numbers])
+    return combine(promoted([t.dtype for t in tensors if t.dim() > 0]),
+                   combine(promoted([t.dtype for t in tensors if t.dim() == 0]), wrapped))
+
+
+def _holds(dtype: torch.dtype, value: float | int) -> bool:
+    """Whether the 16-bit float ``dtype`` holds ``value`` exactly (inf and nan included)."""
+    value = float(value)
+    if value == 0 or not math.isfinite(value):
+        return True
+    bits, largest, least = HALF_FLOATS[dtype]
+    significand, exponent = math.frexp(abs(value))
+    return (exponent <= largest and (significand * 2 ** bits).is_integer()
+            and (abs(value) / least).is_integer())
 
 
 def result_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
