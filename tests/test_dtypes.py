@@ -156,6 +156,21 @@ def test_python_numbers_take_out_and_gradients():
     assert not launches
 
 
+def test_a_call_with_a_number_replays_as_one_with_its_tensor():
+    """A number's call is keyed by its 0-dim tensor (the public function keys tensors only): it
+    records and replays as other calls do, each call reading its own number, and its recording
+    serves a call with such a tensor, which computes alike."""
+    replays = generated.REGISTRY["add"].replays
+    x = _tensor(torch.float32, shape=(3, 5), seed=3)
+    before = replays.replayed
+    for value in (2.5, -1.0, 0.25, 7):
+        assert torch.equal(generated.add(x, value), x + value), value
+    assert replays.replayed - before == 2   # the first call runs, the second records
+    zero_dim = torch.tensor(3.5, device=testing.device())
+    assert torch.equal(generated.add(x, zero_dim), x + zero_dim)
+    assert replays.replayed - before == 3
+
+
 def test_mixed_and_zero_dim_promotion():
     """torch.result_type's rules: a 0-dim tensor counts when its kind is higher (int32 + 0-dim
     float64 is float64), else not (int32 + 0-dim int64 is int32); uint8 with int8 is int16."""

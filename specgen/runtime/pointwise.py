@@ -234,8 +234,18 @@ class Pointwise(FamilyRuntime):
     takes_out = True
 
     def call(self, op: Op, key: tuple | None, args: tuple, out: object = None) -> object:
-        # (a call with a number for a tensor is never keyed: its key is None)
-        return op.call(key, wrapped_numbers(op, args), out)
+        wrapped = wrapped_numbers(op, args)
+        if wrapped is not args and out is None:
+            # a call with a number (which the public function does not key) keyed as a call
+            # with the number's tensor: wrapped_numbers takes a number only where it computes
+            # as that tensor would, so one recording serves both
+            d = op.description
+            tensors = tuple(wrapped[i] for i in d.tensor_positions)
+            others = tuple(a for arg, a in zip(d.args, wrapped) if arg.kind != "tensor")
+            key, replay = op.replays.lookup(tensors, others)
+            if replay is not None:
+                return replay(tensors)
+        return op.call(key, wrapped, out)
 
     def run(self, op: Op, args: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
         inputs, shape, device = _checked(op, args)
