@@ -147,6 +147,32 @@ def refuse_clashes(specs: list[OpSpec], out_dir: Path | None) -> None:
         raise errors[0]
 
 
+def _refuse_takeovers(specs: list[OpSpec], out_dir: Path, root: Path) -> None:
+    """A spec whose op the package has already, built from another spec file that still exists
+    and is not in this build, would replace that op silently (and leave what the other spec
+    derives behind): a spec error, as two specs of one op in one build are. A module whose spec
+    is gone, or is in this build, is the same op renamed or rebuilt."""
+    built_from = {spec.source.path for spec in specs}
+    errors = []
+    for spec in specs:
+        module = out_dir / f"{spec.name}.py"
+        try:
+            source = _source_of(module) if module.is_file() else None
+        except (OSError, UnicodeDecodeError):  # not a module specgen wrote: plan_build says so
+            continue
+        if source is None or source in built_from or not (root / source).is_file():
+            continue
+        errors.append(SpecError(
+            relative_path(root / spec.source.path, Path.cwd()), "op.name",
+            f"'{spec.name}' is already an op of {relative_path(out_dir, Path.cwd())}/, built from "
+            f"{source}: one op has one spec; choose another name (or remove {source} and build "
+            f"again)"))
+    if len(errors) > 1:
+        raise SpecErrors(errors)
+    if errors:
+        raise errors[0]
+
+
 def _is_package(folder: Path) -> bool:
     """Whether ``folder`` is a package specgen built (its index's first line says so)."""
     return _written_by_us(folder / INDEX, (_INDEX_HEADER,))
@@ -192,6 +218,7 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     root = out_dir.resolve().parent
     specs = load_specs(paths, root)
     refuse_clashes(specs, out_dir)
+    _refuse_takeovers(specs, out_dir, root)
     wanted = {out_dir / f"{spec.name}.py": _rendered(spec, out_dir.name, root) for spec in specs}
     built_from = {spec.source.path for spec in specs}
     removed = []

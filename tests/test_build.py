@@ -292,6 +292,27 @@ def test_duplicate_op_name_is_an_error(project):
            "specs/add.toml" in output
 
 
+def test_a_spec_of_an_op_the_package_has_from_another_spec_is_an_error(project):
+    # one spec built alone into a package that has its op from another, existing spec would
+    # replace that op silently
+    run("build", "specs")
+    before = snapshot(project / "generated")
+    other = project / "elsewhere" / "my_relu.toml"
+    other.parent.mkdir()
+    other.write_text((project / "specs" / "softmax.toml").read_text().replace(
+        'name = "softmax"', 'name = "relu"'))
+    code, output = run("build", "elsewhere/my_relu.toml")
+    assert code == 1
+    assert ("elsewhere/my_relu.toml: [op.name]: 'relu' is already an op of generated/, built from "
+            "specs/relu.toml: one op has one spec") in output
+    assert snapshot(project / "generated") == before
+    # a spec renamed or moved (its old file gone) takes its op over
+    (project / "specs" / "relu.toml").rename(project / "elsewhere" / "relu.toml")
+    other.unlink()
+    code, output = run("build", "elsewhere/relu.toml")
+    assert code == 0, output
+
+
 @pytest.mark.parametrize("name, read_after, read_before", [
     # softmax.toml derives softmax_backward
     ("softmax_backward",

@@ -9,6 +9,7 @@ The property suite draws these dtypes too (tests/test_ops.py); here each is met 
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,6 +139,9 @@ def test_python_numbers_take_out_and_gradients():
     leaf = x.clone().requires_grad_()
     (grad,) = torch.autograd.grad(generated.mul(leaf, 3.0).sum(), leaf)
     assert torch.equal(grad, torch.full_like(x, 3.0))
+    # numpy's scalars as the numbers they stand for, as torch takes them
+    for value in (np.float32(2.5), np.float64(0.1), np.int64(3)):
+        assert torch.equal(generated.add(x, value), torch.add(x, value)), type(value)
     # beside 0-dim tensors only: the result's dtype, which holds the number
     scalar = x[0, 0].half()
     assert generated.add(scalar, 2.5).dtype == torch.float16

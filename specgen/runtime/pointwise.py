@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -48,17 +49,22 @@ def wrapped_numbers(op: Op, args: tuple) -> tuple:
     A call of numbers alone, or a derived backward op's, is left to the checks (a TypeError
     names the argument)."""
     d = op.description
-    numbers = [i for i in d.tensor_positions if type(args[i]) in NUMBERS]
+    given = args
+    if any(_numpy_number(args[i]) for i in d.tensor_positions):
+        # numpy's scalars as the Python numbers they stand for, as torch takes them
+        args = tuple(a.item() if i in d.tensor_positions and _numpy_number(a) else a
+                     for i, a in enumerate(args))
+    numbers_at = [i for i in d.tensor_positions if type(args[i]) in NUMBERS]
     tensors = [args[i] for i in d.tensor_positions if isinstance(args[i], torch.Tensor)]
     # (a derived backward op takes its forward's tensors and gradients: tensors only)
-    if not numbers or not tensors or d.launch.derived_from:
-        return args
+    if not numbers_at or not tensors or d.launch.derived_from:
+        return given
     dimensioned = any(t.dim() > 0 for t in tensors)
-    result = _result_type(tensors, [args[i] for i in numbers])
+    result = _result_type(tensors, [args[i] for i in numbers_at])
     met = {t.dtype for t in tensors if t.dtype in HALF_FLOATS} | (
         {result} if result in HALF_FLOATS else set())
     args = list(args)
-    for i in numbers:
+    for i in numbers_at:
         value = args[i]
         if type(value) is int and not -2 ** 63 <= value < 2 ** 63:
             # as torch's own conversion of the number refuses it
@@ -92,8 +98,15 @@ def wrapped_numbers(op: Op, args: tuple) -> tuple:
     return tuple(args)
 
 
-def _result_type(tensors: Sequence[torch.Tensor], numbers: Sequence[object]) -> torch.dtype:
-    """torch's result dtype of ``tensors`` and wrapped ``numbers`` (c10's result_type: each
+def _numpy_number(value: object) -> bool:
+    """Whether ``value`` is a real number of another type than Python's own (numpy's float32,
+    int64), whose ``item()`` is one."""
+    return (isinstance(value, numbers.Real) and type(value) not in NUMBERS
+            and hasattr(value, "item"))
+
+
+def _result_type(tensors: Sequence[torch.Tensor], values: Sequence[object]) -> torch.dtype:
+    """torch's result dtype of ``tensors`` and the wrapped numbers ``values`` (c10's result_type: each
     priority promoted in itself, then a lower one counts where its kind is higher). Worked out
     here: dynamo does not trace torch.result_type, which returns no tensor."""
     def promoted(dtypes):
@@ -109,7 +122,7 @@ def _result_type(tensors: Sequence[torch.Tensor], numbers: Sequence[object]) -> 
         return higher
 
     wrapped = promoted([torch.bool if type(v) is bool else torch.int64 if type(v) is int
-                        else torch.get_default_dtype() for v in numbers])
+                        else torch.get_default_dtype() for v in values])
     return combine(promoted([t.dtype for t in tensors if t.dim() > 0]),
                    combine(promoted([t.dtype for t in tensors if t.dim() == 0]), wrapped))
 
