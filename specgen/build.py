@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from specgen.errors import SpecError, SpecErrors
+from specgen.errors import SpecError, raise_found
 from specgen.families import FAMILIES
 from specgen.model import OpSpec
 from specgen.parse import load_spec, relative_path
@@ -101,10 +101,7 @@ def load_specs(paths: Iterable[Path], root: Path) -> list[OpSpec]:
             owner = f"the op of {named}" if op is spec else f"the backward op {named} derives"
             owners.update({name: owner + operator for name, operator in _operators(op).items()})
             specs[op.name] = op
-    if len(errors) > 1:
-        raise SpecErrors(errors)
-    if errors:
-        raise errors[0]
+    raise_found(errors)
     return list(specs.values())
 
 
@@ -141,10 +138,7 @@ def refuse_clashes(specs: list[OpSpec], out_dir: Path | None) -> None:
                         f"{relative_path(package, Path.cwd())}/ (from {source}): both register "
                         f"torch.ops.specgen.{module.stem}, so the two packages would not import "
                         f"together; choose another name"))
-    if len(errors) > 1:
-        raise SpecErrors(errors)
-    if errors:
-        raise errors[0]
+    raise_found(errors)
 
 
 def _refuse_takeovers(specs: list[OpSpec], out_dir: Path, root: Path) -> None:
@@ -167,10 +161,7 @@ def _refuse_takeovers(specs: list[OpSpec], out_dir: Path, root: Path) -> None:
             f"'{spec.name}' is already an op of {relative_path(out_dir, Path.cwd())}/, built from "
             f"{source}: one op has one spec; choose another name (or remove {source} and build "
             f"again)"))
-    if len(errors) > 1:
-        raise SpecErrors(errors)
-    if errors:
-        raise errors[0]
+    raise_found(errors)
 
 
 def _is_package(folder: Path) -> bool:

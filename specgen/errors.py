@@ -30,6 +30,14 @@ class SpecErrors(SpecError):
         self.args = ("\n".join(str(e) for e in errors),)
 
 
+def raise_found(errors: list[SpecError]) -> None:
+    """Raises what a pass over specs found: one error as itself, several together."""
+    if len(errors) > 1:
+        raise SpecErrors(errors)
+    if errors:
+        raise errors[0]
+
+
 @dataclass(frozen=True)
 class Where:
     """A position in a spec file: the file and the dotted path of TOML keys."""
