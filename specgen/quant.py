@@ -23,6 +23,14 @@ INT4_MAX = 15
 GROUP_SIZES = (32, 64, 128, 256)
 
 
+def is_group_size(value: object, least: int) -> bool:
+    """Whether ``value`` is a group size a quantized matmul takes: an int, a power of two (a K
+    block lies in one group: BLOCK_K is clamped to it), at least the least BLOCK_K its dots
+    take (``least``). The launch checks a call's (runtime.matmul.check_group), the parser a
+    group argument's default."""
+    return type(value) is int and value >= least and not value & (value - 1)
+
+
 def _check_weight(w: object, what: str) -> torch.Tensor:
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         got = f"a {w.dim()}-D {w.dtype} tensor" if isinstance(w, torch.Tensor) else type(w).__name__

@@ -39,7 +39,7 @@ from specgen.families.common import (MAX_TILE, MAX_WARPS, CommonPlan, EpilogueOu
                                      scalar_args, symbols_of, tile_config, unread)
 from specgen.families.contract import Family
 from specgen.model import DEFAULT_DTYPES as DTYPES, OpSpec, Output, TensorArg
-from specgen.quant import GROUP_SIZES
+from specgen.quant import GROUP_SIZES, is_group_size
 from specgen.table import Table, check_type, parse_list
 
 SWIZZLES = ("grouped", "swizzle2d", "none")
@@ -307,10 +307,10 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
             raise where.child("group").error(
                 f"expected the name of an int argument (K elements per group), got "
                 f"'{group}'{found}")
-        # a K block lies in one group and takes a dot a place in B's bytes: the launch refuses
-        # other sizes (runtime.matmul.check_group), so a default among them is refused here
+        # the launch refuses other group sizes (a dot a place in B's bytes: MatmulPlan's
+        # min_block_k), so a default among them is refused here
         least = MIN_BLOCK * (8 // bits)
-        if arg.default is not None and (arg.default < least or arg.default & (arg.default - 1)):
+        if arg.default is not None and not is_group_size(arg.default, least):
             raise args_where.child(group).child("default").error(
                 f"a group size is a power of two of at least {least} for {bits}-bit elements, "
                 f"got {arg.default}")
@@ -620,12 +620,20 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
             return ()
         lead = {"BLOCK_N": 16, "BLOCK_K": 512 * self.dequant.packed, "STAGES": 3, "num_warps": 4}
         space = (lead,) + tuple(c for c in GEMV_CONFIGS if c != lead)
-        if self.dequant_mode != "channel":
+        if not self.gemv_sums_after_loop:
             return space
         # channel mode holds a (BLOCK_N, BLOCK_K / packed) float32 accumulator through the loop:
         # past GEMV_ACC_PER_THREAD a thread it spills (the long unpipelined blocks)
         return tuple(c for c in space if c["BLOCK_N"] * c["BLOCK_K"] // self.dequant.packed
                      <= GEMV_ACC_PER_THREAD * 32 * c["num_warps"])
+
+    @property
+    def gemv_sums_after_loop(self) -> bool:
+        """Whether the GEMV kernel adds each step's products into a (BLOCK_N, BLOCK_K / packed)
+        accumulator and sums it once after the K loop: channel mode, whose per-channel factor
+        waits for the epilogue (a sum a step would shuffle between lanes each step); per-group
+        factors scale each step's group sums instead."""
+        return self.dequant_mode == "channel"
 
     @property
     def tma(self) -> bool:

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.testing
 
+from specgen.quant import is_group_size
 from specgen.runtime import tuned
 from specgen.runtime.checks import check_interpreted_dot, check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
@@ -627,13 +628,6 @@ class OpLayout:
     group: str | None = None            # the group-size argument
     grouped: tuple[str, ...] = ()       # the operands indexed by its groups (dims N, G)
     gemv: bool = False                  # the module has the GEMV kernel (M = 1)
-
-
-def is_group_size(value: object, least: int) -> bool:
-    """Whether ``value`` is a group size a quantized matmul takes: an int, a power of two (a K
-    block lies in one group: BLOCK_K is clamped to it), at least the least BLOCK_K its dots
-    take (``least``)."""
-    return type(value) is int and value >= least and not value & (value - 1)
 
 
 def check_group(op: str, name: str, value: object, least: int) -> int:
