@@ -111,15 +111,21 @@ def refuse_clashes(specs: list[OpSpec], out_dir: Path | None) -> None:
     spec error here. The packages looked at are those beside ``out_dir`` and in the working
     folder (where ``generated`` and an author's packages live, to be imported together); a
     package built from the same spec files (a second build of one project) is the same ops.
-    ``out_dir`` None: a spec not built yet (``specgen new``), against the working folder's."""
+    In ``out_dir`` itself an op built from another spec file that still exists and is not in
+    this build would be replaced silently (and what that spec derives left behind): an error
+    too, as two specs of one op in one build are; where that file is gone, or in this build,
+    it is the same op renamed or rebuilt. ``out_dir`` None: a spec not built yet (``specgen
+    new``), against the working folder's."""
     root = out_dir.resolve().parent if out_dir is not None else Path.cwd().resolve()
+    output = out_dir.resolve() if out_dir is not None else None
     ours = {name: (root / spec.source.path).resolve() for spec in specs
             for name in _operators(spec)}
+    built_from = set(ours.values())
     errors = []
     # (the output's parent may not exist yet: the build makes it)
     for folder in sorted(f for f in {Path.cwd().resolve(), root} if f.is_dir()):
         for package in sorted(p for p in folder.iterdir() if p.is_dir()):
-            if (out_dir is not None and package == out_dir.resolve()) or not _is_package(package):
+            if not _is_package(package):
                 continue
             for module in sorted(package.glob("*.py")):
                 if module.stem not in ours or module.name == INDEX or not module.is_file():
@@ -131,36 +137,21 @@ def refuse_clashes(specs: list[OpSpec], out_dir: Path | None) -> None:
                 if source is None:
                     continue
                 theirs = (package.parent / source).resolve()
-                if theirs != ours[module.stem]:
-                    errors.append(SpecError(
-                        relative_path(ours[module.stem], Path.cwd()), "op.name",
-                        f"'{module.stem}' is also an op of the package "
-                        f"{relative_path(package, Path.cwd())}/ (from {source}): both register "
-                        f"torch.ops.specgen.{module.stem}, so the two packages would not import "
-                        f"together; choose another name"))
-    raise_found(errors)
-
-
-def _refuse_takeovers(specs: list[OpSpec], out_dir: Path, root: Path) -> None:
-    """A spec whose op the package has already, built from another spec file that still exists
-    and is not in this build, would replace that op silently (and leave what the other spec
-    derives behind): a spec error, as two specs of one op in one build are. A module whose spec
-    is gone, or is in this build, is the same op renamed or rebuilt."""
-    built_from = {spec.source.path for spec in specs}
-    errors = []
-    for spec in specs:
-        module = out_dir / f"{spec.name}.py"
-        try:
-            source = _source_of(module) if module.is_file() else None
-        except (OSError, UnicodeDecodeError):  # not a module specgen wrote: plan_build says so
-            continue
-        if source is None or source in built_from or not (root / source).is_file():
-            continue
-        errors.append(SpecError(
-            relative_path(root / spec.source.path, Path.cwd()), "op.name",
-            f"'{spec.name}' is already an op of {relative_path(out_dir, Path.cwd())}/, built from "
-            f"{source}: one op has one spec; choose another name (or remove {source} and build "
-            f"again)"))
+                if theirs == ours[module.stem]:
+                    continue
+                where = relative_path(package, Path.cwd())
+                if package != output:
+                    message = (f"'{module.stem}' is also an op of the package {where}/ (from "
+                               f"{source}): both register torch.ops.specgen.{module.stem}, so "
+                               f"the two packages would not import together; choose another name")
+                elif theirs.is_file() and theirs not in built_from:
+                    message = (f"'{module.stem}' is already an op of {where}/, built from "
+                               f"{source}: one op has one spec; choose another name (or remove "
+                               f"{source} and build again)")
+                else:
+                    continue
+                errors.append(SpecError(relative_path(ours[module.stem], Path.cwd()), "op.name",
+                                        message))
     raise_found(errors)
 
 
@@ -209,7 +200,6 @@ def plan_build(paths: Iterable[Path], out_dir: Path) -> list[Change]:
     root = out_dir.resolve().parent
     specs = load_specs(paths, root)
     refuse_clashes(specs, out_dir)
-    _refuse_takeovers(specs, out_dir, root)
     wanted = {out_dir / f"{spec.name}.py": _rendered(spec, out_dir.name, root) for spec in specs}
     built_from = {spec.source.path for spec in specs}
     removed = []
