@@ -49,6 +49,9 @@ def wrapped_numbers(op: Op, args: tuple) -> tuple:
     A call of numbers alone, or a derived backward op's, is left to the checks (a TypeError
     names the argument)."""
     d = op.description
+    if all(isinstance(args[i], torch.Tensor) for i in d.tensor_positions):
+        # the common call (every first call and every unreplayed one comes here): nothing to do
+        return args
     given = args
     if any(_numpy_number(args[i]) for i in d.tensor_positions):
         # numpy's scalars as the Python numbers they stand for, as torch takes them
