@@ -88,18 +88,30 @@ def _tile_start(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: 
 
 
 @triton.jit
+def _int4_start(x_ptr, M, N, K, x_stride_m, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                SPLIT_K: tl.constexpr):
+    """``_tile_start`` for a packed int4 B (whole groups a K block): the share's length and
+    first element, the tile's rows, their mask, its columns, the first step's bytes of B along K
+    and A's tile pointers."""
+    tl.static_assert(GROUP % BLOCK_K == 0)
+    share, k_first, offs_m, mask_m, offs_n, offs_k = _tile_start(M, N, K, BLOCK_M, BLOCK_N,
+                                                                 BLOCK_K, GROUP_M, SPLIT_K)
+    offs_byte = k_first // 2 + tl.arange(0, BLOCK_K // 2)
+    x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
+    return share, k_first, offs_m, mask_m, offs_n, offs_byte, x_ptrs
+
+
+@triton.jit
 def _int4_tile_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                       x_stride_m, q_stride_n, group_stride_n, out_stride_m,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
                       DEQUANT: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    tl.static_assert(GROUP % BLOCK_K == 0)
     # this program's share of K (SPLIT_K programs a tile, their sums added atomically)
-    share, k_first, offs_m, mask_m, offs_n, offs_k = _tile_start(M, N, K, BLOCK_M, BLOCK_N,
-                                                                 BLOCK_K, GROUP_M, SPLIT_K)
-    offs_byte = k_first // 2 + tl.arange(0, BLOCK_K // 2)
-    x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
+    share, k_first, offs_m, mask_m, offs_n, offs_byte, x_ptrs = _int4_start(
+        x_ptr, M, N, K, x_stride_m, GROUP, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K)
     # B's bytes K-major in the tile, (BLOCK_K // 2, BLOCK_N), as tl.dot takes B
     q_ptrs = q_ptr + offs_n[None, :] * q_stride_n + offs_byte[:, None]
     group_ptrs = offs_n * group_stride_n
@@ -143,11 +155,8 @@ def _int4_swap_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     stores each dequantized B tile to shared memory for wgmma and waits for it, every step.
     BLOCK_N is wgmma's 64-row unit (a warpgroup's), BLOCK_M the tokens (16 and up)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    tl.static_assert(GROUP % BLOCK_K == 0)
-    share, k_first, offs_m, mask_m, offs_n, offs_k = _tile_start(M, N, K, BLOCK_M, BLOCK_N,
-                                                                 BLOCK_K, GROUP_M, SPLIT_K)
-    offs_byte = k_first // 2 + tl.arange(0, BLOCK_K // 2)
-    x_ptrs = x_ptr + offs_m[:, None] * x_stride_m + offs_k[None, :]
+    share, k_first, offs_m, mask_m, offs_n, offs_byte, x_ptrs = _int4_start(
+        x_ptr, M, N, K, x_stride_m, GROUP, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K)
     # W's bytes as stored: BLOCK_N rows, K contiguous
     q_ptrs = q_ptr + offs_n[:, None] * q_stride_n + offs_byte[None, :]
     group_ptrs = offs_n * group_stride_n
