@@ -251,7 +251,9 @@ class Pointwise(FamilyRuntime):
 
     def call(self, op: Op, key: tuple | None, args: tuple, out: object = None) -> object:
         wrapped = wrapped_numbers(op, args)
-        if wrapped is not args and out is None:
+        # (is_compiling first: dynamo cannot trace `is not` between tuples, and a traced call
+        # neither records nor replays)
+        if not torch.compiler.is_compiling() and wrapped is not args and out is None:
             # a call with a number (which the public function does not key) keyed as a call
             # with the number's tensor: wrapped_numbers takes a number only where it computes
             # as that tensor would, so one recording serves both
