@@ -41,16 +41,22 @@ CELLS = ((16, 16, 1024, 64, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128
 CONFIGS = ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2),
            (64, 64, 4, 3), (128, 32, 4, 3))
 WIDE_CONFIGS = ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2))
-# name: (TMA loads, fused math, warp specialization); "skew" is a kernel of its own
-VARIANTS = {"ptr-scaled": (False, False, False), "ptr-fused": (False, True, False),
-            "tma-fused": (True, True, False), "tma-fused-ws": (True, True, True), "skew": None}
+# name: (TMA loads, fused math, warp specialization, lazy rescaling); "skew" is a kernel of its
+# own
+VARIANTS = {"ptr-scaled": (False, False, False, False), "ptr-fused": (False, True, False, False),
+            "tma-fused": (True, True, False, False), "tma-fused-ws": (True, True, True, False),
+            "ptr-lazy": (False, True, False, True), "skew": None}
 
 
 @triton.jit
 def _keys(acc, m_i, l_i, q, k_ptr, v_ptr, k_desc, v_desc, stride_s, lo, hi, rows, qk_scale,
           MASK: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr, WS: tl.constexpr,
-          BLOCK_N: tl.constexpr, E: tl.constexpr):
-    """Keys [lo, hi) into the running output; ``MASK``: the causal test (the diagonal block)."""
+          LAZY: tl.constexpr, BLOCK_N: tl.constexpr, E: tl.constexpr):
+    """Keys [lo, hi) into the running output; ``MASK``: the causal test (the diagonal block);
+    ``LAZY``: the accumulator rescaled only in the steps where some row's maximum grew by more
+    than 8 (log2 units) past the maximum the row keeps: FlashAttention-4's conditional
+    rescaling, decided here for the whole program (Triton has no per-warp branch). Most steps
+    then skip the accumulator's multiply; a stale maximum leaves the exponentials at most 2**8."""
     cols_e = tl.arange(0, E)
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
@@ -60,30 +66,42 @@ def _keys(acc, m_i, l_i, q, k_ptr, v_ptr, k_desc, v_desc, stride_s, lo, hi, rows
         else:
             k = tl.load(k_ptr + cols[:, None] * stride_s + cols_e[None, :])
         qk = tl.dot(q, k.T)
-        if FUSED:
-            if MASK:
-                qk = qk * qk_scale + tl.where(rows[:, None] >= cols[None, :], 0.0, -1.0e6)
+        if LAZY:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # (m_i + 8 is -inf while m_i is: the first block always rescales)
+            grown = tl.sum((m_ij > m_i + 8.0).to(tl.int32), 0)
+            if grown > 0:
+                alpha = tl.exp2(m_i - m_ij)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_ij
+            p = tl.exp2(qk * qk_scale - m_i[:, None])
+            l_i += tl.sum(p, 1)
+        else:
+            if FUSED:
+                if MASK:
+                    qk = qk * qk_scale + tl.where(rows[:, None] >= cols[None, :], 0.0, -1.0e6)
+                    m_ij = tl.maximum(m_i, tl.max(qk, 1))
+                    qk = qk - m_ij[:, None]
+                else:
+                    m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+                    qk = qk * qk_scale - m_ij[:, None]
+            else:
+                qk = qk * qk_scale
+                if MASK:
+                    qk = tl.where(rows[:, None] >= cols[None, :], qk, float("-inf"))
                 m_ij = tl.maximum(m_i, tl.max(qk, 1))
                 qk = qk - m_ij[:, None]
-            else:
-                m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-                qk = qk * qk_scale - m_ij[:, None]
-        else:
-            qk = qk * qk_scale
-            if MASK:
-                qk = tl.where(rows[:, None] >= cols[None, :], qk, float("-inf"))
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_ij[:, None]
-        p = tl.exp2(qk)
-        alpha = tl.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+            p = tl.exp2(qk)
+            alpha = tl.exp2(m_i - m_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_ij
         if TMA:
             v = v_desc.load([start, 0])
         else:
             v = tl.load(v_ptr + cols[:, None] * stride_s + cols_e[None, :])
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_ij
     return acc, m_i, l_i
 
 
@@ -104,7 +122,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sm_scale, H, S,
                      stride_b, stride_h, stride_s,
                      E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      CAUSAL: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr,
-                     WS: tl.constexpr):
+                     WS: tl.constexpr, LAZY: tl.constexpr):
     start_m, bh, offset = _program(S, H, stride_b, stride_h, BLOCK_M)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols_e = tl.arange(0, E)
@@ -123,11 +141,12 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sm_scale, H, S,
     # causal: the blocks left of the diagonal whole, then the diagonal block tested
     full_hi = start_m * BLOCK_M if CAUSAL else S
     acc, m_i, l_i = _keys(acc, m_i, l_i, q, k_ptr + offset, v_ptr + offset, k_desc, v_desc,
-                          stride_s, 0, full_hi, rows, qk_scale, False, TMA, FUSED, WS, BLOCK_N, E)
+                          stride_s, 0, full_hi, rows, qk_scale, False, TMA, FUSED, WS, LAZY, BLOCK_N,
+                          E)
     if CAUSAL:
         acc, m_i, l_i = _keys(acc, m_i, l_i, q, k_ptr + offset, v_ptr + offset, k_desc, v_desc,
                               stride_s, full_hi, full_hi + BLOCK_M, rows, qk_scale, True, TMA,
-                              FUSED, False, BLOCK_N, E)
+                              FUSED, False, False, BLOCK_N, E)
     tl.store(out_ptr + offset + rows[:, None] * stride_s + cols_e[None, :],
              (acc / l_i[:, None]).to(out_ptr.dtype.element_ty))
     tl.store(lse_ptr + bh.to(tl.int64) * S + rows, (m_i + tl.log2(l_i)) * 0.6931471805599453)
@@ -189,11 +208,12 @@ def runner(variant: str, q, k, v, causal: bool, config: tuple[int, int, int, int
                                 num_warps=warps, num_stages=stages)
             return out
         return run
-    tma, fused, ws = VARIANTS[variant]
+    tma, fused, ws, lazy = VARIANTS[variant]
 
     def run():
         attention_kernel[grid](*common, E=dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-                               TMA=tma, FUSED=fused, WS=ws, num_warps=warps, num_stages=stages)
+                               TMA=tma, FUSED=fused, WS=ws, LAZY=lazy,
+                               num_warps=warps, num_stages=stages)
         return out
     return run
 
