@@ -20,6 +20,7 @@ conversion. M = 16 reads each program's weights once a row (through L2 after the
 first look at whether one kernel can serve both sizes.
 
     PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py         # GPU: M = 1 and 16, all variants
+    PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py --words # GPU: M = 1, the word form
     TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/probe_int4_gemv.py --check   # correctness
 
 The numbers decide whether the matmul family gets a GEMV strategy for weight-only ops at small M
@@ -108,6 +109,70 @@ def _int4_gemv_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
             tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
         else:
             # relaxed: the sums need no ordering with other memory, only atomicity
+            tl.atomic_add(out_ptrs, acc, sem="relaxed")
+
+
+@triton.jit
+def _int4_words_kernel(x_ptr, q_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                       x_stride_m, q_stride_n, group_stride_n, out_stride_m, one_bits,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
+    """The GEMV on 32-bit words (8 nibbles, element 8 w + p at bits 4 p), each nibble made a
+    float with no subtraction: moved to the mantissa's bits 16-19 and ORed into 1.0's bits, it
+    is f = 1 + q / 128 exactly, so a group's sum of x f is sum x + sum x q / 128 and
+    sum x q = 128 (sum x f - sum x). A nibble then costs a shift (none for p = 4), an AND-OR
+    (one LOP3) and an FMA, where the byte form spends a byte extraction, an AND, an OR, a
+    subtraction and a multiply-add on each pair's share. ``one_bits`` is 1.0's bits
+    (0x3F800000) as an argument: a register, so that the AND and the OR are one LOP3 (which has
+    one immediate operand; with both as constants ptxas emitted two)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    tl.static_assert(BLOCK_K % GROUP == 0)
+    GROUPS: tl.constexpr = BLOCK_K // GROUP
+    WORDS: tl.constexpr = BLOCK_K // 8
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, WORDS)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_g = tl.arange(0, GROUPS)
+    share = K // SPLIT_K
+    k_first = pid_k * share
+    # q_stride_n in words
+    q_rows = q_ptr + offs_n[:, None] * q_stride_n + offs_w[None, :]
+    for m in range(M):
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for k in tl.range(k_first, k_first + share, BLOCK_K, num_stages=STAGES):
+            words = tl.load(q_rows + k // 8)
+            x = tl.load(x_ptr + m * x_stride_m + k + offs_k).to(tl.float32)
+            # x by place: bit 0 of p first, then bit 1, then bit 2
+            x_even, x_odd = tl.split(tl.reshape(x, (WORDS, 4, 2)))
+            x0, x2 = tl.split(tl.reshape(x_even, (WORDS, 2, 2)))
+            x1, x3 = tl.split(tl.reshape(x_odd, (WORDS, 2, 2)))
+            x0, x4 = tl.split(x0)
+            x2, x6 = tl.split(x2)
+            x1, x5 = tl.split(x1)
+            x3, x7 = tl.split(x3)
+            ONE = one_bits
+            NIBBLE: tl.constexpr = 0x000F0000
+            sums = ((words << 16) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x0[None, :]
+            sums += ((words << 12) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x1[None, :]
+            sums += ((words << 8) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x2[None, :]
+            sums += ((words << 4) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x3[None, :]
+            sums += (words & NIBBLE | ONE).to(tl.float32, bitcast=True) * x4[None, :]
+            sums += ((words >> 4) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x5[None, :]
+            sums += ((words >> 8) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x6[None, :]
+            sums += ((words >> 12) & NIBBLE | ONE).to(tl.float32, bitcast=True) * x7[None, :]
+            group_f = tl.sum(tl.reshape(sums, (BLOCK_N, GROUPS, GROUP // 8)), axis=2)
+            group_x = tl.sum(tl.reshape(x, (GROUPS, GROUP)), axis=1)[None, :]
+            groups = k // GROUP + offs_g
+            group_offsets = offs_n[:, None] * group_stride_n + groups[None, :]
+            scales = tl.load(scales_ptr + group_offsets).to(tl.float32)
+            zeros = tl.load(zeros_ptr + group_offsets).to(tl.float32)
+            # s (sum x q - z sum x) = s (128 sum x f - (128 + z) sum x)
+            acc += tl.sum(scales * (128.0 * group_f - (128.0 + zeros) * group_x), axis=1)
+        out_ptrs = out_ptr + m * out_stride_m + offs_n
+        if SPLIT_K == 1:
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
+        else:
             tl.atomic_add(out_ptrs, acc, sem="relaxed")
 
 
@@ -250,7 +315,14 @@ def gemv(x, qweight, scales, zeros, block_n, block_k, split_k, warps, stages, ma
     assert zeros.stride() == scales.stride()
     out = torch.empty(m, n, device=x.device, dtype=x.dtype) if split_k == 1 else \
         torch.zeros(m, n, device=x.device, dtype=torch.float32)
-    assert not dot or m <= 16
+    assert dot in (False, "words") or m <= 16
+    if dot == "words":
+        words = qweight.view(torch.int32)
+        _int4_words_kernel[(n // block_n, split_k)](
+            x, words, scales, zeros, out, m, n, k, x.stride(0), words.stride(0),
+            scales.stride(0), out.stride(0), 0x3F800000, GROUP=GROUP_SIZE, BLOCK_N=block_n, BLOCK_K=block_k,
+            SPLIT_K=split_k, STAGES=stages, num_warps=warps)
+        return out if split_k == 1 else out.to(x.dtype)
     if dot == "swap":
         _int4_swap_kernel[(n // block_n, split_k)](
             x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
@@ -301,6 +373,16 @@ SWAP = [(n, k, split, warps, stages, True, "swap")
         if n * k <= 32768 and not (warps == 8 and n == 64)]
 
 
+# the fourth round (2026-11-29): 32-bit words, each nibble 1 + q / 128 (M = 1): (BLOCK_N,
+# BLOCK_K, SPLIT_K, warps, stages, MAGIC (unused), "words")
+# the byte form's best of the earlier rounds, timed beside them
+GEMV_BEST = [(8, 2048, 1, 4, 1, True), (16, 512, 1, 4, 3, True), (16, 1024, 1, 4, 1, True)]
+WORDS = [(n, k, split, warps, stages, True, "words")
+         for n, k, split, warps, stages in itertools.product(
+             (4, 8, 16, 32), (512, 1024, 2048), (1, 2), (4, 8), (1, 3))
+         if 4096 <= n * k <= 32768 and (stages == 1 or k <= 1024) and (warps == 4 or n * k >= 16384)]
+
+
 def check() -> None:
     """Every variant's result at a small size against the dequantized weight's product."""
     m, n, k = 3, 128, 2048
@@ -317,6 +399,7 @@ def check() -> None:
         assert error < 1e-5, error
     # the tile kernel in float16 (the interpreter's bfloat16 dot is wrong): the weights rounded
     # to float16 once by their scale
+    want32 = want
     x16 = x.half()
     want = x16.double() @ quant.dequantize_int4(qweight, scales, zeros, GROUP_SIZE).double().T
     for block_n, block_k, split_k, magic in ((32, 128, 1, True), (64, 256, 2, True),
@@ -327,6 +410,12 @@ def check() -> None:
         print(f"dot BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k} magic {magic}: "
               f"relative error {error:.1e}")
         assert error < 2e-3, error
+    for block_n, block_k, split_k in ((16, 256, 1), (8, 512, 2)):
+        got = gemv(x, qweight, scales, zeros, block_n, block_k, split_k, 4, 2, True, dot="words")
+        error = ((got.double() - want32).norm() / want32.norm()).item()
+        print(f"words BLOCK_N {block_n} BLOCK_K {block_k} SPLIT_K {split_k}: "
+              f"relative error {error:.1e}")
+        assert error < 1e-5, error
     for block_n, block_k, split_k in ((64, 128, 1), (64, 256, 2)):
         got = gemv(x16, qweight, scales.half(), zeros.half(), block_n, block_k, split_k, 4, 2,
                    True, dot="swap")
@@ -357,7 +446,7 @@ def _label(variant) -> str:
     block_n, block_k, split_k, warps, stages, magic = variant[:6]
     dot = len(variant) > 6 and variant[6]
     prefetch = len(variant) > 7 and variant[7]
-    kind = "swap" if dot == "swap" else "dot " if dot else "gemv"
+    kind = {"swap": "swap", "words": "word", True: "dot ", False: "gemv"}[dot]
     return (f"{kind} BLOCK_N {block_n:3d} BLOCK_K {block_k:5d} split {split_k} w{warps} "
             f"s{stages}{' magic' if magic else ' cvt  '}{' prefetch' if prefetch else ''}")
 
@@ -400,6 +489,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
     parser.add_argument("--budget", type=float, default=300, help="seconds for the sweep")
     parser.add_argument("--swap", action="store_true", help="the swapped dot at M = 1 and 16")
+    parser.add_argument("--words", action="store_true",
+                        help="the fourth round: 32-bit words, nibbles as 1 + q / 128 (M = 1)")
     parser.add_argument("--product", action="store_true",
                         help="the generated ops' GEMV kernel per forced config")
     parser.add_argument("--wide", action="store_true",
@@ -417,6 +508,10 @@ def main() -> None:
     if options.swap:
         sweep_m(16, 4096, 4096, start, options.budget * 0.6, SWAP)
         sweep_m(1, 4096, 4096, start, options.budget, SWAP)
+        return
+    if options.words:
+        sweep_m(1, 4096, 4096, start, options.budget * 0.5, WORDS + GEMV_BEST)
+        sweep_m(1, 8192, 8192, start, options.budget, WORDS + GEMV_BEST)
         return
     if options.product:
         sweep_product(4096, 4096)

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 tools/perf/sweep_conv.py                  # every cell, ~6 minutes
     PYTHONPATH=. python3 tools/perf/sweep_conv.py --only 1x1       # the 1 x 1 cells only
+    PYTHONPATH=. python3 tools/perf/sweep_conv.py --only 3x3 --layout channels-last --stages 1
     TRITON_INTERPRET=1 PYTHONPATH=. python3 tools/perf/sweep_conv.py --check   # small shapes
 
 At each cell of the conv bench (specgen/families/conv.py BENCH_CELLS, bf16, NCHW and
@@ -49,11 +50,14 @@ def inputs(n, c, h, w, k, r, channels_last, seed, device="cuda", dtype=torch.bfl
     return x.to(memory_format=fmt), weight.to(memory_format=fmt)
 
 
-def variants(r: int, c: int, channels_last: bool) -> list[tuple[str, dict | None]]:
+def variants(r: int, c: int, channels_last: bool,
+             stages: int | None = None) -> list[tuple[str, dict | None]]:
     """(strategy, config) pairs to time at a cell of ``r`` x ``r`` filters and ``c`` channels:
     the copies to channels-last only where the input is NCHW, TMA where the input is
     channels-last or copied to it and with BLOCK_N at most conv_rt.TMA_MAX_BLOCK_N, as its
-    prune caps it, and for 1 x 1 filters the flat kernel over its own space (FLAT_CONFIGS)."""
+    prune caps it, and for 1 x 1 filters the flat kernel over its own space (FLAT_CONFIGS).
+    ``stages``: the implicit GEMM's configs at that many stages too (1: no cp.async, the
+    taps' loads through L1, where neighbouring taps of a tile read the same input rows)."""
     strategies = ["gemm"] + ([] if channels_last else ["gemm_repack"]) + \
         (["tma"] if channels_last or r > 1 else [])
     chosen = [("auto", None)]
@@ -62,6 +66,8 @@ def variants(r: int, c: int, channels_last: bool) -> list[tuple[str, dict | None
             if strategy == "tma" and config["BLOCK_N"] > conv_rt.TMA_MAX_BLOCK_N:
                 continue
             chosen.append((strategy, dict(config)))
+            if stages is not None and strategy == "gemm":
+                chosen.append((strategy, {**config, "num_stages": stages}))
     if r == 1:
         chosen += [("flat", dict(config)) for config in conv_rt.FLAT_CONFIGS]
     return chosen
@@ -87,7 +93,8 @@ def label(variant) -> str:
             f" w{config['num_warps']} s{config['num_stages']}")
 
 
-def sweep_cell(cell, channels_last: bool, start: float, budget: float) -> None:
+def sweep_cell(cell, channels_last: bool, start: float, budget: float,
+               stages: int | None = None) -> None:
     n, c, h, w, k, r = cell
     sets = [inputs(*cell, channels_last, 0)]
     size = sum(t.numel() * t.element_size() for t in sets[0]) + n * k * h * w * 2
@@ -112,7 +119,7 @@ def sweep_cell(cell, channels_last: bool, start: float, budget: float) -> None:
             return f"{label(variant)} [-]"
         return f"{label(variant)} [{log[-1].kernel if log else '?'}]"
 
-    sweep.sweep_variants(head, variants(r, c, channels_last), conv, ran, expected, sets, cudnn, ours,
+    sweep.sweep_variants(head, variants(r, c, channels_last, stages), conv, ran, expected, sets, cudnn, ours,
                          flops / sweep.PEAK_FLOPS * 1e6, start, budget)
 
 
@@ -138,6 +145,9 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="correctness only (interpreter)")
     parser.add_argument("--only", choices=("1x1", "3x3"), help="the cells of one filter size")
     parser.add_argument("--budget", type=float, default=480, help="seconds for the sweep")
+    parser.add_argument("--layout", choices=("nchw", "channels-last"), help="one input layout")
+    parser.add_argument("--stages", type=int,
+                        help="also the implicit GEMM's configs at this many stages")
     options = parser.parse_args()
     if options.check:
         check()
@@ -148,9 +158,11 @@ def main() -> None:
     # the 1 x 1 cell first: its planner rules are the open question
     cells.sort(key=lambda cell: cell[-1])
     start = time.perf_counter()
-    runs = [(cell, channels_last) for cell in cells for channels_last in (False, True)]
+    layouts = {None: (False, True), "nchw": (False,), "channels-last": (True,)}[options.layout]
+    runs = [(cell, channels_last) for cell in cells for channels_last in layouts]
     for i, (cell, channels_last) in enumerate(runs):
-        sweep_cell(cell, channels_last, start, options.budget * (i + 1) / len(runs))
+        sweep_cell(cell, channels_last, start, options.budget * (i + 1) / len(runs),
+                   options.stages)
 
 
 if __name__ == "__main__":
