@@ -100,30 +100,72 @@ def test_quantize_refuses_what_the_formats_cannot_hold():
 # --- the kernels --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("group_size, groups, rows, strategy",
-                         [(32, 3, 96, "direct"), (64, 1, 64, "direct"), (32, 3, 16, "direct"),
-                          (32, 3, 1, "gemv"), (64, 3, 8, "gemv")])
-def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, strategy):
+@pytest.mark.parametrize("group_size, groups, rows, strategy, dtype",
+                         [(32, 3, 96, "direct", "float32"), (64, 1, 64, "direct", "float32"),
+                          (32, 3, 16, "direct", "float32"), (32, 3, 1, "gemv", "float32"),
+                          (64, 3, 8, "gemv", "float32"), (32, 3, 1, "gemv", "float16")])
+def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, strategy, dtype,
+                                                      monkeypatch):
     # x = I: row k of the result is column k of the dequantized weight, so every element of the
     # weight (both nibbles of every byte, every group) is read once; in launches of `rows` rows
     # (under 64 the per-block scaling, from 64 the value per weight element: PER_TILE; the GEMV
-    # kernel a row a program, its K blocks of two groups here: a partial last block at 3)
+    # kernel a row a program, its K blocks of two groups here: a partial last block at 3; with
+    # 16-bit activations its word form, each of the 8 places of a word)
+    dtype = getattr(torch, dtype)
     k, n = group_size * groups, 24
     generator = torch.Generator().manual_seed(groups)
     qweight = torch.randint(0, 256, (n, k // 2), generator=generator, dtype=torch.uint8)
-    scales = torch.rand(n, groups, generator=generator) + 0.5
-    zeros = torch.randint(0, 16, (n, groups), generator=generator).float()
+    scales = (torch.rand(n, groups, generator=generator) + 0.5).to(dtype)
+    zeros = torch.randint(0, 16, (n, groups), generator=generator).to(dtype)
     args = [t.to(device()) for t in (qweight, scales, zeros)]
-    eye = torch.eye(k, device=device())
+    eye = torch.eye(k, device=device(), dtype=dtype)
+    words = []
+    monkeypatch.setattr(matmul_rt, "reads_words",
+                        lambda *a, reads=matmul_rt.reads_words: words.append(reads(*a)) or words[-1])
     with override(config={"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32 if strategy == "direct"
                           else 2 * group_size, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
                   strategy=strategy):
         result = torch.cat([generated.int4_weight_linear(eye[start:start + rows], *args, group_size)
                             for start in range(0, k, rows)])
-    expected = quant.dequantize_int4(*args, group_size).T
+    assert set(words) == ({dtype == torch.float16} if strategy == "gemv" else set())
+    expected = quant.dequantize_int4(args[0], args[1].float(), args[2].float(), group_size).T
     # (the K blocks' sums of x times the zero points cancel against their products with q, in
-    # float32: a wrong nibble would be off by a whole scale, at least 0.5)
-    torch.testing.assert_close(result, expected, rtol=0, atol=1e-4)
+    # float32: a wrong nibble would be off by a whole scale, at least 0.5; float16 rounds the
+    # result to 2**-11 of it, at most 22.5)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(result.float(), expected, rtol=0, atol=tolerance)
+
+
+def test_the_gemv_reads_b_as_words_where_its_rows_allow():
+    """The word form (matmul_rt.reads_words): 16-bit activations and B's bytes contiguous along
+    K, every row on a word; else the byte form, which computes the same sums."""
+    n, k, group = 24, 256, 64
+    generator = torch.Generator().manual_seed(5)
+    qweight = torch.randint(0, 256, (n, k // 2), generator=generator, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=generator) + 0.5
+    zeros = torch.randint(0, 16, (n, k // group), generator=generator).float()
+    x = torch.randn(1, k, generator=generator)
+    # B one byte into a wider buffer: its rows start off words
+    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8)
+    wide[:, 1:1 + k // 2] = qweight
+    cases = [(torch.float16, qweight, True), (torch.float16, wide[:, 1:1 + k // 2], False),
+             (torch.float32, qweight, False), (torch.float16, qweight.T.contiguous().T, False)]
+    words, results = [], []
+    original = matmul_rt.reads_words
+    try:
+        matmul_rt.reads_words = lambda *a: words.append(original(*a)) or words[-1]
+        for dtype, b, _ in cases:
+            with override(strategy="gemv"):
+                results.append(generated.int4_weight_linear(
+                    x.to(dtype).to(device()), b.to(device()), scales.to(dtype).to(device()),
+                    zeros.to(dtype).to(device()), group).float())
+    finally:
+        matmul_rt.reads_words = original
+    assert words == [want for _, _, want in cases]
+    expected = x.double() @ quant.dequantize_int4(qweight, scales, zeros, group).double().T
+    for result, (dtype, _, _) in zip(results, cases):
+        error = ((result.double().cpu() - expected).norm() / expected.norm()).item()
+        assert error < (2e-3 if dtype == torch.float16 else 1e-5), (dtype, error)
 
 
 def test_int8_linear_accumulates_exactly_in_int32():
@@ -416,3 +458,24 @@ def test_authored_formats_of_other_widths(authored, text, mode, k):
         assert log[-1].kernel == ran, (strategy, log[-1].kernel)
         expected = module.reference(x.double(), qweight, scales.double())
         torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_one_bit_elements_take_the_word_form(authored, monkeypatch):
+    # 32 elements a word, no groups (the value scaled per K block, with an offset): the word
+    # form's 5 levels of splits of A's row and its 32 shifts, at M = 1 with float16 activations
+    module = authored(ONE_BIT_SIGN)
+    k = 256
+    generator = torch.Generator().manual_seed(k)
+    x = torch.randn(1, k, generator=generator).half().to(device())
+    qweight = torch.randint(0, 256, (24, k // 8), generator=generator,
+                            dtype=torch.uint8).to(device())
+    scales = (torch.rand(24, generator=generator) + 0.5).half().to(device())
+    words = []
+    monkeypatch.setattr(matmul_rt, "reads_words",
+                        lambda *a, reads=matmul_rt.reads_words: words.append(reads(*a)) or words[-1])
+    with override(strategy="gemv"), record_launches() as log:
+        result = getattr(module, module.OP.name)(x, qweight, scales)
+    assert words == [True] and log[-1].kernel == "gemv"
+    expected = module.reference(x.double(), qweight, scales.double())
+    error = ((result.double() - expected).norm() / expected.norm()).item()
+    assert error < 2e-3, error

@@ -506,6 +506,24 @@ class OutputTensor(EpilogueOutput):
         return "mn"
 
 
+def _place_splits(source: str, prefix: str, levels: int) -> tuple[tuple[str, str, str], ...]:
+    """``(source, first, second)`` per ``tl.split`` of ``source`` (its last ``levels`` dims of 2
+    an element's place, lowest bit last), ending in ``prefix``0 ... ``prefix``{2 ** levels - 1}:
+    each split parts the elements by one more bit of their place."""
+    splits, sources = [], {0: source}
+    for level in range(levels):
+        modulus = 2 << level
+        named = {}
+        for residue, part in sources.items():
+            for bit in (0, 1):
+                place = residue + (bit << level)
+                named[place] = f"{prefix}{place}" if level == levels - 1 \
+                    else f"{prefix}{place}_of_{modulus}"
+            splits.append((part, named[residue], named[residue + (1 << level)]))
+        sources = named
+    return tuple(splits)
+
+
 @dataclass(frozen=True)
 class MatmulPlan(CommonPlan, EpiloguePlan):
     a: Operand = None
@@ -558,19 +576,54 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         """``(source, first, second)`` per ``tl.split`` of the GEMV's reshaped row of A
         (A_parts: its last dims the place in a byte, lowest bit last), ending in A_p0 ...
         A_p{packed - 1}: each split parts the elements by one more bit of their place."""
-        a, levels = self.a.name, self.split_levels
-        splits, sources = [], {0: f"{a}_parts"}
-        for level in range(levels):
-            modulus = 2 << level
-            named = {}
-            for residue, source in sources.items():
-                for bit in (0, 1):
-                    place = residue + (bit << level)
-                    named[place] = f"{a}_p{place}" if level == levels - 1 \
-                        else f"{a}_p{place}_of_{modulus}"
-                splits.append((source, named[residue], named[residue + (1 << level)]))
-            sources = named
-        return tuple(splits)
+        return _place_splits(f"{self.a.name}_parts", f"{self.a.name}_p", self.split_levels)
+
+    @property
+    def gemv_words(self) -> bool:
+        """Whether the GEMV kernel has a form that reads B as 32-bit words (its launcher's WORDS,
+        where B's rows allow it): block mode over packed elements, whose integers then become
+        floats with no subtraction (``word_fields``). Channel mode (8-bit) keeps bytes."""
+        return self.gemv and self.dequant_mode == "block" and self.dequant.packed > 1
+
+    @property
+    def word_elements(self) -> int:
+        """Elements of K a 32-bit word of B holds."""
+        return 4 * self.dequant.packed
+
+    @property
+    def word_position(self) -> int:
+        """The mantissa bit where the word form puts an element's integer q, so that ORed into
+        1.0's bits it reads 1 + q / word_scale exactly: the highest multiple of the element's
+        width that leaves it inside the mantissa (a place of each word needs no shift), 16 for
+        4 bits (1 + q / 128): q's share keeps 17 bits of x's float32 product."""
+        bits = self.dequant.bits
+        return bits * ((23 - bits) // bits)
+
+    @property
+    def word_scale(self) -> int:
+        """2 ** (23 - word_position): sum x q = word_scale (sum x f - sum x), f = 1 + q / it."""
+        return 2 ** (23 - self.word_position)
+
+    @property
+    def word_fields(self) -> tuple[str, ...]:
+        """Per place p of a word (element word_elements * w + p, at bits p * bits), B's words
+        shifted so that its bits sit at word_position (the template masks them and ORs 1.0's
+        bits in). A right shift of the signed words brings the sign's copies above the field
+        only."""
+        b, bits, position = self.b.name, self.dequant.bits, self.word_position
+        fields = []
+        for place in range(self.word_elements):
+            shift = position - place * bits
+            fields.append(f"({b}_words << {shift})" if shift > 0 else
+                          f"({b}_words >> {-shift})" if shift < 0 else f"{b}_words")
+        return tuple(fields)
+
+    @property
+    def word_splits(self) -> tuple[tuple[str, str, str], ...]:
+        """``position_splits`` for the word form: A's row reshaped to (BLOCK_K // word_elements,
+        2, ..., 2), ending in A_w0 ... A_w{word_elements - 1}."""
+        return _place_splits(f"{self.a.name}_word_parts", f"{self.a.name}_w",
+                             self.word_elements.bit_length() - 1)
 
     @property
     def place_joins(self) -> tuple[tuple[str, str, str], ...]:

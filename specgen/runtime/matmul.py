@@ -628,6 +628,8 @@ class OpLayout:
     group: str | None = None            # the group-size argument
     grouped: tuple[str, ...] = ()       # the operands indexed by its groups (dims N, G)
     gemv: bool = False                  # the module has the GEMV kernel (M = 1)
+    gemv_words: int = 0                 # elements a 32-bit word of B holds, where the GEMV
+                                        # kernel can read B as words (its WORDS); 0: bytes only
 
 
 def check_group(op: str, name: str, value: object, least: int) -> int:
@@ -900,6 +902,29 @@ def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple, group: int | Non
     _run(op, strategy, plan, args, named, outs, group)
 
 
+# 1.0's bits: the GEMV's word form ORs each element's integer into them (an argument, so that
+# ptxas takes it from a register and the AND-OR is one instruction)
+ONE_BITS = 0x3F800000
+
+
+def reads_words(layout: OpLayout, plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor,
+                group: int | None) -> bool:
+    """Whether the GEMV kernel reads a quantized B as 32-bit words (its WORDS): B's bytes
+    contiguous along K, each row and batch element starting on a word, K and the group whole
+    words, and 16-bit activations. The word form's elements are 1 + q / 2**k in float32, whose
+    sums hold q's share to about 2**-17 of x's (a relative error near 5e-6 against 2e-7 with
+    bytes): far under a 16-bit result's rounding, not under float32's, so float32 and float64
+    activations keep the byte form."""
+    elements = layout.gemv_words
+    b_strides = plan.ab_strides[len(plan.ab_strides) - 2 - (layout.rank if layout.batched_ab[1] else 0):]
+    *batch, stride_k, stride_n = b_strides
+    return (a.dtype in (torch.float16, torch.bfloat16) and b.dtype == torch.uint8
+            and stride_k == 1 and plan.k % elements == 0
+            and (group is None or group % elements == 0)
+            and all(stride % 4 == 0 for stride in (stride_n, *batch))
+            and b.data_ptr() % 4 == 0)
+
+
 def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
          named: Mapping[str, torch.Tensor | None], outs: tuple, group: int | None) -> None:
     d = op.description
@@ -927,7 +952,10 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         tile_args = (a, b, *grouped, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
                      *plan.group_strides, *plan.epilogue_strides, *scalars)
         if strategy.kind == "gemv":
-            launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common,
+            words = {}
+            if layout.gemv_words:
+                words = {"WORDS": reads_words(layout, plan, a, b, group), "one_bits": ONE_BITS}
+            launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common, **words,
                    tune_key=tune_key)
         elif strategy.kind == "tma":
             batch = ({f"{layout.a}_stride_batch": plan.tma.a_batch,
