@@ -145,11 +145,13 @@ def test_the_gemv_reads_b_as_words_where_its_rows_allow():
     scales = torch.rand(n, k // group, generator=generator) + 0.5
     zeros = torch.randint(0, 16, (n, k // group), generator=generator).float()
     x = torch.randn(1, k, generator=generator)
-    # B one byte into a wider buffer: its rows start off words
-    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8)
-    wide[:, 1:1 + k // 2] = qweight
-    cases = [(torch.float16, qweight, True), (torch.float16, wide[:, 1:1 + k // 2], False),
-             (torch.float32, qweight, False), (torch.float16, qweight.T.contiguous().T, False)]
+    # B one byte into a wider buffer: its rows start off words (made on the device: a copy of
+    # the view there would be contiguous)
+    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8, device=device())
+    wide[:, 1:1 + k // 2] = qweight.to(device())
+    on_device = qweight.to(device())
+    cases = [(torch.float16, on_device, True), (torch.float16, wide[:, 1:1 + k // 2], False),
+             (torch.float32, on_device, False), (torch.float16, on_device.T.contiguous().T, False)]
     words, results = [], []
     original = matmul_rt.reads_words
     try:
@@ -157,7 +159,7 @@ def test_the_gemv_reads_b_as_words_where_its_rows_allow():
         for dtype, b, _ in cases:
             with override(strategy="gemv"):
                 results.append(generated.int4_weight_linear(
-                    x.to(dtype).to(device()), b.to(device()), scales.to(dtype).to(device()),
+                    x.to(dtype).to(device()), b, scales.to(dtype).to(device()),
                     zeros.to(dtype).to(device()), group).float())
     finally:
         matmul_rt.reads_words = original
