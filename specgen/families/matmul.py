@@ -59,6 +59,7 @@ GENERATED_NAMES = frozenset({
     "m", "n", "rest", "tile",  # the kernels' names the shipped specs' modules do not show
     "q", "group_id", "block",  # a quantized B's integers, their group, a K block's product
     "products", "group_products", "groups",  # the GEMV kernel's
+    "one_bits",  # its word form's 1.0 bits (an argument)
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_", "size_b")
 # what the template appends to a tensor's or output's name (x_ptr, x_stride_m, a quantized B's
