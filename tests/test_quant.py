@@ -481,3 +481,27 @@ def test_one_bit_elements_take_the_word_form(authored, monkeypatch):
     expected = module.reference(x.double(), qweight, scales.double())
     error = ((result.double() - expected).norm() / expected.norm()).item()
     assert error < 2e-3, error
+
+
+def test_int8_gemv_word_form_reads_every_signed_byte(monkeypatch):
+    # x = I at M = 1 with float16 activations: row k of the result is column k of the weight
+    # (per-channel scales), each of a word's 4 signed bytes read once, -128 and 127 included;
+    # K off the blocks, so the last block is partial
+    k, n = 72, 24
+    generator = torch.Generator().manual_seed(8)
+    qweight = torch.randint(-128, 128, (n, k), generator=generator, dtype=torch.int8)
+    qweight[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    scales = (torch.rand(n, generator=generator) + 0.5).half()
+    qweight, scales = qweight.to(device()), scales.to(device())
+    eye = torch.eye(k, device=device(), dtype=torch.float16)
+    words = []
+    monkeypatch.setattr(matmul_rt, "reads_words",
+                        lambda *a, reads=matmul_rt.reads_words: words.append(reads(*a)) or words[-1])
+    with override(strategy="gemv", config={"BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 2,
+                                           "num_warps": 4}):
+        result = torch.cat([generated.int8_weight_linear(eye[i:i + 1], qweight, scales)
+                            for i in range(k)])
+    assert set(words) == {True}
+    expected = quant.dequantize_int8(qweight, scales.float()).T
+    # (a wrong byte is off by a whole scale at least; float16 rounds to 2**-11 of at most 192)
+    torch.testing.assert_close(result.float(), expected, rtol=0, atol=0.1)

@@ -582,9 +582,9 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
     @property
     def gemv_words(self) -> bool:
         """Whether the GEMV kernel has a form that reads B as 32-bit words (its launcher's WORDS,
-        where B's rows allow it): block mode over packed elements, whose integers then become
-        floats with no subtraction (``word_fields``). Channel mode (8-bit) keeps bytes."""
-        return self.gemv and self.dequant_mode == "block" and self.dequant.packed > 1
+        where B's rows allow it), whose integers then become floats with no conversion or
+        subtraction (``word_fields``): every GEMV kernel has it."""
+        return self.gemv
 
     @property
     def word_elements(self) -> int:
@@ -595,10 +595,19 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
     def word_position(self) -> int:
         """The mantissa bit where the word form puts an element's integer q, so that ORed into
         1.0's bits it reads 1 + q / word_scale exactly: the highest multiple of the element's
-        width that leaves it inside the mantissa (a place of each word needs no shift), 16 for
-        4 bits (1 + q / 128): q's share keeps 17 bits of x's float32 product."""
+        width that leaves it inside the mantissa (a place of each word then needs no shift)
+        where that costs at most 3 bits of q's share, else the mantissa's top: 16 for 4 bits
+        (1 + q / 128: q's share keeps 17 bits of x's float32 product), 15 for 8 bits."""
         bits = self.dequant.bits
-        return bits * ((23 - bits) // bits)
+        aligned = bits * ((23 - bits) // bits)
+        return aligned if aligned >= 20 - bits else 23 - bits
+
+    @property
+    def word_sign_bits(self) -> int:
+        """What the launcher XORs into 1.0's bits for signed bytes (8-bit elements only): the
+        sign bit of an element's field, which makes q + 2 ** (bits - 1) of it, a nonnegative
+        integer, as the byte form's SIGNED shift does."""
+        return (1 << (self.dequant.bits - 1)) << self.word_position if self.dequant.packed == 1 else 0
 
     @property
     def word_scale(self) -> int:
@@ -608,9 +617,9 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
     @property
     def word_fields(self) -> tuple[str, ...]:
         """Per place p of a word (element word_elements * w + p, at bits p * bits), B's words
-        shifted so that its bits sit at word_position (the template masks them and ORs 1.0's
-        bits in). A right shift of the signed words brings the sign's copies above the field
-        only."""
+        shifted so that its bits sit at word_position (the template masks them and XORs 1.0's
+        bits in, with the field's sign bit for signed bytes). A right shift of the signed words
+        brings the sign's copies above the field only."""
         b, bits, position = self.b.name, self.dequant.bits, self.word_position
         fields = []
         for place in range(self.word_elements):

@@ -630,6 +630,7 @@ class OpLayout:
     gemv: bool = False                  # the module has the GEMV kernel (M = 1)
     gemv_words: int = 0                 # elements a 32-bit word of B holds, where the GEMV
                                         # kernel can read B as words (its WORDS); 0: bytes only
+    gemv_sign_bits: int = 0             # its elements' sign bits there, for signed bytes
 
 
 def check_group(op: str, name: str, value: object, least: int) -> int:
@@ -902,8 +903,8 @@ def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple, group: int | Non
     _run(op, strategy, plan, args, named, outs, group)
 
 
-# 1.0's bits: the GEMV's word form ORs each element's integer into them (an argument, so that
-# ptxas takes it from a register and the AND-OR is one instruction)
+# 1.0's bits: the GEMV's word form puts each element's integer into them (an argument, so that
+# ptxas takes it from a register and the mask and the XOR are one instruction)
 ONE_BITS = 0x3F800000
 
 
@@ -911,14 +912,15 @@ def reads_words(layout: OpLayout, plan: LaunchPlan, a: torch.Tensor, b: torch.Te
                 group: int | None) -> bool:
     """Whether the GEMV kernel reads a quantized B as 32-bit words (its WORDS): B's bytes
     contiguous along K, each row and batch element starting on a word, K and the group whole
-    words, and 16-bit activations. The word form's elements are 1 + q / 2**k in float32, whose
-    sums hold q's share to about 2**-17 of x's (a relative error near 5e-6 against 2e-7 with
-    bytes): far under a 16-bit result's rounding, not under float32's, so float32 and float64
-    activations keep the byte form."""
+    words, unsigned bytes (signed ones where a byte is one element), and 16-bit activations.
+    The word form's elements are 1 + q / 2**s in float32, whose sums hold q's share to about
+    2**-17 of x's (a relative error near 5e-6 against 2e-7 with bytes): far under a 16-bit
+    result's rounding, not under float32's, so float32 and float64 activations keep bytes."""
     elements = layout.gemv_words
     b_strides = plan.ab_strides[len(plan.ab_strides) - 2 - (layout.rank if layout.batched_ab[1] else 0):]
     *batch, stride_k, stride_n = b_strides
-    return (a.dtype in (torch.float16, torch.bfloat16) and b.dtype == torch.uint8
+    signed_ok = layout.packed == 1 and b.dtype == torch.int8
+    return (a.dtype in (torch.float16, torch.bfloat16) and (b.dtype == torch.uint8 or signed_ok)
             and stride_k == 1 and plan.k % elements == 0
             and (group is None or group % elements == 0)
             and all(stride % 4 == 0 for stride in (stride_n, *batch))
@@ -954,7 +956,9 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         if strategy.kind == "gemv":
             words = {}
             if layout.gemv_words:
-                words = {"WORDS": reads_words(layout, plan, a, b, group), "one_bits": ONE_BITS}
+                signed = layout.gemv_sign_bits if b.dtype == torch.int8 else 0
+                words = {"WORDS": reads_words(layout, plan, a, b, group),
+                         "one_bits": ONE_BITS | signed}
             launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common, **words,
                    tune_key=tune_key)
         elif strategy.kind == "tma":
