@@ -505,3 +505,25 @@ def test_int8_gemv_word_form_reads_every_signed_byte(monkeypatch):
     expected = quant.dequantize_int8(qweight, scales.float()).T
     # (a wrong byte is off by a whole scale at least; float16 rounds to 2**-11 of at most 192)
     torch.testing.assert_close(result.float(), expected, rtol=0, atol=0.1)
+
+
+def test_a_traced_gemv_decides_its_word_form_from_the_offset(monkeypatch):
+    # fake tensors have no addresses: their offset into an allocation decides (as for TMA), and
+    # WORDS stays a plain bool; a slice one byte in keeps the bytes
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import importlib
+    launch_module = importlib.import_module("specgen.runtime.launch")
+    launched = []
+    monkeypatch.setattr(launch_module, "wrap_triton", lambda kernel: type(
+        "Grid", (), {"__getitem__": lambda self, grid: lambda *a, **kw: launched.append(kw)})())
+    n, k, group = 32, 256, 64
+    qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k), group)
+    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8)
+    wide[:, 1:1 + k // 2] = qweight
+    x = torch.randn(1, k).half()
+    for b in (qweight, wide[:, 1:1 + k // 2]):
+        with override(strategy="gemv"):
+            make_fx(lambda x, b, s, z: generated.int4_weight_linear(x, b, s, z, group),
+                    tracing_mode="fake")(x, b, scales.half(), zeros.half())
+    assert [kw["WORDS"] for kw in launched] == [True, False]
+    assert all(type(kw["WORDS"]) is bool for kw in launched)

@@ -425,14 +425,15 @@ def has_tma(device_index: int) -> bool:
 
 def tma_aligned(*tensors: torch.Tensor) -> bool:
     """Whether every tensor starts on a 16-byte boundary, as a TMA descriptor's base must (a call's
-    property, not its plan's: a slice of an aligned tensor may start anywhere). Traced calls see
-    fake tensors without addresses: their offset into a (256-byte aligned) allocation decides."""
-    for t in tensors:
-        # a fake tensor's data_ptr() is deprecated, to become an error
-        address = t.data_ptr() if is_real(t) else t.storage_offset() * t.element_size()
-        if address % TMA_ALIGN:
-            return False
-    return True
+    property, not its plan's: a slice of an aligned tensor may start anywhere)."""
+    return all(start_address(t) % TMA_ALIGN == 0 for t in tensors)
+
+
+def start_address(t: torch.Tensor) -> int:
+    """Where a tensor starts, for alignment checks. Traced calls see fake tensors without
+    addresses (their data_ptr() is deprecated, to become an error): their offset into a
+    (256-byte aligned) allocation decides."""
+    return t.data_ptr() if is_real(t) else t.storage_offset() * t.element_size()
 
 
 def input_precision(dtype: torch.dtype, allow_tf32: bool | None = None) -> str:
@@ -917,14 +918,17 @@ def reads_words(layout: OpLayout, plan: LaunchPlan, a: torch.Tensor, b: torch.Te
     2**-17 of x's (a relative error near 5e-6 against 2e-7 with bytes): far under a 16-bit
     result's rounding, not under float32's, so float32 and float64 activations keep bytes."""
     elements = layout.gemv_words
-    b_strides = plan.ab_strides[len(plan.ab_strides) - 2 - (layout.rank if layout.batched_ab[1] else 0):]
-    *batch, stride_k, stride_n = b_strides
+    # B's stride arguments: its batch strides where it has them, then K's and N's
+    b_count = 2 + (layout.rank if layout.batched_ab[1] else 0)
+    *batch, stride_k, stride_n = plan.ab_strides[len(plan.ab_strides) - b_count:]
     signed_ok = layout.packed == 1 and b.dtype == torch.int8
-    return (a.dtype in (torch.float16, torch.bfloat16) and (b.dtype == torch.uint8 or signed_ok)
-            and stride_k == 1 and plan.k % elements == 0
-            and (group is None or group % elements == 0)
-            and all(stride % 4 == 0 for stride in (stride_n, *batch))
-            and b.data_ptr() % 4 == 0)
+    # bool(): traced with symbolic sizes, the tests become guards and WORDS a plain constexpr
+    return bool(a.dtype in (torch.float16, torch.bfloat16)
+                and (b.dtype == torch.uint8 or signed_ok)
+                and stride_k == 1 and plan.k % elements == 0
+                and (group is None or group % elements == 0)
+                and all(stride % 4 == 0 for stride in (stride_n, *batch))
+                and start_address(b) % 4 == 0)
 
 
 def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
