@@ -269,3 +269,30 @@ def test_torch_compile_linear_gelu():
     with runtime.override(strategy="two_stage:4", config=CONFIG):
         out = torch.compile(fn, fullgraph=True, dynamic=False)(x1, w1, None)
     check(out, F.gelu(F.linear(d(x1), d(w1)), approximate="tanh") * 2.0, 4096)
+
+
+@pytest.mark.parametrize("op", ["int4_weight_linear", "int8_weight_linear"])
+def test_torch_compile_of_a_decode_step_reads_words(op):
+    # M = 1 in bf16 takes the GEMV kernel in its word form (the launcher decides from the fake
+    # B's offset while tracing): the compiled graph computes what eager does, bit for bit
+    from specgen import quant
+    k, n = 4096, 1024
+    w = torch.randn(n, k, device="cuda") * k ** -0.5
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    if op == "int4_weight_linear":
+        qweight, scales, zeros = quant.quantize_int4(w, 128)
+        args = (qweight, scales.bfloat16(), zeros.bfloat16(), 128)
+        expected = x.double() @ quant.dequantize_int4(qweight, scales.bfloat16().float(),
+                                                      zeros.bfloat16().float(), 128).double().T
+    else:
+        qweight, scales = quant.quantize_int8(w)
+        args = (qweight, scales.bfloat16())
+        expected = x.double() @ quant.dequantize_int8(qweight, scales.bfloat16().float()).double().T
+    function = getattr(generated, op)
+    with runtime.override(strategy="gemv"):
+        eager = function(x, *args)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: function(x, *args), fullgraph=True, dynamic=False)(x)
+    assert torch.equal(compiled, eager)
+    error = ((eager.double() - expected).norm() / expected.norm()).item()
+    assert error < 1e-2, error
