@@ -97,6 +97,16 @@ def test_quantize_refuses_what_the_formats_cannot_hold():
         quant.quantize_int8(torch.randint(0, 3, (4, 4)))
 
 
+@pytest.fixture
+def word_choices(monkeypatch):
+    """What each GEMV launch's ``matmul_rt.reads_words`` decided, in order."""
+    choices = []
+    reads = matmul_rt.reads_words
+    monkeypatch.setattr(matmul_rt, "reads_words",
+                        lambda *args: choices.append(reads(*args)) or choices[-1])
+    return choices
+
+
 # --- the kernels --------------------------------------------------------------------------------
 
 
@@ -105,7 +115,7 @@ def test_quantize_refuses_what_the_formats_cannot_hold():
                           (32, 3, 16, "direct", "float32"), (32, 3, 1, "gemv", "float32"),
                           (64, 3, 8, "gemv", "float32"), (32, 3, 1, "gemv", "float16")])
 def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, strategy, dtype,
-                                                      monkeypatch):
+                                                      word_choices):
     # x = I: row k of the result is column k of the dequantized weight, so every element of the
     # weight (both nibbles of every byte, every group) is read once; in launches of `rows` rows
     # (under 64 the per-block scaling, from 64 the value per weight element: PER_TILE; the GEMV
@@ -119,15 +129,12 @@ def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, 
     zeros = torch.randint(0, 16, (n, groups), generator=generator).to(dtype)
     args = [t.to(device()) for t in (qweight, scales, zeros)]
     eye = torch.eye(k, device=device(), dtype=dtype)
-    words = []
-    monkeypatch.setattr(matmul_rt, "reads_words",
-                        lambda *a, reads=matmul_rt.reads_words: words.append(reads(*a)) or words[-1])
     with override(config={"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32 if strategy == "direct"
                           else 2 * group_size, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
                   strategy=strategy):
         result = torch.cat([generated.int4_weight_linear(eye[start:start + rows], *args, group_size)
                             for start in range(0, k, rows)])
-    assert set(words) == ({dtype == torch.float16} if strategy == "gemv" else set())
+    assert set(word_choices) == ({dtype == torch.float16} if strategy == "gemv" else set())
     expected = quant.dequantize_int4(args[0], args[1].float(), args[2].float(), group_size).T
     # (the K blocks' sums of x times the zero points cancel against their products with q, in
     # float32: a wrong nibble would be off by a whole scale, at least 0.5; float16 rounds the
@@ -136,7 +143,7 @@ def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, 
     torch.testing.assert_close(result.float(), expected, rtol=0, atol=tolerance)
 
 
-def test_the_gemv_reads_b_as_words_where_its_rows_allow():
+def test_the_gemv_reads_b_as_words_where_its_rows_allow(word_choices):
     """The word form (matmul_rt.reads_words): 16-bit activations and B's bytes contiguous along
     K, every row on a word; else the byte form, which computes the same sums."""
     n, k, group = 24, 256, 64
@@ -152,18 +159,13 @@ def test_the_gemv_reads_b_as_words_where_its_rows_allow():
     on_device = qweight.to(device())
     cases = [(torch.float16, on_device, True), (torch.float16, wide[:, 1:1 + k // 2], False),
              (torch.float32, on_device, False), (torch.float16, on_device.T.contiguous().T, False)]
-    words, results = [], []
-    original = matmul_rt.reads_words
-    try:
-        matmul_rt.reads_words = lambda *a: words.append(original(*a)) or words[-1]
-        for dtype, b, _ in cases:
-            with override(strategy="gemv"):
-                results.append(generated.int4_weight_linear(
-                    x.to(dtype).to(device()), b, scales.to(dtype).to(device()),
-                    zeros.to(dtype).to(device()), group).float())
-    finally:
-        matmul_rt.reads_words = original
-    assert words == [want for _, _, want in cases]
+    results = []
+    for dtype, b, _ in cases:
+        with override(strategy="gemv"):
+            results.append(generated.int4_weight_linear(
+                x.to(dtype).to(device()), b, scales.to(dtype).to(device()),
+                zeros.to(dtype).to(device()), group).float())
+    assert word_choices == [want for _, _, want in cases]
     expected = x.double() @ quant.dequantize_int4(qweight, scales, zeros, group).double().T
     for result, (dtype, _, _) in zip(results, cases):
         error = ((result.double().cpu() - expected).norm() / expected.norm()).item()
@@ -462,7 +464,7 @@ def test_authored_formats_of_other_widths(authored, text, mode, k):
         torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-4)
 
 
-def test_one_bit_elements_take_the_word_form(authored, monkeypatch):
+def test_one_bit_elements_take_the_word_form(authored, word_choices):
     # 32 elements a word, no groups (the value scaled per K block, with an offset): the word
     # form's 5 levels of splits of A's row and its 32 shifts, at M = 1 with float16 activations
     module = authored(ONE_BIT_SIGN)
@@ -472,18 +474,15 @@ def test_one_bit_elements_take_the_word_form(authored, monkeypatch):
     qweight = torch.randint(0, 256, (24, k // 8), generator=generator,
                             dtype=torch.uint8).to(device())
     scales = (torch.rand(24, generator=generator) + 0.5).half().to(device())
-    words = []
-    monkeypatch.setattr(matmul_rt, "reads_words",
-                        lambda *a, reads=matmul_rt.reads_words: words.append(reads(*a)) or words[-1])
     with override(strategy="gemv"), record_launches() as log:
         result = getattr(module, module.OP.name)(x, qweight, scales)
-    assert words == [True] and log[-1].kernel == "gemv"
+    assert word_choices == [True] and log[-1].kernel == "gemv"
     expected = module.reference(x.double(), qweight, scales.double())
     error = ((result.double() - expected).norm() / expected.norm()).item()
     assert error < 2e-3, error
 
 
-def test_int8_gemv_word_form_reads_every_signed_byte(monkeypatch):
+def test_int8_gemv_word_form_reads_every_signed_byte(word_choices):
     # x = I at M = 1 with float16 activations: row k of the result is column k of the weight
     # (per-channel scales), each of a word's 4 signed bytes read once, -128 and 127 included;
     # K off the blocks, so the last block is partial
@@ -494,14 +493,11 @@ def test_int8_gemv_word_form_reads_every_signed_byte(monkeypatch):
     scales = (torch.rand(n, generator=generator) + 0.5).half()
     qweight, scales = qweight.to(device()), scales.to(device())
     eye = torch.eye(k, device=device(), dtype=torch.float16)
-    words = []
-    monkeypatch.setattr(matmul_rt, "reads_words",
-                        lambda *a, reads=matmul_rt.reads_words: words.append(reads(*a)) or words[-1])
     with override(strategy="gemv", config={"BLOCK_N": 16, "BLOCK_K": 32, "STAGES": 2,
                                            "num_warps": 4}):
         result = torch.cat([generated.int8_weight_linear(eye[i:i + 1], qweight, scales)
                             for i in range(k)])
-    assert set(words) == {True}
+    assert set(word_choices) == {True}
     expected = quant.dequantize_int8(qweight, scales.float()).T
     # (a wrong byte is off by a whole scale at least; float16 rounds to 2**-11 of at most 192)
     torch.testing.assert_close(result.float(), expected, rtol=0, atol=0.1)
