@@ -145,19 +145,27 @@ def test_int4_unpacks_every_nibble_position_and_group(group_size, groups, rows, 
 
 def test_the_gemv_reads_b_as_words_where_its_rows_allow(word_choices):
     """The word form (matmul_rt.reads_words): 16-bit activations and B's bytes contiguous along
-    K, every row on a word; else the byte form, which computes the same sums."""
+    K, every row on a word, B's start on 16 bytes; else the byte form, which computes the same
+    sums."""
     n, k, group = 24, 256, 64
     generator = torch.Generator().manual_seed(5)
     qweight = torch.randint(0, 256, (n, k // 2), generator=generator, dtype=torch.uint8)
     scales = torch.rand(n, k // group, generator=generator) + 0.5
     zeros = torch.randint(0, 16, (n, k // group), generator=generator).float()
     x = torch.randn(1, k, generator=generator)
-    # B one byte into a wider buffer: its rows start off words (made on the device: a copy of
-    # the view there would be contiguous)
-    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8, device=device())
-    wide[:, 1:1 + k // 2] = qweight.to(device())
+    # B 1 and 4 bytes into a wider buffer (its rows off words; on words but its start off 16
+    # bytes), and rows 2 bytes longer than B's (off words from the second); made on the device:
+    # a copy of the view there would be contiguous
     on_device = qweight.to(device())
+    wide = torch.zeros(n, k // 2 + 16, dtype=torch.uint8, device=device())
+    wide[:, 1:1 + k // 2] = on_device
+    four_in = torch.zeros(n, k // 2 + 16, dtype=torch.uint8, device=device())
+    four_in[:, 4:4 + k // 2] = on_device
+    long_rows = torch.zeros(n, k // 2 + 2, dtype=torch.uint8, device=device())
+    long_rows[:, :k // 2] = on_device
     cases = [(torch.float16, on_device, True), (torch.float16, wide[:, 1:1 + k // 2], False),
+             (torch.float16, four_in[:, 4:4 + k // 2], False),
+             (torch.float16, long_rows[:, :k // 2], False),
              (torch.float32, on_device, False), (torch.float16, on_device.T.contiguous().T, False)]
     results = []
     for dtype, b, _ in cases:
@@ -523,3 +531,29 @@ def test_a_traced_gemv_decides_its_word_form_from_the_offset(monkeypatch):
                     tracing_mode="fake")(x, b, scales.half(), zeros.half())
     assert [kw["WORDS"] for kw in launched] == [True, False]
     assert all(type(kw["WORDS"]) is bool for kw in launched)
+
+
+def test_a_replayed_gemv_keeps_its_form_to_its_alignment(word_choices):
+    # a replay's signature records whether each tensor starts on 16 bytes: a B 16 bytes into a
+    # buffer reads words, and its recording replays; one 4 bytes in is another signature, read
+    # as bytes (words there would share a recording with a B 1 byte in, misaligned on a GPU)
+    n, k, group = 24, 256, 64
+    qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k), group)
+    buffer = torch.zeros(n * k // 2 + 64, dtype=torch.uint8, device=device())
+    x = torch.randn(1, k).half().to(device())
+    args = (scales.half().to(device()), zeros.half().to(device()), group)
+    expected = x.double() @ quant.dequantize_int4(qweight, scales.half().float(),
+                                                  zeros.half().float(), group).double().T.to(device())
+    choices = []
+    for offset in (16, 4, 1):
+        b = buffer[offset:offset + n * k // 2].view(n, k // 2)
+        b.copy_(qweight.to(device()))
+        before = len(word_choices)
+        with override(strategy="gemv"):
+            for _ in range(4):  # runs, records, then replays
+                result = generated.int4_weight_linear(x, b, *args)
+                error = ((result.double() - expected).norm() / expected.norm()).item()
+                assert error < 2e-3, (offset, error)
+        choices.append(set(word_choices[before:]))
+    # (the B 1 byte in shares the signature of the B 4 bytes in: it replays that recording)
+    assert choices == [{True}, {False}, set()]

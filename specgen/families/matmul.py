@@ -580,20 +580,15 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         return _place_splits(f"{self.a.name}_parts", f"{self.a.name}_p", self.split_levels)
 
     @property
-    def gemv_words(self) -> bool:
-        """Whether the GEMV kernel has a form that reads B as 32-bit words (its launcher's WORDS,
-        where B's rows allow it), whose integers then become floats with no conversion or
-        subtraction (``word_fields``): every GEMV kernel has it."""
-        return self.gemv
-
-    @property
     def word_elements(self) -> int:
-        """Elements of K a 32-bit word of B holds."""
+        """Elements of K a 32-bit word of B holds: the GEMV kernel's word form (its launcher's
+        WORDS, where B's rows allow it) reads B as words, whose integers become floats with no
+        conversion or subtraction (``word_fields``)."""
         return 4 * self.dequant.packed
 
     @property
     def word_position(self) -> int:
-        """The mantissa bit where the word form puts an element's integer q, so that ORed into
+        """The mantissa bit where the word form puts an element's integer q, so that put into
         1.0's bits it reads 1 + q / word_scale exactly: the highest multiple of the element's
         width that leaves it inside the mantissa (a place of each word then needs no shift)
         where that costs at most 3 bits of q's share, else the mantissa's top: 16 for 4 bits
@@ -607,7 +602,9 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         """What the launcher XORs into 1.0's bits for signed bytes (8-bit elements only): the
         sign bit of an element's field, which makes q + 2 ** (bits - 1) of it, a nonnegative
         integer, as the byte form's SIGNED shift does."""
-        return (1 << (self.dequant.bits - 1)) << self.word_position if self.dequant.packed == 1 else 0
+        if self.dequant.packed > 1:
+            return 0
+        return (1 << (self.dequant.bits - 1)) << self.word_position
 
     @property
     def word_scale(self) -> int:

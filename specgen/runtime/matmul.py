@@ -629,9 +629,8 @@ class OpLayout:
     group: str | None = None            # the group-size argument
     grouped: tuple[str, ...] = ()       # the operands indexed by its groups (dims N, G)
     gemv: bool = False                  # the module has the GEMV kernel (M = 1)
-    gemv_words: int = 0                 # elements a 32-bit word of B holds, where the GEMV
-                                        # kernel can read B as words (its WORDS); 0: bytes only
-    gemv_sign_bits: int = 0             # its elements' sign bits there, for signed bytes
+    gemv_words: int = 0                 # elements a 32-bit word of B holds (the GEMV's WORDS)
+    gemv_sign_bits: int = 0             # their sign bits there, for signed bytes
 
 
 def check_group(op: str, name: str, value: object, least: int) -> int:
@@ -912,11 +911,15 @@ ONE_BITS = 0x3F800000
 def reads_words(layout: OpLayout, plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor,
                 group: int | None) -> bool:
     """Whether the GEMV kernel reads a quantized B as 32-bit words (its WORDS): B's bytes
-    contiguous along K, each row and batch element starting on a word, K and the group whole
-    words, unsigned bytes (signed ones where a byte is one element), and 16-bit activations.
-    The word form's elements are 1 + q / 2**s in float32, whose sums hold q's share to about
-    2**-17 of x's (a relative error near 5e-6 against 2e-7 with bytes): far under a 16-bit
-    result's rounding, not under float32's, so float32 and float64 activations keep bytes."""
+    contiguous along K, each row and batch element on a word and B's start on 16 bytes, K and
+    the group whole words, unsigned bytes (signed ones where a byte is one element), and 16-bit
+    activations. The start's 16 bytes are what a replay's signature and torch.compile's
+    alignment assumption record: a B 4 bytes in would share a recording with one a byte in,
+    which words would read misaligned. The word form's elements are 1 + q / 2**s in float32,
+    whose sums hold q's share to about 2**-17 of x's: relative errors near 5e-6 for zero-mean
+    activations and up to 3e-5 at K = 32768 for nonnegative ones (bytes: 1e-7), under a 16-bit
+    result's rounding (5e-4 and more), not under float32's, so float32 and float64 activations
+    keep bytes."""
     elements = layout.gemv_words
     # B's stride arguments: its batch strides where it has them, then K's and N's
     b_count = 2 + (layout.rank if layout.batched_ab[1] else 0)
@@ -928,7 +931,7 @@ def reads_words(layout: OpLayout, plan: LaunchPlan, a: torch.Tensor, b: torch.Te
                 and stride_k == 1 and plan.k % elements == 0
                 and (group is None or group % elements == 0)
                 and all(stride % 4 == 0 for stride in (stride_n, *batch))
-                and start_address(b) % 4 == 0)
+                and start_address(b) % 16 == 0)
 
 
 def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
@@ -958,12 +961,9 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         tile_args = (a, b, *grouped, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
                      *plan.group_strides, *plan.epilogue_strides, *scalars)
         if strategy.kind == "gemv":
-            words = {}
-            if layout.gemv_words:
-                signed = layout.gemv_sign_bits if b.dtype == torch.int8 else 0
-                words = {"WORDS": reads_words(layout, plan, a, b, group),
-                         "one_bits": ONE_BITS | signed}
-            launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common, **words,
+            signed = layout.gemv_sign_bits if b.dtype == torch.int8 else 0
+            launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common,
+                   WORDS=reads_words(layout, plan, a, b, group), one_bits=ONE_BITS | signed,
                    tune_key=tune_key)
         elif strategy.kind == "tma":
             batch = ({f"{layout.a}_stride_batch": plan.tma.a_batch,
