@@ -521,10 +521,10 @@ def test_a_traced_gemv_decides_its_word_form_from_the_offset(monkeypatch):
     monkeypatch.setattr(launch_module, "wrap_triton", lambda kernel: type(
         "Grid", (), {"__getitem__": lambda self, grid: lambda *a, **kw: launched.append(kw)})())
     n, k, group = 32, 256, 64
-    qweight, scales, zeros = quant.quantize_int4(torch.randn(n, k), group)
-    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8)
+    qweight, scales, zeros = (t.to(device()) for t in quant.quantize_int4(torch.randn(n, k), group))
+    wide = torch.zeros(n, k // 2 + 4, dtype=torch.uint8, device=device())
     wide[:, 1:1 + k // 2] = qweight
-    x = torch.randn(1, k).half()
+    x = torch.randn(1, k, device=device()).half()
     for b in (qweight, wide[:, 1:1 + k // 2]):
         with override(strategy="gemv"):
             make_fx(lambda x, b, s, z: generated.int4_weight_linear(x, b, s, z, group),
