@@ -429,6 +429,43 @@ def tma_aligned(*tensors: torch.Tensor) -> bool:
     return all(start_address(t) % TMA_ALIGN == 0 for t in tensors)
 
 
+# 1.0's bits: the GEMV's word form puts each element's integer into them (an argument, so that
+# ptxas takes it from a register and the mask and the XOR are one instruction)
+ONE_BITS = 0x3F800000
+# where B must start for the word form: what a replay's signature and torch.compile's alignment
+# assumption record (a B 4 bytes in would share a recording with one a byte in, which words
+# would read misaligned)
+WORDS_ALIGN = 16
+
+
+def words_fit(op: OpLayout, dtype: torch.dtype, b_dtype: torch.dtype,
+              b_strides: Sequence[int], k: int, group: int | None) -> bool:
+    """Whether a layout lets the GEMV kernel read a quantized B as 32-bit words (its WORDS,
+    where B's start is on WORDS_ALIGN bytes too: ``reads_words``): B's bytes contiguous along
+    K, each row and batch element on a word, K and the group whole words, unsigned bytes (signed
+    ones where a byte is one element), and 16-bit activations. The word form's elements are
+    1 + q / 2**s in float32, whose sums hold q's share to about 2**-17 of x's: relative errors
+    near 5e-6 for zero-mean activations and up to 3e-5 at K = 32768 for nonnegative ones (bytes:
+    1e-7), under a 16-bit result's rounding (5e-4 and more), not under float32's, so float32 and
+    float64 activations keep bytes."""
+    elements = op.gemv_words
+    # B's stride arguments: its batch strides where it has them, then K's and N's
+    *batch, stride_k, stride_n = b_strides
+    signed_ok = op.packed == 1 and b_dtype == torch.int8
+    # bool(): traced with symbolic sizes, the tests become guards and WORDS a plain constexpr
+    return bool(op.gemv and dtype in (torch.float16, torch.bfloat16)
+                and (b_dtype == torch.uint8 or signed_ok)
+                and stride_k == 1 and k % elements == 0
+                and (group is None or group % elements == 0)
+                and all(stride % 4 == 0 for stride in (stride_n, *batch)))
+
+
+def reads_words(plan: LaunchPlan, b: torch.Tensor) -> bool:
+    """Whether this call's GEMV reads B as words: its plan's layout lets it (``words_fit``) and
+    B starts on WORDS_ALIGN bytes (a call's property, as ``tma_fits``'s)."""
+    return plan.words and start_address(b) % WORDS_ALIGN == 0
+
+
 def start_address(t: torch.Tensor) -> int:
     """Where a tensor starts, for alignment checks. Traced calls see fake tensors without
     addresses (their data_ptr() is deprecated, to become an error): their offset into a
@@ -670,6 +707,10 @@ class LaunchPlan:
     candidates: tuple[Strategy, ...] = ()
     group_strides: tuple[int, ...] = ()     # a quantized B's per-group operands' (N, G)
     loop_strides: tuple[int, ...] = ()      # the split kernel's K-loop operands' (its scales)
+    # the GEMV kernel's word form: whether the layout lets it read B as words (``words_fit``),
+    # and its one_bits argument (1.0's bits, with the elements' sign bits for signed bytes)
+    words: bool = False
+    one_bits: int = ONE_BITS
 
     @property
     def details(self) -> dict:
@@ -792,7 +833,9 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     if group is not None:
         block_ks = [min(block, group) for block in block_ks]
     sizes = (space.m, space.n, space.k) + ((batch, *space.batch[1:]) if op.rank else ())
-    ab = space.strides(op.a, "mk", op.batched_ab[0]) + space.strides(op.b, "kn", op.batched_ab[1])
+    b_strides = space.strides(op.b, "kn", op.batched_ab[1])
+    ab = space.strides(op.a, "mk", op.batched_ab[0]) + b_strides
+    b_dtype = present[op.b].dtype
     group_strides = sum((space.strides(name, "ng", False) for name in op.grouped), ())
     loop_strides = sum((space.strides(name, "ng" if name in op.grouped else "n", False)
                         for name in op.loop_inputs), ())
@@ -813,7 +856,9 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         loop_strides=loop_strides, epilogue_strides=tuple(epilogue),
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
         tma=tma, programs=max_programs(device, "persistent", per_sm=1),
-        candidates=(tile_strategy(space.m, device, tma is not None), strategy_) if timed else ())
+        candidates=(tile_strategy(space.m, device, tma is not None), strategy_) if timed else (),
+        words=words_fit(op, dtype, b_dtype, b_strides, space.k, group),
+        one_bits=ONE_BITS | (op.gemv_sign_bits if b_dtype == torch.int8 else 0))
 
 
 def _result_dtype(op: OpLayout, dtype: torch.dtype, shape: tuple[int, ...],
@@ -903,37 +948,6 @@ def _launch(op: Op, plan: LaunchPlan, args: tuple, outs: tuple, group: int | Non
     _run(op, strategy, plan, args, named, outs, group)
 
 
-# 1.0's bits: the GEMV's word form puts each element's integer into them (an argument, so that
-# ptxas takes it from a register and the mask and the XOR are one instruction)
-ONE_BITS = 0x3F800000
-
-
-def reads_words(layout: OpLayout, plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor,
-                group: int | None) -> bool:
-    """Whether the GEMV kernel reads a quantized B as 32-bit words (its WORDS): B's bytes
-    contiguous along K, each row and batch element on a word and B's start on 16 bytes, K and
-    the group whole words, unsigned bytes (signed ones where a byte is one element), and 16-bit
-    activations. The start's 16 bytes are what a replay's signature and torch.compile's
-    alignment assumption record: a B 4 bytes in would share a recording with one a byte in,
-    which words would read misaligned. The word form's elements are 1 + q / 2**s in float32,
-    whose sums hold q's share to about 2**-17 of x's: relative errors near 5e-6 for zero-mean
-    activations and up to 3e-5 at K = 32768 for nonnegative ones (bytes: 1e-7), under a 16-bit
-    result's rounding (5e-4 and more), not under float32's, so float32 and float64 activations
-    keep bytes."""
-    elements = layout.gemv_words
-    # B's stride arguments: its batch strides where it has them, then K's and N's
-    b_count = 2 + (layout.rank if layout.batched_ab[1] else 0)
-    *batch, stride_k, stride_n = plan.ab_strides[len(plan.ab_strides) - b_count:]
-    signed_ok = layout.packed == 1 and b.dtype == torch.int8
-    # bool(): traced with symbolic sizes, the tests become guards and WORDS a plain constexpr
-    return bool(a.dtype in (torch.float16, torch.bfloat16)
-                and (b.dtype == torch.uint8 or signed_ok)
-                and stride_k == 1 and plan.k % elements == 0
-                and (group is None or group % elements == 0)
-                and all(stride % 4 == 0 for stride in (stride_n, *batch))
-                and start_address(b) % 16 == 0)
-
-
 def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
          named: Mapping[str, torch.Tensor | None], outs: tuple, group: int | None) -> None:
     d = op.description
@@ -961,10 +975,8 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         tile_args = (a, b, *grouped, *epilogue, *outs, *plan.sizes, *plan.ab_strides,
                      *plan.group_strides, *plan.epilogue_strides, *scalars)
         if strategy.kind == "gemv":
-            signed = layout.gemv_sign_bits if b.dtype == torch.int8 else 0
             launch(kernels["gemv"], plan.gemv_grid, *tile_args, **flags, **common,
-                   WORDS=reads_words(layout, plan, a, b, group), one_bits=ONE_BITS | signed,
-                   tune_key=tune_key)
+                   WORDS=reads_words(plan, b), one_bits=plan.one_bits, tune_key=tune_key)
         elif strategy.kind == "tma":
             batch = ({f"{layout.a}_stride_batch": plan.tma.a_batch,
                       f"{layout.b}_stride_batch": plan.tma.b_batch} if layout.rank else {})
