@@ -626,11 +626,44 @@ class MatmulPlan(CommonPlan, EpiloguePlan):
         return tuple(fields)
 
     @property
+    def word_levels(self) -> int:
+        """log2 of word_elements: the dims of 2 A's row is reshaped to for the word form."""
+        return self.word_elements.bit_length() - 1
+
+    @property
     def word_splits(self) -> tuple[tuple[str, str, str], ...]:
         """``position_splits`` for the word form: A's row reshaped to (BLOCK_K // word_elements,
         2, ..., 2), ending in A_w0 ... A_w{word_elements - 1}."""
-        return _place_splits(f"{self.a.name}_word_parts", f"{self.a.name}_w",
-                             self.word_elements.bit_length() - 1)
+        return _place_splits(f"{self.a.name}_word_parts", f"{self.a.name}_w", self.word_levels)
+
+    @property
+    def word_mask(self) -> int:
+        """An element's field at word_position, which the word form keeps of each shift."""
+        return (2 ** self.dequant.bits - 1) << self.word_position
+
+    @property
+    def word_sign_bias(self) -> int:
+        """What signed bytes' fields read above q in the word form (``word_sign_bits`` flipped:
+        q + 128); 0 where elements are packed (their bytes are unsigned there)."""
+        return 2 ** (self.dequant.bits - 1) if self.dequant.packed == 1 else 0
+
+    def word_sum(self, xf: str, x: str) -> str:
+        """The code of sum x q from the word form's sums of x f (``xf``) and of x (``x``):
+        word_scale (sum x f - sum x), less WORD_BIAS sum x (the kernel's constexpr: the sign
+        bias where B's bytes are signed, else 0)."""
+        scale = f"{self.word_scale}.0"
+        if self.word_sign_bias:
+            return f"{scale} * {xf} - ({scale} + WORD_BIAS) * {x}"
+        return f"{scale} * ({xf} - {x})"
+
+    @property
+    def word_sum_note(self) -> str:
+        """The comment over ``word_sum``'s code."""
+        note = (f"the word form's floats are f = 1 + q / {self.word_scale}: sum x q = "
+                f"{self.word_scale} (sum x f - sum x)")
+        if self.word_sign_bias:
+            note += f", less {self.word_sign_bias} sum x for signed bytes (q + {self.word_sign_bias})"
+        return note
 
     @property
     def place_joins(self) -> tuple[tuple[str, str, str], ...]:
