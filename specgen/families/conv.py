@@ -53,6 +53,7 @@ SWIZZLES = ("grouped", "none")
 DEFAULT_CONFIGS = (
     tile_config(128, 128, 64, warps=8, stages=3),
     tile_config(128, 64, 64, warps=4, stages=4),
+    tile_config(128, 64, 64, warps=4, stages=3),
     tile_config(128, 128, 32, warps=4, stages=4),
     tile_config(256, 64, 64, warps=8, stages=3),
     tile_config(256, 128, 64, warps=8, stages=3),
@@ -66,7 +67,7 @@ GENERATED_NAMES = frozenset({
     "conv_rt",  # its imports
     "acc", "batch_id", "c0", "c_blocks", "channel", "first_m", "group", "group_rows", "in_bounds",
     "in_h", "in_w", "input_rows", "out_h", "out_w", "pixel", "programs_in_group", "r", "s", "step",
-    "tap", "tiles", "tiles_m", "tiles_n", "conv_group", "h_start", "w_start", "taps",
+    "tap", "tap_r", "tap_s", "tap_offset", "tiles", "tiles_m", "tiles_n", "conv_group", "h_start", "w_start", "taps",
     "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "batch", "height",
     "width", "channels", "out_channels", "out_row", "out_col", "out_pixels",
     "tiles_h", "tiles_w", "patch", "image", "row0", "col0", "tap_stride",  # the TMA kernel's
@@ -76,7 +77,7 @@ GENERATED_NAMES = frozenset({
 })
 GENERATED_PREFIXES: tuple[str, ...] = ("offs_", "pid_", "mask_")
 # what the template appends to a tensor's or output's name
-DERIVED_SUFFIXES = ("ptr", "tile", "base", "stride", "ptrs")
+DERIVED_SUFFIXES = ("ptr", "tile", "base", "stride", "ptrs", "window")
 
 
 @dataclass(frozen=True)
