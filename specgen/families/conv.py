@@ -60,6 +60,7 @@ DEFAULT_CONFIGS = (
     tile_config(64, 128, 64, warps=4, stages=4),
     tile_config(128, 256, 64, warps=8, stages=3),
     tile_config(64, 64, 64, warps=4, stages=3),
+    tile_config(128, 128, 64, warps=4, stages=4),
 )
 # names the generated module binds for itself (tests/test_spec_errors.py checks the set against
 # what the template binds)
