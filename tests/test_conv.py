@@ -422,6 +422,18 @@ def test_index_width_counts_every_tensor_and_copy():
     assert _index_bits(image, one_filter, padding=1) == 64
 
 
+def test_index_width_counts_the_filters_reach():
+    """A tap's offset from a pixel's window address spans the filter's dilated extent in rows
+    and columns, past 2**31 elements on an input that spans fewer (a review's find: the int32
+    window addresses wrapped and read out of bounds under the interpreter)."""
+    row, col = 3 * 2**29, 2**29 - 2**17
+    x = torch.empty_strided((1, 1, 2, 2), (row + col + 1, 1, row, col), device="meta")
+    w = torch.empty(1, 1, 2, 2, device="meta")
+    with override(strategy="gemm"):
+        assert _index_bits(x, w) == 32
+        assert _index_bits(x, w, padding=1, dilation=2) == 64
+
+
 def test_empty_images_and_filters_refused_as_torch():
     with pytest.raises(ValueError, match="argument 'input' is 0 x 5 per channel"):
         generated.conv2d(_randn(2, 3, 0, 5), _randn(4, 3, 1, 1), padding=1)

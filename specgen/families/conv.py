@@ -68,7 +68,8 @@ GENERATED_NAMES = frozenset({
     "conv_rt",  # its imports
     "acc", "batch_id", "c0", "c_blocks", "channel", "first_m", "group", "group_rows", "in_bounds",
     "in_h", "in_w", "input_rows", "out_h", "out_w", "pixel", "programs_in_group", "r", "s", "step",
-    "tap", "tap_r", "tap_s", "tap_offset", "tiles", "tiles_m", "tiles_n", "conv_group", "h_start", "w_start", "taps",
+    "tap", "tap_r", "tap_s", "tap_offset", "tiles", "tiles_m", "tiles_n", "conv_group", "h_start",
+    "w_start", "taps",
     "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "batch", "height",
     "width", "channels", "out_channels", "out_row", "out_col", "out_pixels",
     "tiles_h", "tiles_w", "patch", "image", "row0", "col0", "tap_stride",  # the TMA kernel's
@@ -519,13 +520,13 @@ def bench_cases(quick: bool) -> list:
     # its key, and an NCHW call of 3 x 3 filters launches the channels-last call's kernel at the
     # same key after copying its input, which leaves that input in L2, where the configs time
     # alike (docs/performance.md, 001o)
-    layouts = (True, False)
+    channels_last_first = (True, False)
     rows = []
     for n, c, h, w, k, r in BENCH_CELLS:
         n = max(1, n // 4) if quick else n
-        for channels_last in layouts:
+        for channels_last in channels_last_first:
             rows.append(conv(n, c, h, w, k, r, channels_last))
-    for channels_last in layouts:
+    for channels_last in channels_last_first:
         n, c, h, w, k, r = BENCH_CELLS[0]
         rows.append(conv_bias_silu(max(1, n // 4) if quick else n, c, h, w, k, r, channels_last))
     return rows

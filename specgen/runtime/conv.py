@@ -292,9 +292,14 @@ def conv_plan(op: str, indexing: str, x_shape: tuple, x_strides: tuple, w_shape:
     # the copies are dense (a stride-0 input's too): their sizes count for the index width
     copies = {"input copy": batch * channels * height * width if repack_input else 0,
               "weight copy": out_channels * c_group * kh * kw if repack_weight else 0}
-    index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels, **copies), 1 << 16)
     x_after = (height * width * channels, 1, width * channels, channels) if repack_input \
         else x_strides
+    # the implicit GEMM adds a tap's offset to each pixel's window address, and a window may
+    # start up to the filter's extent before the input (its padding): offsets of that reach,
+    # however small the input
+    reach = (extent_h - 1) * x_after[2] + (extent_w - 1) * x_after[3]
+    index_64 = choose_int64(op, indexing, dict(spans, out=m * out_channels, **copies,
+                                               **{"filter reach": reach}), 1 << 16)
     w_after = (kh * kw * c_group, 1, kw * c_group, c_group) if repack_weight else w_strides
     kernel = "depthwise" if forced == "depthwise" else "flat" if forced == "flat" and flat \
         else "gemm"

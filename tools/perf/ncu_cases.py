@@ -4,7 +4,7 @@ window, for Nsight Compute (on the device machines ncu reads the hardware counte
     ncu --clock-control none --profile-from-start off \\
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \\
         --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \\
-        python3 tools/perf/ncu_cases.py conv3 int4_16 attn64
+        PYTHONPATH=. python3 tools/perf/ncu_cases.py conv3 int4_16 attn64
 
 Each case's calls run three times first (compilation, the frozen table's configs, replays), then
 once between ``cudaProfilerStart`` and ``cudaProfilerStop``; the script prints ``CASE <name>``
@@ -14,7 +14,7 @@ K64 3x3 channels-last, ``conv1`` N32 C64 56x56 K256 1x1 NCHW (ours and cuDNN); `
 16 x 4096 x 4096 and ``int4_1`` 1 x 8192 x 8192 int4 weight-only (ours and cuBLAS's bf16
 linear); ``int8_16`` 16 x 4096 x 4096 int8 weight-only; ``attn64`` B16 H16 S1024 E64 and
 ``attn128`` B4 H32 S4096 E128 forward (ours and SDPA's cuDNN backend). What it showed first:
-docs/performance.md, item 001o.
+docs/performance.md, item 001p.
 """
 
 from __future__ import annotations
