@@ -659,3 +659,25 @@ def test_float64_kernels_compile_for_sm90_with_no_float32_math():
     names = sorted(n for n, i in generated.REGISTRY.items() if i.family == "attention")
     compiled = compiled_kernel_counts("specgen.families.attention", names)
     assert compiled == {name: 4 for name in names}, compiled
+
+
+def test_index_width_counts_the_per_head_and_per_batch_vectors():
+    """ALiBi's slopes and decoding's cache lengths are read at a head's or a batch element's
+    stride: views reaching past 2**31 elements into their storage take int64 (an audit found
+    them left out of the choice; meta tensors: no memory, no launch)."""
+    far = 2**30 + 1
+
+    def bits(op, *args):
+        with record_launches() as log:
+            op(*args)
+        return [launch.index_bits for launch in log]
+
+    q, k, v = (torch.empty(1, 3, 64, 64, device="meta", dtype=torch.float16) for _ in range(3))
+    near_slopes = torch.empty(3, device="meta", dtype=torch.float16)
+    far_slopes = torch.empty_strided((3,), (far,), device="meta", dtype=torch.float16)
+    assert bits(generated.alibi_attention, q, k, v, near_slopes) == [32]
+    assert bits(generated.alibi_attention, q, k, v, far_slopes) == [64]
+    query = torch.empty(3, 3, 1, 64, device="meta", dtype=torch.float16)
+    caches = [torch.empty(3, 3, 64, 64, device="meta", dtype=torch.float16) for _ in range(2)]
+    far_lengths = torch.empty_strided((3,), (far,), device="meta", dtype=torch.int32)
+    assert bits(generated.decode_attention, query, *caches, far_lengths) == [64]

@@ -447,3 +447,15 @@ def test_reduce_lib_helpers_are_listed():
     jitted = {name for name, value in vars(reduce_lib).items()
               if getattr(getattr(value, "fn", None), "__module__", None) == reduce_lib.__name__}
     assert jitted == reduce_lib.HELPERS
+
+
+def test_index_width_counts_the_reduced_elements():
+    """An expanded input has more elements than its storage: 2**32 reduced indices over 8 KB
+    take int64 (an audit found int32 split starts wrapping negative there, reading before x;
+    meta tensors: no memory, no launch)."""
+    row = torch.empty(2048, device="meta")
+    with runtime.record_launches() as log:
+        generated.sum(row.expand(8, 2048))
+        generated.sum(row.expand(2**21, 2048))
+    assert [l.index_bits for l in log] == [32, 64]
+

@@ -367,8 +367,8 @@ def forward(op: Op, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     B0, B1 = strides.pop("batch")
     lse_strides = strides.pop("lse")
     index_64 = choose_int64(op.name, d.indexing, {
-        name: _padded_span(tensor) for name, tensor in (*operands.items(), ("out", out))},
-        max_tile=0)
+        **{name: _padded_span(tensor) for name, tensor in (*operands.items(), ("out", out))},
+        **_vector_spans(call)}, max_tile=0)
     meta = _constexprs(call, spec)
     mask_kind = meta.get("MASK_KIND", 0)
     # packed: a program per key/value head takes its group's query heads as rows
@@ -498,8 +498,9 @@ def _launch_backward(op: Op, call: Call, out, lse, grad_out, delta, grads, grad_
         strides = _batch_strides(op.name, problem, tensors)
     B0, B1 = strides.pop("batch")
     index_64 = choose_int64(op.name, d.indexing, {
-        name: _padded_span(tensor) for name, tensor in tensors.items()
-        if name not in ROW_STATISTICS}, max_tile=0)
+        **{name: _padded_span(tensor) for name, tensor in tensors.items()
+           if name not in ROW_STATISTICS},
+        **_vector_spans(call)}, max_tile=0)
     meta = {**_constexprs(call, spec), "INDEX_64": index_64}
     mask_kind = meta.get("MASK_KIND", 0)
     vectors, vector_strides = _vectors(call)
@@ -555,6 +556,12 @@ def _vectors(call: Call) -> tuple[tuple[torch.Tensor, ...], list[int]]:
     """The per-head and per-batch tensors and their strides (0 where one element broadcasts)."""
     vectors = (*call.heads.values(), *call.per_batch.values())
     return vectors, [t.stride(0) if t.shape[0] > 1 else 0 for t in vectors]
+
+
+def _vector_spans(call: Call) -> dict[str, int]:
+    """The per-head and per-batch tensors' spans (a view may reach far into its storage)."""
+    return {name: span(tuple(t.shape), tuple(abs(s) for s in t.stride()))
+            for name, t in {**call.heads, **call.per_batch}.items()}
 
 
 def _splits(programs: int, keys: int, device: torch.device) -> int:

@@ -316,7 +316,10 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name,
     count = num_red
     strategy = choose(op, prob, device, launch, combine, dict(split_block_k))
     cap = max_programs(device, launch)
-    spans = {name: span(shape, strides), "out": span(out_shape, out_strides)}
+    # the kept and reduced indices too: an expanded input (stride 0) has more elements than its
+    # storage, and a split's reduced range starts at split * split_size
+    spans = {name: span(shape, strides), "out": span(out_shape, out_strides),
+             "kept elements": num_kept, "reduced elements": num_red}
 
     def level(problem: Problem, tiles: str, splits: int, split_size: int, stage: int,
               number: int) -> Level:
