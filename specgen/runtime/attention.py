@@ -30,7 +30,8 @@ from specgen.runtime.checks import (DTYPE_NAMES, check_interpreted_dot, check_sa
                                     check_tensor_types, check_tensors)
 from specgen.runtime.context import note_launch, overrides, untraced
 from specgen.runtime.launch import choose_int64, launch, multiprocessors, shared_memory
-from specgen.runtime.layout import broadcast_shapes, cdiv, merge_dims, next_power_of_2, span
+from specgen.runtime.layout import (broadcast_shapes, cdiv, merge_dims, next_power_of_2, span,
+                                    storage_span)
 from specgen.runtime.op import FamilyRuntime, Op, typed_param
 from specgen.runtime.registry import triton_op
 from specgen.runtime.replay import Replays, empty, refuse, zeros
@@ -560,8 +561,7 @@ def _vectors(call: Call) -> tuple[tuple[torch.Tensor, ...], list[int]]:
 
 def _vector_spans(call: Call) -> dict[str, int]:
     """The per-head and per-batch tensors' spans (a view may reach far into its storage)."""
-    return {name: span(tuple(t.shape), tuple(abs(s) for s in t.stride()))
-            for name, t in {**call.heads, **call.per_batch}.items()}
+    return {name: storage_span(t) for name, t in {**call.heads, **call.per_batch}.items()}
 
 
 def _splits(programs: int, keys: int, device: torch.device) -> int:
