@@ -501,13 +501,22 @@ def test_configs_are_pruned_to_the_shared_memory(monkeypatch):
     # 4 * (2 stages * 32 * 512 + 64 * 256) = 196608 bytes
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == \
         [(64, 32, 2)]
-    # 2 and 4 stages keep FORWARD_STAGE_SLACK clear: float32 at E 256, Ev 64 on 2 stages of 64
-    # x 64 blocks is 4 * (2 * 64 * 320 + 64 * 256) = 229376 bytes by the estimate, which Triton
-    # counted past the limit; bfloat16 at E 256 on 2 stages of 128 x 64 (the H200's entry,
-    # 196608 bytes) and 4 stages at E 128 (163840) keep running
-    kept = runtime.prune_configs(configs((64, 64, 2), (64, 64, 4)), {"q": single},
+    # a tensor mask's tile counts: float32 at E 256, Ev 64 on 2 stages of 64 x 64 is 229376
+    # bytes, Triton's count to the byte, and fits; a bool mask adds its 4096-byte tile (233472,
+    # Triton's count too, ptxas for sm_90 under Triton 3.6 and 3.8) and does not fit
+    kept = runtime.prune_configs(configs((64, 64, 2)), {"q": single},
                                  BLOCK_E=256, BLOCK_EV=64)
+    assert [(c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(64, 2)]
+    flags = torch.empty(1, dtype=torch.bool)
+    kept = runtime.prune_configs(configs((64, 64, 2)), {"q": single, "mask_ptr": flags},
+                                 BLOCK_E=256, BLOCK_EV=64, MASK_KIND=1)
     assert [(c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(32, 2)]
+    # a float32 mask's tiles are pipelined as the keys': at E 16 on 128 x 128 blocks 4 stages
+    # take 270336 bytes (Triton's count), 3 take 188416
+    kept = runtime.prune_configs(configs((128, 128, 4), (128, 128, 3)),
+                                 {"q": single, "mask_ptr": single},
+                                 BLOCK_E=16, BLOCK_EV=16, MASK_KIND=2)
+    assert [c.num_stages for c in kept] == [3]
     bf16 = torch.empty(1, dtype=torch.bfloat16)
     kept = runtime.prune_configs(configs((128, 64, 2)), {"q": bf16}, BLOCK_E=256, BLOCK_EV=256)
     assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kept] == [(128, 2)]

@@ -388,6 +388,41 @@ def test_interpreter_runs_any_forced_config_and_otherwise_the_first_untuned(monk
                                  if k != "num_warps"}
 
 
+@pytest.mark.skipif(not runtime.interpreting(), reason="the interpreter's launch path (CPU tier)")
+def test_a_config_past_the_gpus_resources_gives_way_to_the_next_that_fits(monkeypatch):
+    # Triton's count of a kernel's shared memory depends on how its arguments specialize, which a
+    # prune's estimate cannot see: a launch whose config Triton finds too large runs the next
+    # config the prune keeps, as autotuning would, and a forced one gives way too. Stood in for
+    # here by a kernel that raises Triton's error for its widest tiles
+    module = importlib.import_module("generated.sum")
+    kernel = module.inner_kernel
+    widest = max(c.kwargs["BLOCK_K"] for c in kernel.configs)
+    tiles = []
+    run = kernel.fn.run
+
+    def too_wide(*args, **kwargs):
+        if kwargs["BLOCK_K"] == widest:
+            raise triton.runtime.OutOfResources(300000, 232448, "shared memory")
+        tiles.append(kwargs["BLOCK_K"])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel.fn, "run", too_wide)
+    x = torch.randn(16, 16384)
+    numbers = [n for n, c in enumerate(kernel.configs) if c.kwargs["BLOCK_K"] == widest]
+    with runtime.override(strategy="inner", config=numbers[0]):
+        torch.testing.assert_close(generated.sum(x, -1), x.sum(-1), rtol=1e-4, atol=1e-3)
+    # the first config the prune keeps that is not of the widest tiles ran instead
+    assert tiles == [next(c.kwargs["BLOCK_K"] for c in kernel.configs
+                          if c.kwargs["BLOCK_K"] != widest)]
+
+    def nothing_fits(*args, **kwargs):
+        raise triton.runtime.OutOfResources(300000, 232448, "shared memory")
+
+    # where no config fits, Triton's error for the one chosen reaches the caller
+    monkeypatch.setattr(kernel.fn, "run", nothing_fits)
+    with runtime.override(strategy="inner"), pytest.raises(triton.runtime.OutOfResources):
+        generated.sum(x, -1)
+
 def test_stand_ins_copy_each_layout_and_keep_one_tensor_one():
     # a traced launch is tuned on stand-ins (launch.tune_on_stand_ins): real tensors laid out as
     # the tracer's fake ones, so that the kernel reads and writes what the real launch would

@@ -43,14 +43,6 @@ MAX_HEAD_DIM = 256
 BATCH_RANK = 2
 # the widest query and key blocks of any config: rows and keys past the end form offsets
 MAX_BLOCK = 256
-# shared memory a forward config of other than 3 stages keeps clear past the estimate. The GPU
-# suite's first run with 2 and 4 stages in the space (H200, 2026-11-29) failed on two configs
-# Triton counted at 237568 and 238080 of 232448 bytes; which ones was not logged, and the
-# configs the estimate puts 8192-8704 bytes below those counts are 2- and 4-stage ones (so the
-# overshoot is inferred). The slack is about twice that (the attention property and gradient
-# checks passed with it on the H200 the same day); 3 stages (the space's only count until then,
-# whose configs ran the suite many times) keep the estimate
-FORWARD_STAGE_SLACK = 16384
 # tiles for head dims whose pipelined tiles no config of the space fits: (BLOCK_M, BLOCK_N,
 # stages), the first that fits runs
 FALLBACK_CONFIGS = ((64, 32, 2), (64, 32, 1), (32, 16, 1))
@@ -713,9 +705,10 @@ def _out_layout(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def prune_configs(configs, named_args, **kwargs):
     """``early_config_prune`` of the forward kernels: configs whose pipelined key and value tiles
-    (and the query tile) pass the device's shared memory are dropped, unless none is left (then
-    the smallest). Autotuning skips such a config by itself; a config the tests force does not.
-    float64 inputs take ``FLOAT64_CONFIGS`` instead of the space."""
+    (with the query tile and a tensor mask's) pass the device's shared memory are dropped, unless
+    none is left (then the smallest). Autotuning skips such a config by itself; a config the
+    launch starts untuned would fail where the estimate misses (the launcher then passes over
+    it). float64 inputs take ``FLOAT64_CONFIGS`` instead of the space."""
     return _fitting(configs, named_args, kwargs, streamed="BLOCK_N", held="BLOCK_M",
                     held_values=False, role="forward")
 
@@ -747,16 +740,29 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values:
         configs = [triton.Config({held: m, streamed: n}, num_warps=w, num_stages=s)
                    for m, n, w, s in spaces[bound]]
 
+    mask = named_args.get("mask_ptr") if kwargs.get("MASK_KIND", 0) else None
+    mask_element = 0 if mask is None else mask.element_size()
+
     def size(config) -> int:
-        # the estimate matches Triton's own count where it ran out (forward, E 256, Ev 16, fp16,
-        # 64 x 128 blocks, 3 stages: 241664 bytes)
+        # the tiles match Triton's own count without a mask (ptxas for sm_90 under Triton 3.6 and
+        # 3.8: float16 E 128, float32 E 64 and E 256 with Ev 64, every stage count, to the byte)
         meta = config.kwargs
         tiles = config.num_stages * meta[streamed] * (block_e + block_ev)
-        return element * (tiles + meta[held] * (block_e + (block_ev if held_values else 0)))
+        held_tiles = meta[held] * (block_e + (block_ev if held_values else 0))
+        return element * (tiles + held_tiles) + mask_bytes(meta["BLOCK_M"] * meta["BLOCK_N"],
+                                                         config.num_stages)
+
+    def mask_bytes(elements: int, stages: int) -> int:
+        # a tensor mask's BLOCK_M x BLOCK_N tile, loaded each step: Triton pipelines a float32
+        # mask's like the key tiles, in one buffer fewer than the stages (float32 E 16 on 128 x
+        # 128 blocks and 4 stages: 270336 bytes, where the key and value tiles take 73728); a
+        # narrower mask's tile it converts through at most one tile of scratch (bool or float16
+        # masks: 4096-8192 bytes more). Tiny shapes whose strides Triton specializes may count
+        # more still: the launcher passes over a config that does not fit (launch.launch)
+        tile = mask_element * elements
+        return tile * max(stages - 1, 1) if mask_element >= 4 else tile
 
     def fits(config) -> bool:
-        if role == "forward" and config.num_stages != 3:
-            return size(config) + FORWARD_STAGE_SLACK <= limit
         return size(config) <= limit
 
     fitting = [c for c in configs if fits(c)]

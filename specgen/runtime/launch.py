@@ -261,14 +261,38 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             replay.note_tuning()
             _keep_tuned(key, kernel.best_config)
         return
-    meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     fn = kernel.fn
     if not direct:
-        wrap_triton(fn)[grid](*args, **kwargs, **meta)
+        wrap_triton(fn)[grid](*args, **kwargs, **_meta(config))
         return
-    kwargs = {**kwargs, **meta, **options}
-    compiled = fn[grid](*args, **kwargs)
-    replay.note_launch(fn, grid, args, kwargs, compiled)
+    try:
+        compiled = fn[grid](*args, **kwargs, **_meta(config), **options)
+    except triton.runtime.OutOfResources as err:
+        config, compiled = _start_another(kernel, grid, args, kwargs, options, config, err)
+        if forced is None and key is not None:
+            _keep_tuned(key, config)
+    replay.note_launch(fn, grid, args, {**kwargs, **_meta(config), **options}, compiled)
+
+
+def _meta(config: triton.Config) -> dict:
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def _start_another(kernel, grid, args, kwargs, options, failed: triton.Config,
+                   err: Exception) -> tuple[triton.Config, object]:
+    """Starts the first config the kernel's prune keeps that Triton finds within the GPU's
+    resources, ``failed`` being past them: Triton's count of shared memory depends on how the
+    arguments specialize (attention on a float32 mask, 1 query and 2 keys of head dim 1, every
+    stride 1: 238080 bytes where the prune's estimate, right at larger shapes, says 188416).
+    Autotuning passes over such a config the same way; a forced one gives way too."""
+    for config in pruned_configs(kernel, args, kwargs):
+        if _meta(config) == _meta(failed):
+            continue
+        try:
+            return config, kernel.fn[grid](*args, **kwargs, **_meta(config), **options)
+        except triton.runtime.OutOfResources:
+            continue
+    raise err
 
 
 def untuned_config(kernel, args, kwargs, tensors) -> triton.Config:

@@ -248,3 +248,56 @@ def test_float64_decoding_split_and_the_variants():
     ]:
         _float64_close(fn(q, k, v, *tensors, *extra), reference(q, k, v, *tensors, *extra),
                        reference(*narrow, *(t.float() for t in tensors), *extra))
+
+
+def _mask(kind, dtype, length, keys):
+    if kind == "bool":
+        return torch.rand(length, keys, device="cuda") > 0.2
+    return None if kind is None else torch.randn(length, keys, device="cuda", dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype, mask, dim", [
+    (torch.float32, "float", 16), (torch.float32, "float", 64), (torch.float32, "bool", 256),
+    (torch.bfloat16, "float", 256), (torch.float16, "bool", 128), (torch.float32, None, 256),
+])
+def test_every_config_the_prunes_keep_fits_the_shared_memory(dtype, mask, dim):
+    # the prunes' estimates against Triton's own count: every config they keep for the forward
+    # and the backward's two passes compiles within the GPU's shared memory (a tensor mask's
+    # tiles were once left out: float32 masks are pipelined as the keys are)
+    from specgen.runtime import launch
+    torch.manual_seed(dim)
+    q, k, v = (torch.randn(2, 3, 300, dim, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    with launch.watch_autotuned() as seen:
+        out = generated.scaled_dot_product_attention(q, k, v, _mask(mask, dtype, 300, 300))
+        out.sum().backward()
+    limit = launch.shared_memory(q.device)
+    assert len({kernel for kernel, _, _ in seen}) == 3
+    over = []
+    for kernel, args, kwargs in seen:
+        for config in launch.pruned_configs(kernel, args, kwargs):
+            meta = {**config.kwargs, "num_warps": config.num_warps,
+                    "num_stages": config.num_stages}
+            compiled = kernel.fn.warmup(*args, grid=(1,), **kwargs, **meta)
+            if compiled.metadata.shared > limit:
+                over.append((kernel.fn.__name__, meta, compiled.metadata.shared))
+    assert over == [], f"past {limit} bytes: {over}"
+
+
+def test_a_forced_config_past_the_shared_memory_runs_the_next_that_fits():
+    # a float32 mask over 1 query and 2 keys of head dim 1, every stride 1: Triton specializes
+    # the strides and counted 238080 bytes for 128 x 128 blocks in 3 stages (H200, Triton 3.6)
+    # where the prune's estimate, right at larger shapes, says 188416. The launch passes over it
+    from specgen import runtime
+    from specgen.runtime import launch
+    torch.manual_seed(0)
+    q, mask = torch.randn(1, 1, 1, device="cuda"), torch.randn(1, 1, 1, device="cuda")
+    k, v = (torch.randn(2, device="cuda").as_strided((1, 2, 1), (1, 1, 1)) for _ in range(2))
+    forced = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    with runtime.override(config=forced), launch.watch_autotuned() as seen:
+        out = generated.scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, attn_mask=mask.double()))
+    kernel, args, kwargs = seen[0]
+    counted = kernel.fn.warmup(*args, grid=(1,), **kwargs, **forced).metadata.shared
+    if counted <= launch.shared_memory(q.device):
+        pytest.skip(f"this Triton counts {counted} bytes: the forced config fits, none passed over")
