@@ -1,6 +1,7 @@
 """Attention on the GPU: bfloat16 at real sizes (the interpreter computes a bfloat16 tl.dot
 wrongly), int64 indexing past 2**31 elements, and torch.compile with no graph break."""
 
+import importlib
 import math
 
 import pytest
@@ -9,6 +10,10 @@ import torch.nn.functional as F
 
 import generated
 from specgen import references as ref
+from specgen import runtime
+
+# the module (specgen.runtime exports its launch function under the same name)
+launch = importlib.import_module("specgen.runtime.launch")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -264,7 +269,6 @@ def test_every_config_the_prunes_keep_fits_the_shared_memory(dtype, mask, dim):
     # the prunes' estimates against Triton's own count: every config they keep for the forward
     # and the backward's two passes compiles within the GPU's shared memory (a tensor mask's
     # tiles were once left out: float32 masks are pipelined as the keys are)
-    from specgen.runtime import launch
     torch.manual_seed(dim)
     q, k, v = (torch.randn(2, 3, 300, dim, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
@@ -288,8 +292,6 @@ def test_a_forced_config_past_the_shared_memory_runs_the_next_that_fits():
     # a float32 mask over 1 query and 2 keys of head dim 1, every stride 1: Triton specializes
     # the strides and counted 238080 bytes for 128 x 128 blocks in 3 stages (H200, Triton 3.6)
     # where the prune's estimate, right at larger shapes, says 188416. The launch passes over it
-    from specgen import runtime
-    from specgen.runtime import launch
     torch.manual_seed(0)
     q, mask = torch.randn(1, 1, 1, device="cuda"), torch.randn(1, 1, 1, device="cuda")
     k, v = (torch.randn(2, device="cuda").as_strided((1, 2, 1), (1, 1, 1)) for _ in range(2))
