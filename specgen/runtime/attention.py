@@ -745,22 +745,31 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values:
 
     def size(config) -> int:
         # the tiles match Triton's own count without a mask (ptxas for sm_90 under Triton 3.6 and
-        # 3.8: float16 E 128, float32 E 64 and E 256 with Ev 64, every stage count, to the byte)
+        # 3.8: the forward and the query pass at float16 E 128, float32 E 64 and E 256 with Ev
+        # 64, every stage count, to the byte)
         meta = config.kwargs
         tiles = config.num_stages * meta[streamed] * (block_e + block_ev)
         held_tiles = meta[held] * (block_e + (block_ev if held_values else 0))
-        return element * (tiles + held_tiles) + mask_bytes(meta["BLOCK_M"] * meta["BLOCK_N"],
-                                                         config.num_stages)
+        scores = meta["BLOCK_M"] * meta["BLOCK_N"]
+        extra = 0
+        if role == "key":
+            # the key pass turns its scores into dV's dot operand through shared memory, and
+            # streams each row's logsumexp and delta (float32 E 64, 64 x 128 blocks: Triton
+            # counts 33792 bytes past the tiles)
+            extra = element * scores + 16 * meta["BLOCK_M"]
+        return element * (tiles + held_tiles) + extra + mask_bytes(scores, config.num_stages)
 
     def mask_bytes(elements: int, stages: int) -> int:
-        # a tensor mask's BLOCK_M x BLOCK_N tile, loaded each step: Triton pipelines a float32
-        # mask's like the key tiles, in one buffer fewer than the stages (float32 E 16 on 128 x
-        # 128 blocks and 4 stages: 270336 bytes, where the key and value tiles take 73728); a
-        # narrower mask's tile it converts through at most one tile of scratch (bool or float16
-        # masks: 4096-8192 bytes more). Tiny shapes whose strides Triton specializes may count
-        # more still: the launcher passes over a config that does not fit (launch.launch)
+        # a tensor mask's BLOCK_M x BLOCK_N tile, loaded each step. Triton pipelines a float32
+        # mask's as the keys', in up to as many buffers as stages: how many, and what scratch
+        # it takes beside them, depend on the mask's alignment and the head dim (the forward
+        # at E 16 on a 300-wide mask, 128 x 128 blocks in 3 stages: 180736 bytes past the
+        # tiles, 2.8 tiles of the mask; at E 64 one tile), so the bound is a tile a stage. A
+        # narrower mask's tile Triton converts through at most one tile of scratch (bool and
+        # float16 masks: 4096-8192 bytes past the tiles). Where the count still passes the
+        # estimate, the launcher passes over the config (launch.launch)
         tile = mask_element * elements
-        return tile * max(stages - 1, 1) if mask_element >= 4 else tile
+        return tile * stages if mask_element >= 4 else tile
 
     def fits(config) -> bool:
         return size(config) <= limit
