@@ -13,7 +13,9 @@
 # machine of several GPUs, GPUS=n spreads the workers over n of them (worker k on GPU k % n;
 # default 12 workers a GPU). On two H200s of 32 cores (2026-11-28, GPUS=2 WORKERS=24): the whole
 # tier, 1780 of the 1833 tests the GPU machine collects in one call (7m48s), the rest in two
-# resumed ones (the slowest, the sliding-window gradient check, about 200 s).
+# resumed ones. The same machine, 2026-11-29 (evening): 1964 in 9m08s; what was left were the
+# attention ops' gradient checks, 200-420 s each, since split into four shards apiece
+# (tests/test_autograd.py) so that the workers share them.
 # Each worker then sees one GPU, so tests/gpu/test_multi_gpu.py skips: run it apart (GPUS=1).
 # The benchmarks take about 2 minutes and run after the tests, alone on the GPU; with a group of
 # the tier they may outlast a call: SKIP_BENCH=1 with the tests, SKIP_TESTS=1 in the next call.
