@@ -21,35 +21,37 @@ from specgen import testing
 from specgen.runtime import rowwise
 
 
+def _check_gradients(name, data):
+    info = generated.REGISTRY[name]
+    case = testing.draw_case(data, info)
+    path = data.draw(st.sampled_from(testing.PATHS))
+    note(f"path: {path}")
+    testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)), path=path)
+
+
+_ATTENTION = [n for n in sorted(generated.REGISTRY)
+              if generated.REGISTRY[n].family == "attention"]
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(generated.REGISTRY) if n not in _ATTENTION])
+@given(data=st.data())
+def test_gradients_match_reference(name, data):
+    _check_gradients(name, data)
+
+
 # an attention case compiles kernels of its own nearly every example (head dims, dtypes, masks
 # and tiles are constexprs): 200-420 s an op on the GPU tier (H200, 2026-11-29), its longest
-# tests, left running past a device call's end. Their examples are split over SHARDS tests,
-# which pytest-xdist runs side by side
+# tests, left running past a device call's end. Each op's examples are split over SHARDS tests
+# (the profile's count in all), which pytest-xdist runs side by side
 SHARDS = 4
 
 
-def _gradient_cases() -> list:
-    cases = []
-    for name in sorted(generated.REGISTRY):
-        shards = SHARDS if generated.REGISTRY[name].family == "attention" else 1
-        cases += [pytest.param(name, shards, id=name if shards == 1 else f"{name}-{k}of{shards}")
-                  for k in range(1, shards + 1)]
-    return cases
-
-
-@pytest.mark.parametrize("name, shards", _gradient_cases())
-def test_gradients_match_reference(name, shards):
-    info = generated.REGISTRY[name]
-
-    @settings(max_examples=-(-settings().max_examples // shards))
-    @given(data=st.data())
-    def check(data):
-        case = testing.draw_case(data, info)
-        path = data.draw(st.sampled_from(testing.PATHS))
-        note(f"path: {path}")
-        testing.check_grad(info, case, seed=data.draw(st.integers(0, 2**31 - 1)), path=path)
-
-    check()
+@pytest.mark.parametrize("name, shard", [pytest.param(n, k, id=f"{n}-{k}of{SHARDS}")
+                                         for n in _ATTENTION for k in range(1, SHARDS + 1)])
+@settings(max_examples=-(-settings().max_examples // SHARDS))
+@given(data=st.data())
+def test_attention_gradients_match_reference(name, shard, data):
+    _check_gradients(name, data)
 
 
 def _leaf(*shape, dtype=torch.float32, seed=0):

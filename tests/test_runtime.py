@@ -390,38 +390,46 @@ def test_interpreter_runs_any_forced_config_and_otherwise_the_first_untuned(monk
 
 @pytest.mark.skipif(not runtime.interpreting(), reason="the interpreter's launch path (CPU tier)")
 def test_a_config_past_the_gpus_resources_gives_way_to_the_next_that_fits(monkeypatch):
-    # Triton's count of a kernel's shared memory depends on how its arguments specialize, which a
-    # prune's estimate cannot see: a launch whose config Triton finds too large runs the next
-    # config the prune keeps, as autotuning would, and a forced one gives way too. Stood in for
-    # here by a kernel that raises Triton's error for its widest tiles
-    module = importlib.import_module("generated.sum")
-    kernel = module.inner_kernel
-    widest = max(c.kwargs["BLOCK_K"] for c in kernel.configs)
-    tiles = []
+    # Triton's count of a kernel's shared memory moves with the arguments' alignment and its
+    # version, which a prune's estimate does not see: an unforced launch whose config Triton
+    # finds too large runs the next config the prune keeps, as autotuning would; a forced one
+    # fails. Stood in for here by a kernel that raises Triton's error for its first config
+    launch = importlib.import_module("specgen.runtime.launch")
+    kernel = importlib.import_module("generated.sum").inner_kernel
+    x = torch.randn(16, 16384)
+    with runtime.override(strategy="inner"), launch.watch_autotuned() as seen:
+        generated.sum(x, -1)
+    kept = [(c.kwargs["BLOCK_K"], c.kwargs["BLOCK_R"], c.num_warps)
+            for c in launch.pruned_configs(*seen[0])]
+    first = kept[0]
+    tried = []
     run = kernel.fn.run
 
-    def too_wide(*args, **kwargs):
-        if kwargs["BLOCK_K"] == widest:
+    def first_too_large(*args, **kwargs):
+        tiles = (kwargs["BLOCK_K"], kwargs["BLOCK_R"], kwargs["num_warps"])
+        tried.append(tiles)
+        if tiles == first:
             raise triton.runtime.OutOfResources(300000, 232448, "shared memory")
-        tiles.append(kwargs["BLOCK_K"])
         return run(*args, **kwargs)
 
-    monkeypatch.setattr(kernel.fn, "run", too_wide)
-    x = torch.randn(16, 16384)
-    numbers = [n for n, c in enumerate(kernel.configs) if c.kwargs["BLOCK_K"] == widest]
-    with runtime.override(strategy="inner", config=numbers[0]):
+    monkeypatch.setattr(kernel.fn, "run", first_too_large)
+    with runtime.override(strategy="inner"):
         torch.testing.assert_close(generated.sum(x, -1), x.sum(-1), rtol=1e-4, atol=1e-3)
-    # the first config the prune keeps that is not of the widest tiles ran instead
-    assert tiles == [next(c.kwargs["BLOCK_K"] for c in kernel.configs
-                          if c.kwargs["BLOCK_K"] != widest)]
+        assert tried == [first, next(t for t in kept if t != first)]
+        # forced, the config runs as asked or fails (the tests and specgen tune time that one)
+        with runtime.override(config=0), pytest.raises(triton.runtime.OutOfResources):
+            generated.sum(x, -1)
 
     def nothing_fits(*args, **kwargs):
         raise triton.runtime.OutOfResources(300000, 232448, "shared memory")
 
-    # where no config fits, Triton's error for the one chosen reaches the caller
+    # where no config fits, Triton's error reaches the caller, saying so (a shape of its own:
+    # the calls above recorded a replay of theirs, which starts its kernel directly)
     monkeypatch.setattr(kernel.fn, "run", nothing_fits)
-    with runtime.override(strategy="inner"), pytest.raises(triton.runtime.OutOfResources):
-        generated.sum(x, -1)
+    with runtime.override(strategy="inner"), pytest.raises(triton.runtime.OutOfResources) as error:
+        generated.sum(torch.randn(16, 16000), -1)
+    assert "no config its prune keeps fits" in "".join(error.value.__notes__)
+
 
 def test_stand_ins_copy_each_layout_and_keep_one_tensor_one():
     # a traced launch is tuned on stand-ins (launch.tune_on_stand_ins): real tensors laid out as
