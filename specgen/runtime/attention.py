@@ -744,9 +744,9 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values:
     mask_element = 0 if mask is None else mask.element_size()
 
     def size(config) -> int:
-        # the tiles match Triton's own count without a mask (ptxas for sm_90 under Triton 3.6 and
+        # Triton's own count without a mask, to the byte (ptxas for sm_90 under Triton 3.6 and
         # 3.8: the forward and the query pass at float16 E 128, float32 E 64 and E 256 with Ev
-        # 64, every stage count, to the byte)
+        # 64, every stage count; the key pass at float32 E 64 with its scores' tile)
         meta = config.kwargs
         tiles = config.num_stages * meta[streamed] * (block_e + block_ev)
         held_tiles = meta[held] * (block_e + (block_ev if held_values else 0))
@@ -767,7 +767,7 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values:
         # tiles, 2.8 tiles of the mask; at E 64 one tile), so the bound is a tile a stage. A
         # narrower mask's tile Triton converts through at most one tile of scratch (bool and
         # float16 masks: 4096-8192 bytes past the tiles). Where the count still passes the
-        # estimate, the launcher passes over the config (launch.launch)
+        # estimate, an unforced launch passes over the config (launch.launch)
         tile = mask_element * elements
         return tile * stages if mask_element >= 4 else tile
 
