@@ -276,9 +276,10 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             # a forced config runs as asked or fails: the tests and specgen tune force configs
             # to check and time those very ones
             raise
-        failed, (config, compiled) = config, _start_another(kernel, grid, args, kwargs,
-                                                            options, config, err)
+        failed = config
+        config, compiled = _start_another(kernel, grid, args, kwargs, options, failed, err)
         if key is not None and _tuned.get(key) is failed:
+            # (the untuned and table paths cache their config before it starts)
             _keep_tuned(key, config)
     replay.note_launch(fn, grid, args, {**kwargs, **_meta(config), **options}, compiled)
 
