@@ -458,4 +458,3 @@ def test_index_width_counts_the_reduced_elements():
         generated.sum(row.expand(8, 2048))
         generated.sum(row.expand(2**21, 2048))
     assert [l.index_bits for l in log] == [32, 64]
-

@@ -267,10 +267,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
         return
     fn = kernel.fn
     if not direct:
-        wrap_triton(fn)[grid](*args, **kwargs, **_meta(config))
+        wrap_triton(fn)[grid](*args, **kwargs, **frozen_tables.entry_config(config))
         return
+    started = {**kwargs, **frozen_tables.entry_config(config), **options}
     try:
-        compiled = fn[grid](*args, **kwargs, **_meta(config), **options)
+        compiled = fn[grid](*args, **started)
     except triton.runtime.OutOfResources as err:
         if forced is not None:
             # a forced config runs as asked or fails: the tests and specgen tune force configs
@@ -278,14 +279,11 @@ def launch(kernel: triton.runtime.Autotuner | triton.runtime.JITFunction, grid, 
             raise
         failed = config
         config, compiled = _start_another(kernel, grid, args, kwargs, options, failed, err)
+        started = {**kwargs, **frozen_tables.entry_config(config), **options}
         if key is not None and _tuned.get(key) is failed:
             # (the untuned and table paths cache their config before it starts)
             _keep_tuned(key, config)
-    replay.note_launch(fn, grid, args, {**kwargs, **_meta(config), **options}, compiled)
-
-
-def _meta(config: triton.Config) -> dict:
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    replay.note_launch(fn, grid, args, started, compiled)
 
 
 def _start_another(kernel, grid, args, kwargs, options, failed: triton.Config,
@@ -296,10 +294,11 @@ def _start_another(kernel, grid, args, kwargs, options, failed: triton.Config,
     attention prune's: 3.6 and 3.8), and the count moves with the arguments' alignment and the
     version; an estimate that drifts costs a compilation here, not the call."""
     for config in pruned_configs(kernel, args, kwargs):
-        if _meta(config) == _meta(failed):
+        meta = frozen_tables.entry_config(config)
+        if meta == frozen_tables.entry_config(failed):
             continue
         try:
-            return config, kernel.fn[grid](*args, **kwargs, **_meta(config), **options)
+            return config, kernel.fn[grid](*args, **kwargs, **meta, **options)
         except triton.runtime.OutOfResources:
             continue
     err.add_note(f"{_name(kernel)}: no config its prune keeps fits the GPU either")

@@ -181,7 +181,8 @@ def config_of(entry: Mapping) -> triton.Config:
 
 
 def entry_config(config: triton.Config) -> dict:
-    """A config as a table writes it."""
+    """A config as a table writes it, and as a launch passes it: its meta-parameters, warps and
+    stages, one mapping."""
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import generated
 from specgen import references as ref
 from specgen import runtime
+from specgen.runtime import tuned
 
 # the module (specgen.runtime exports its launch function under the same name)
 launch = importlib.import_module("specgen.runtime.launch")
@@ -280,8 +281,7 @@ def test_every_config_the_prunes_keep_fits_the_shared_memory(dtype, mask, dim):
     over = []
     for kernel, args, kwargs in seen:
         for config in launch.pruned_configs(kernel, args, kwargs):
-            meta = {**config.kwargs, "num_warps": config.num_warps,
-                    "num_stages": config.num_stages}
+            meta = tuned.entry_config(config)
             compiled = kernel.fn.warmup(*args, grid=(1,), **kwargs, **meta)
             if compiled.metadata.shared > limit:
                 over.append((kernel.fn.__name__, meta, compiled.metadata.shared))
@@ -308,6 +308,6 @@ def test_a_config_past_the_shared_memory_gives_way_to_the_next_that_fits(monkeyp
         out = generated.scaled_dot_product_attention(q, k, v, mask)
     torch.testing.assert_close(out.double(), _reference(q, k, v, attn_mask=mask.double()))
     _, args, kwargs = seen[0]
-    meta = {**too_large.kwargs, "num_warps": 4, "num_stages": 4}
-    counted = kernel.fn.warmup(*args, grid=(1,), **kwargs, **meta).metadata.shared
+    counted = kernel.fn.warmup(*args, grid=(1,), **kwargs,
+                               **tuned.entry_config(too_large)).metadata.shared
     assert counted > launch.shared_memory(q.device), "the stand-in config fits: pick a larger one"
