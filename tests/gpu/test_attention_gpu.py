@@ -306,7 +306,8 @@ def test_a_config_past_the_shared_memory_gives_way_to_the_next_that_fits(monkeyp
     mask = torch.randn(333, 333, device="cuda")
     with launch.watch_autotuned() as seen:
         out = generated.scaled_dot_product_attention(q, k, v, mask)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, attn_mask=mask.double()))
+    # a float32 result, compared at float32's tolerances
+    torch.testing.assert_close(out, _reference(q, k, v, attn_mask=mask.double()).float())
     _, args, kwargs = seen[0]
     counted = kernel.fn.warmup(*args, grid=(1,), **kwargs,
                                **tuned.entry_config(too_large)).metadata.shared
