@@ -411,6 +411,47 @@ def test_scaffold_renders_a_module_that_compiles():
     assert "from specgen.kernel_lib import relu_f32" in source     # by name: torch.compile
 
 
+@pytest.mark.parametrize("strategy", ["two_stage:3", "atomic:3"])
+def test_a_split_k_launch_is_one_kernel_that_resets_its_tickets(strategy):
+    # the last of a tile's programs sums the workspace and applies the epilogue (here a bias
+    # and a residual of their own strides, over a batch of 3 x 2 with tiles in each): no
+    # second kernel, and every ticket back at zero for the next launch
+    from specgen.runtime import counters
+
+    x, w, bias = randn(3, 2, 40, 96), randn(70, 96), randn(70)
+    residual = randn(70, 3, 2, 40).permute(1, 2, 3, 0)
+    with runtime.record_launches() as log, runtime.override(strategy=strategy), \
+            importlib.import_module("specgen.runtime.launch").watch_autotuned() as seen:
+        out = generated.linear_residual(x, w, bias, residual)
+    assert [launch.kernel for launch in log] == [strategy.split(":")[0]]
+    assert [kernel.fn.__name__ for kernel, _, _ in seen] == ["_linear_residual_split_kernel"]
+    want = x.double() @ w.double().t() + bias.double() + residual.double()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * 96)
+    assert not counters.tile_counters(x.device, 1).any()
+
+
+def test_a_traced_split_k_call_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):
+    # as reduce's one-launch split: a graph cannot hold the counters eager calls keep, so a call
+    # traced on fake tensors (as torch.compile traces) allocates its own and never asks for ours
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+    from specgen.runtime import counters
+
+    def kept_counters(*args):
+        raise AssertionError("a traced call used the counters kept between calls")
+
+    launches = []
+    monkeypatch.setattr(counters, "tile_counters", kept_counters)
+    # what the launch is given is the point here (the interpreter cannot run on fake tensors)
+    monkeypatch.setattr(matmul, "launch", lambda kernel, grid, *args, **options:
+                        launches.append(args))
+    with FakeTensorMode() as mode, runtime.override(strategy="two_stage:2"):
+        x, w = (mode.from_tensor(randn(*shape)) for shape in ((5, 256), (7, 256)))
+        generated.linear(x, w)
+    (args,) = launches
+    (tickets,) = [a for a in args if isinstance(a, torch.Tensor) and a.dtype == torch.int32]
+    assert is_fake(tickets)
+
+
 @pytest.mark.parametrize("op, kind", [("linear_gelu", "two_stage"), ("bmm", "atomic")])
 def test_auto_split_k_end_to_end(op, kind):
     # off the GPU the launcher assumes 4 multiprocessors: one 5 x 7 tile with K = 2048 splits
@@ -555,11 +596,15 @@ def test_forced_config_number_is_fitted_and_mapping_filtered():
         config = forced_config(module._mm_kernel, args, kwargs, number)
         assert (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]) \
             == (32, 16, 32)
-    # a mapping: the meta-parameters a kernel takes (the reduce kernel has no BLOCK_K, GROUP_M)
+    # a mapping: the meta-parameters a kernel takes (the GEMV kernel has no BLOCK_M, GROUP_M),
+    # the rest from its first config
     tiles = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 2,
              "num_stages": 2}
-    config = forced_config(module._mm_reduce_kernel, (), {}, tiles)
-    assert config.kwargs == {"BLOCK_M": 16, "BLOCK_N": 32} and config.num_warps == 2
+    gemv = sys.modules["generated.int4_weight_linear"]._int4_weight_linear_gemv_kernel
+    config = forced_config(gemv, (), {}, tiles)
+    assert config.kwargs == {"BLOCK_N": 32, "BLOCK_K": 16,
+                             "STAGES": gemv.configs[0].kwargs["STAGES"]}
+    assert config.num_warps == 2
 
 
 def test_the_generator_and_the_runtime_agree_on_the_smallest_dot_block():

@@ -17,6 +17,7 @@ from specgen.errors import SpecError
 from specgen.families import reduce as reduce_family
 from specgen.model import Source
 from specgen.parse import parse_spec
+from specgen.runtime import counters
 from specgen.runtime import reduce as reduction
 
 # the spec `specgen new --family reduce` writes: a sum of squares
@@ -142,7 +143,7 @@ def test_last_launches_once_and_resets_its_tickets():
             torch.testing.assert_close(generated.sum(x, dim), torch.sum(x.double(), dim).float(),
                                        rtol=1e-5, atol=1e-4)
         assert [l.kernel for l in log] == ["last"]
-        assert not reduction.tile_counters(x.device, 1).any()
+        assert not counters.tile_counters(x.device, 1).any()
 
 
 def test_traced_last_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):
@@ -154,7 +155,7 @@ def test_traced_last_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):
         raise AssertionError("a traced call used the counters kept between calls")
 
     launches = []
-    monkeypatch.setattr(reduction, "tile_counters", kept_counters)
+    monkeypatch.setattr(counters, "tile_counters", kept_counters)
     # what the launch is given is the point here (the interpreter cannot run on fake tensors)
     # (the family's launcher starts each level with its pointers first: x, out, partials, counters)
     monkeypatch.setattr(reduction, "launch", lambda kernel, grid, *args, **options:
@@ -163,8 +164,8 @@ def test_traced_last_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):
         x = mode.from_tensor(torch.randn(300, 70, device=testing.device()))
         generated.sum(x, 0)
     (pointers,) = launches
-    counters = pointers[3]
-    assert is_fake(counters) and counters.dtype == torch.int32
+    tickets = pointers[3]
+    assert is_fake(tickets) and tickets.dtype == torch.int32
 
 
 def test_fitting_tiles_prunes_wide_tiles():

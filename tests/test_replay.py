@@ -205,14 +205,14 @@ def test_a_replayed_last_call_looks_its_tickets_up_again(monkeypatch):
     # reduce's one-launch split keeps ticket counters between calls, one set per stream: a replay
     # must take those of the stream it runs on, not the ones the recorded call used. Emptying the
     # table stands in for another stream here.
-    from specgen.runtime import reduce as reduction
+    from specgen.runtime import counters
 
     x = _randn(300, 70)
     with runtime.override(strategy="last"), replay.record_at_once():
         generated.sum(x, 0)  # tunes
         generated.sum(x, 0)  # recorded
-        recorded = reduction.tile_counters(x.device, 1)
-        monkeypatch.setattr(reduction, "_counters", {})
+        recorded = counters.tile_counters(x.device, 1)
+        monkeypatch.setattr(counters, "_counters", {})
         recorded.fill_(5)  # a launch that took these tickets would never see its last program
         try:
             before = _replayed("sum")
@@ -222,7 +222,7 @@ def test_a_replayed_last_call_looks_its_tickets_up_again(monkeypatch):
             recorded.zero_()  # the table monkeypatch puts back holds them
     assert _replayed("sum") == before + 1
     torch.testing.assert_close(out, torch.sum(x.double(), 0).float(), rtol=1e-5, atol=1e-4)
-    assert not reduction.tile_counters(x.device, 1).any()
+    assert not counters.tile_counters(x.device, 1).any()
 
 
 # (name, call, reference): families whose implementations allocate outputs, workspaces,

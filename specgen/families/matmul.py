@@ -55,8 +55,9 @@ BROADCAST_BATCH_RANK = 3
 GENERATED_NAMES = frozenset({
     "matmul_rt",  # its imports
     "acc", "batch", "batch_id", "bid", "col", "col0", "first_m", "group", "group_rows", "k",
-    "k_start", "programs_in_group", "row", "row0", "slot", "tiles", "work", "ws_ptr", "ws_ptrs",
+    "k_start", "programs_in_group", "row", "row0", "slot", "tiles", "work", "ws_ptr",
     "m", "n", "rest", "tile",  # the kernels' names the shipped specs' modules do not show
+    "counter_ptr", "slots", "ticket", "ticket_ptr",  # split-K's workspace slots and tickets
     "q", "group_id", "block",  # a quantized B's integers, their group, a K block's product
     "products", "group_products", "groups",  # the GEMV kernel's
     "one_bits",  # its word form's 1.0 bits (an argument)
@@ -324,8 +325,7 @@ def _parse_dequant(top: Table, spec_args: tuple, a: Operand, b: Operand,
                           f"{table.misspelling('group')}")
     channel = [o.name for o in epilogue_inputs if o.letters == "n" and not o.optional]
     scales = {o.name for o in group_operands} | set(channel)
-    # the value is a format's: the integer and its scale operands (the split-K kernel's loop
-    # takes no scalars or choices)
+    # the value is a format's: the integer and its scale operands
     symbols = {n: s for n, s in symbols_of(spec_args).items() if n in scales}
     symbols[Q] = Symbol(Q, "value")
     reasons = {a.name: "the dequant value reads the unpacked integer q, not the operands",

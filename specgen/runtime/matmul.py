@@ -23,6 +23,7 @@ from specgen.quant import is_group_size
 from specgen.runtime import tuned
 from specgen.runtime.checks import check_interpreted_dot, check_tensors, is_real
 from specgen.runtime.context import Overrides, interpreting, note_launch, overrides, untraced
+from specgen.runtime.counters import launch_counters
 from specgen.runtime.launch import (choose_int64, launch, max_programs, multiprocessors,
                                    shared_memory)
 from specgen.runtime.op import FamilyRuntime, Op
@@ -315,7 +316,7 @@ class Strategy:
 
     @property
     def split(self) -> bool:
-        """A split-K reduction (a workspace and a second kernel), not a tile kernel."""
+        """A split-K reduction (a workspace and ticket counters), not a tile kernel."""
         return self.kind in ("two_stage", "atomic")
 
 
@@ -706,7 +707,6 @@ class LaunchPlan:
     # strategies to time against each other on the first eager call (auto split-K on a GPU)
     candidates: tuple[Strategy, ...] = ()
     group_strides: tuple[int, ...] = ()     # a quantized B's per-group operands' (N, G)
-    loop_strides: tuple[int, ...] = ()      # the split kernel's K-loop operands' (its scales)
     # the GEMV kernel's word form: whether the layout lets it read B as words (``words_fit``),
     # and its one_bits argument (1.0's bits, with the elements' sign bits for signed bytes)
     words: bool = False
@@ -746,10 +746,11 @@ class LaunchPlan:
         start on 16-byte boundaries (a call's property, not its plan's)."""
         return self.tma is not None and tma_aligned(a, b)
 
-    def reduce_grid(self, meta: Mapping) -> tuple[int, ...]:
-        """The grid of the split-K reduction kernel: one program per output tile."""
-        tiles = cdiv(self.m, meta["BLOCK_M"]) * cdiv(self.n, meta["BLOCK_N"])
-        return (tiles,) + ((min(self.batch, 65535),) if self.batched else ())
+    @property
+    def tiles_at_most(self) -> int:
+        """Output tiles of every batch element at the smallest tile a config can have: the
+        split kernel's ticket counters (one a tile)."""
+        return self.batch * cdiv(self.m, MIN_DOT_BLOCK) * cdiv(self.n, MIN_DOT_BLOCK)
 
 
 def launch_plan(op: OpLayout, *tensors: torch.Tensor | None, group: int | None = None
@@ -837,8 +838,6 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
     ab = space.strides(op.a, "mk", op.batched_ab[0]) + b_strides
     b_dtype = present[op.b].dtype
     group_strides = sum((space.strides(name, "ng", False) for name in op.grouped), ())
-    loop_strides = sum((space.strides(name, "ng" if name in op.grouped else "n", False)
-                        for name in op.loop_inputs), ())
     epilogue: list[int] = []
     for name, letters, batched in op.epilogue:
         if name in space.views:
@@ -853,7 +852,7 @@ def _plan(op: OpLayout, tensors: Sequence[torch.Tensor | None], device: torch.de
         index_64=index_64, layout=layout, precision=precision,
         even_k=even_k(space.k, block_ks), m=space.m, n=space.n, k=space.k, batch=batch,
         batch_shape=space.batch, sizes=sizes, ab_strides=ab, group_strides=group_strides,
-        loop_strides=loop_strides, epilogue_strides=tuple(epilogue),
+        epilogue_strides=tuple(epilogue),
         swizzle2d=op.swizzle == "swizzle2d", batched=op.rank > 0,
         tma=tma, programs=max_programs(device, "persistent", per_sm=1),
         candidates=(tile_strategy(space.m, device, tma is not None), strategy_) if timed else (),
@@ -904,11 +903,12 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
 class Matmul(FamilyRuntime):
     """Matmuls with fused epilogues; the description's ``launch`` is the op's ``OpLayout``.
     Kernels: ``tile`` and ``tma`` (a tile of the output a program, the second reading A and B by
-    TMA), ``split`` and ``reduce`` (split-K partial sums, then their sum and the epilogue). The
-    tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and strides, the
-    op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional input."""
+    TMA), ``split`` (split-K partial sums, which the last program of each tile sums before the
+    epilogue). The tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and
+    strides, the op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional
+    input; the split kernel the same, with its workspace and ticket counters after the outputs."""
 
-    doc_note = "computed by one fused kernel (two for a split-K launch)."
+    doc_note = "computed by one fused kernel."
 
     def replay_state(self) -> Callable[[], object]:
         # float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
@@ -985,14 +985,12 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         else:
             launch(kernels["tile"], plan.grid, *tile_args, **flags, **common, tune_key=tune_key)
         return
-    # partial sums in the math's type: one slice per split (two-stage), or one zeroed slice
-    # (atomic)
+    # partial sums in the math's type: one slot per split (two-stage), or one zeroed slot
+    # (atomic); the tile's last program sums them and applies the epilogue (the tickets say which)
     space = workspace(strategy, plan.batch, plan.m, plan.n, a.device, layout.integer_product,
                       a.dtype == torch.float64)
-    loop_inputs = [named[name] for name in layout.loop_inputs]
-    launch(kernels["split"], plan.grid, a, b, *loop_inputs, space, *plan.sizes, *plan.ab_strides,
-           *plan.loop_strides, SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic",
-           **common, tune_key=tune_key)
-    launch(kernels["reduce"], plan.reduce_grid, space, *epilogue, *outs, *plan.sizes[:2],
-           *plan.sizes[3:], *plan.epilogue_strides, *scalars, **flags, INDEX_64=plan.index_64,
-           SLICES=space.shape[1], tune_key=tune_key)
+    tickets = launch_counters(a, plan.tiles_at_most)
+    launch(kernels["split"], plan.grid, a, b, *grouped, *epilogue, *outs, space, tickets,
+           *plan.sizes, *plan.ab_strides, *plan.group_strides, *plan.epilogue_strides, *scalars,
+           **flags, **common, SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic",
+           tune_key=tune_key)

@@ -16,12 +16,13 @@ from typing import Sequence
 import torch
 
 from specgen.runtime.checks import as_int, check_tensors
-from specgen.runtime.context import note_launch, overrides, untraced
+from specgen.runtime.context import note_launch, overrides
 from specgen.runtime.dtypes import compute_dtype, torch_result
 from specgen.runtime.launch import choose_int64, grid_size, launch, max_programs, plan_cache
 from specgen.runtime.layout import Shape, cdiv, merge_dims, next_power_of_2, span
 from specgen.runtime.op import FamilyRuntime, Op
-from specgen.runtime.replay import empty, persistent, zeros
+from specgen.runtime.counters import launch_counters
+from specgen.runtime.replay import empty, zeros
 
 # dims each collapsed space may keep after merging; the kernel decomposes at most this many
 # (reduce_lib.strided_offsets takes four sizes and strides)
@@ -344,43 +345,6 @@ def _plan(op, indexing, launch, combine, logical, split_block_k, max_tile, name,
     second_prob = partials_problem(prob, rows)
     second = level(second_prob, "inner" if second_prob.inner else "outer", 1, rows, FINAL, 2)
     return ReduceLaunch(strategy, index_64, rows, num_kept, first, second)
-
-
-# (device, stream) -> int32 tickets of ``last`` launches, zero between launches: the last program
-# of each output tile resets its own. One set per stream: launches on one stream run one after
-# another, launches on two streams may run at once and must not share tickets.
-_counters: dict[tuple[torch.device, int | None], torch.Tensor] = {}
-# outgrown counters stay allocated: a captured CUDA graph may still use them
-_retired: list[torch.Tensor] = []
-
-
-def tile_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least ``count`` zeroed ticket counters for the current stream of ``device`` (allocated
-    once, grown as needed). A replayed call looks them up again, on its own stream."""
-    return persistent(_stream_counters(device, count), lambda: _stream_counters(device, count))
-
-
-def _stream_counters(device: torch.device, count: int) -> torch.Tensor:
-    # the raw stream query (Triton's own): torch.cuda.current_stream builds a Stream object,
-    # several microseconds of a replayed call
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None
-    counters = _counters.get((device, stream))
-    if counters is None or counters.numel() < count:
-        if counters is not None:
-            _retired.append(counters)
-        size = max(count, 1024, 2 * counters.numel() if counters is not None else 0)
-        counters = torch.zeros(size, dtype=torch.int32, device=device)
-        _counters[device, stream] = counters
-    return counters
-
-
-def launch_counters(x: torch.Tensor, count: int) -> torch.Tensor:
-    """The ticket counters of a one-launch split of ``x``, which the kernel leaves zero: kept
-    between untraced calls (``tile_counters``); a traced call (a graph) allocates zeroed ones each
-    run, as a graph cannot hold ours."""
-    if untraced([x]):
-        return tile_counters(x.device, count)
-    return zeros((count,), torch.int32, x.device)
 
 
 def fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:
