@@ -412,21 +412,28 @@ def test_scaffold_renders_a_module_that_compiles():
 
 
 @pytest.mark.parametrize("strategy", ["two_stage:3", "atomic:3"])
-def test_a_split_k_launch_is_one_kernel_that_resets_its_tickets(strategy):
-    # the last of a tile's programs sums the workspace and applies the epilogue (here a bias
-    # and a residual of their own strides, over a batch of 3 x 2 with tiles in each): no
-    # second kernel, and every ticket back at zero for the next launch
+@pytest.mark.parametrize("rows, kernels", [(10, ["split"]), (40, ["split", "reduce"])])
+def test_split_k_sums_in_the_last_program_of_small_tiles_and_in_a_kernel_of_its_own_above(
+        strategy, rows, kernels):
+    # up to FUSED_SUM_ROWS rows the last of a tile's programs sums the workspace and applies the
+    # epilogue (here a bias and a transposed residual), leaving every ticket at zero; above, the
+    # reduce kernel does. bmm's batch (not folded into M) gives each batch element its tickets.
     from specgen.runtime import counters
 
-    x, w, bias = randn(3, 2, 40, 96), randn(70, 96), randn(70)
-    residual = randn(70, 3, 2, 40).permute(1, 2, 3, 0)
+    launch = importlib.import_module("specgen.runtime.launch")
+    assert (rows <= matmul.FUSED_SUM_ROWS) == (kernels == ["split"])
+    x, w, bias, residual = randn(rows, 96), randn(70, 96), randn(70), randn(70, rows).t()
+    a, b = randn(3, rows, 96), randn(3, 96, 70)
     with runtime.record_launches() as log, runtime.override(strategy=strategy), \
-            importlib.import_module("specgen.runtime.launch").watch_autotuned() as seen:
+            launch.watch_autotuned() as seen:
         out = generated.linear_residual(x, w, bias, residual)
-    assert [launch.kernel for launch in log] == [strategy.split(":")[0]]
-    assert [kernel.fn.__name__ for kernel, _, _ in seen] == ["_linear_residual_split_kernel"]
+        batched = generated.bmm(a, b)
+    assert [launch.kernel for launch in log] == [strategy.split(":")[0]] * 2
+    assert [kernel.fn.__name__ for kernel, _, _ in seen] == \
+        [f"_{op}_{kernel}_kernel" for op in ("linear_residual", "bmm") for kernel in kernels]
     want = x.double() @ w.double().t() + bias.double() + residual.double()
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * 96)
+    torch.testing.assert_close(batched.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5 * 96)
     assert not counters.tile_counters(x.device, 1).any()
 
 
@@ -445,6 +452,7 @@ def test_a_traced_split_k_call_counts_tickets_in_zeroed_counters_of_its_own(monk
     monkeypatch.setattr(matmul, "launch", lambda kernel, grid, *args, **options:
                         launches.append(args))
     with FakeTensorMode() as mode, runtime.override(strategy="two_stage:2"):
+        # (5 rows: the split kernel sums its slots and counts tickets)
         x, w = (mode.from_tensor(randn(*shape)) for shape in ((5, 256), (7, 256)))
         generated.linear(x, w)
     (args,) = launches

@@ -37,6 +37,11 @@ BATCH = ("...", "B")
 MIN_K_PER_SPLIT = 512
 # auto split-K aims at this many programs per multiprocessor
 SPLIT_PROGRAMS_PER_SM = 4
+# split-K sums its slots in the split kernel's last program of a tile up to this many rows, in a
+# second kernel above: measured on an H200 (docs/performance.md, 001q), one launch took int4's
+# 16 x 4096 x 4096 from 18.8 to 16.8 us, and int8_linear's 256 x 4096 x 4096 from 23.1 to 37.0
+# (one program summing a 128 x 128 tile's slots where the reduce kernel spreads them over 512)
+FUSED_SUM_ROWS = 16
 # tl.dot needs every block dimension to be at least 16
 MIN_DOT_BLOCK = 16
 # the GEMV kernel's least columns of B a multiprocessor: a program of its space's narrowest
@@ -316,7 +321,8 @@ class Strategy:
 
     @property
     def split(self) -> bool:
-        """A split-K reduction (a workspace and ticket counters), not a tile kernel."""
+        """A split-K reduction (a workspace, and ticket counters or a second kernel), not a tile
+        kernel."""
         return self.kind in ("two_stage", "atomic")
 
 
@@ -747,6 +753,17 @@ class LaunchPlan:
         return self.tma is not None and tma_aligned(a, b)
 
     @property
+    def fused_sum(self) -> bool:
+        """Whether the split kernel's last program of a tile sums the slots and applies the
+        epilogue (FUSED_SUM_ROWS), else the reduce kernel."""
+        return self.m <= FUSED_SUM_ROWS
+
+    def reduce_grid(self, meta: Mapping) -> tuple[int, ...]:
+        """The grid of the split-K reduction kernel: one program per output tile."""
+        tiles = cdiv(self.m, meta["BLOCK_M"]) * cdiv(self.n, meta["BLOCK_N"])
+        return (tiles,) + ((min(self.batch, 65535),) if self.batched else ())
+
+    @property
     def tiles_at_most(self) -> int:
         """Output tiles of every batch element at the smallest tile a config can have: the
         split kernel's ticket counters (one a tile)."""
@@ -903,12 +920,13 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
 class Matmul(FamilyRuntime):
     """Matmuls with fused epilogues; the description's ``launch`` is the op's ``OpLayout``.
     Kernels: ``tile`` and ``tma`` (a tile of the output a program, the second reading A and B by
-    TMA), ``split`` (split-K partial sums, which the last program of each tile sums before the
-    epilogue). The tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and
-    strides, the op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional
-    input; the split kernel the same, with its workspace and ticket counters after the outputs."""
+    TMA), ``split`` (split-K partial sums, which the last program of each small tile sums
+    before the epilogue) and ``reduce`` (the sum and epilogue of large tiles' partial sums). The
+    tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and strides, the
+    op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional input; the split
+    kernel the same, with its workspace and ticket counters after the outputs."""
 
-    doc_note = "computed by one fused kernel."
+    doc_note = "computed by one fused kernel (two for a split-K launch of more than 16 rows)."
 
     def replay_state(self) -> Callable[[], object]:
         # float32 launches follow torch's matmul precision setting: a replay checks it is unchanged
@@ -986,11 +1004,16 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
             launch(kernels["tile"], plan.grid, *tile_args, **flags, **common, tune_key=tune_key)
         return
     # partial sums in the math's type: one slot per split (two-stage), or one zeroed slot
-    # (atomic); the tile's last program sums them and applies the epilogue (the tickets say which)
+    # (atomic); the tile's last program sums them and applies the epilogue (the tickets say
+    # which), or the reduce kernel does (whose split kernel counts no tickets: one stands in)
     space = workspace(strategy, plan.batch, plan.m, plan.n, a.device, layout.integer_product,
                       a.dtype == torch.float64)
-    tickets = launch_counters(a, plan.tiles_at_most)
+    tickets = launch_counters(a, plan.tiles_at_most if plan.fused_sum else 1)
     launch(kernels["split"], plan.grid, a, b, *grouped, *epilogue, *outs, space, tickets,
            *plan.sizes, *plan.ab_strides, *plan.group_strides, *plan.epilogue_strides, *scalars,
            **flags, **common, SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic",
-           tune_key=tune_key)
+           FUSED=plan.fused_sum, tune_key=tune_key)
+    if not plan.fused_sum:
+        launch(kernels["reduce"], plan.reduce_grid, space, *epilogue, *outs, *plan.sizes[:2],
+               *plan.sizes[3:], *plan.epilogue_strides, *scalars, **flags,
+               INDEX_64=plan.index_64, SLOTS=space.shape[1], tune_key=tune_key)
