@@ -21,6 +21,7 @@ from specgen.runtime.op import _autocast_lines
 from specgen.parse import parse_spec
 from specgen.runtime import matmul
 from specgen.runtime.launch import forced_config
+from specgen.testing.core import compiled_kernel_counts, nvidia_backend_missing
 from specgen.runtime.layout import contiguous_strides
 
 GOOD = """
@@ -435,6 +436,17 @@ def test_split_k_sums_in_the_last_program_of_small_tiles_and_in_a_kernel_of_its_
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * 96)
     torch.testing.assert_close(batched.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5 * 96)
     assert not counters.tile_counters(x.device, 1).any()
+
+
+def test_split_kernels_compile_for_sm90():
+    # the interpreter lets the fused split kernel's branch change its accumulator's type, which
+    # the compiler refuses: each module's split kernel is compiled for sm_90 (no GPU needed:
+    # Triton's NVIDIA backend ships ptxas)
+    missing = nvidia_backend_missing()
+    if missing:
+        pytest.skip(missing)
+    names = sorted(n for n, i in generated.REGISTRY.items() if i.family == "matmul")
+    assert compiled_kernel_counts("specgen.families.matmul", names) == {name: 1 for name in names}
 
 
 def test_a_traced_split_k_call_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):

@@ -1156,6 +1156,56 @@ def _epilogue_target(dims: tuple[str, ...], batch: tuple[int, ...], m: int, n: i
 SAMPLE_DIMS = {"M": 3, "K": 4, "N": 5, "B": 2}
 
 
+def compile_kernels(module, arch: int = 90) -> list[str]:
+    """Compiles a generated matmul module's split-K kernel, in its form that sums the slices in
+    its last program (FUSED), to a CUDA binary without a GPU.
+
+    That form takes its accumulator through a runtime branch, from the K loop's type (int32 for
+    int8 operands, float32) into the epilogue's (float32; float64 where an epilogue operand
+    promotes the result), and the compiler refuses a value whose type an ``if`` changes where
+    the interpreter does not (int8_linear and linear_residual did on an H200). The tensors are
+    float32 but those of their own dtypes, the output float64 where the epilogue promotes, the
+    workspace the accumulator's type. Needs Triton's NVIDIA backend (ptxas ships with it) and no
+    TRITON_INTERPRET. Returns one line per kernel.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    layout = module.LAYOUT
+    (name,) = [n for n in vars(module) if n.endswith("_split_kernel")]
+    autotuner = getattr(module, name)
+    fn = autotuner.fn
+    own = {tensor: dtypes[0] for tensor, dtypes in layout.own_dtypes}
+    out = torch.float64 if layout.promoted else torch.float32
+    pointers = {f"{tensor}_ptr": own.get(tensor, torch.float32) for tensor, _ in layout.dims}
+    pointers.update({f"{tensor}_ptr": out for tensor in layout.outputs})
+    pointers.update(ws_ptr=torch.int32 if layout.integer_product else torch.float32,
+                    counter_ptr=torch.int32)
+    types = {torch.float32: "*fp32", torch.float64: "*fp64", torch.int32: "*i32",
+             torch.int8: "*i8", torch.uint8: "*u8"}
+    # small tiles compile fastest (the branch's types do not depend on them)
+    constants = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": max(layout.min_block_k, 32),
+                 "GROUP_M": 8, "LAYOUT": "", "EVEN_K": False, "INDEX_64": False,
+                 "INPUT_PRECISION": "ieee", "GROUP_K": 128, "PER_TILE": False, "SPLIT_K": 4,
+                 "ATOMIC": False, "FUSED": True}
+    signature, values = {}, {}
+    for index, param in enumerate(fn.params):
+        arg = param.name
+        if arg in pointers:
+            signature[arg] = types[pointers[arg]]
+        elif param.is_constexpr:
+            # an optional operand's flag: present
+            signature[arg] = "constexpr"
+            values[(index,)] = constants[arg] if arg in constants else arg.startswith("HAS_")
+        else:   # sizes and strides; a float scalar as its annotation declares it (float64)
+            signature[arg] = param.annotation or "i32"
+    binary = triton.compile(ASTSource(fn, signature, values), target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": 4, "num_stages": 2})
+    assert binary.asm["cubin"], name
+    return [f"{name} fused"]
+
+
 def samples(info, make) -> dict[str, list[tuple]]:
     """Opcheck calls (``make``: specgen.testing.samples.Make): every operand at its dims (with a
     batch of 2 where it takes one), then without the batch, the A operand transposed and the
