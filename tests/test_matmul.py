@@ -438,15 +438,29 @@ def test_split_k_sums_in_the_last_program_of_small_tiles_and_in_a_kernel_of_its_
     assert not counters.tile_counters(x.device, 1).any()
 
 
+def test_a_call_under_capture_gets_zeroed_tickets_that_are_not_kept(monkeypatch):
+    # a set first made during a CUDA graph capture would be zeroed only when that graph replays
+    # (tests/gpu/test_matmul_gpu.py captures real graphs): a capture gets its own
+    from specgen.runtime import counters
+
+    device = torch.device(testing.device())
+    held = counters.tile_counters(device, 1)
+    kept = {key: id(value) for key, value in counters._counters.items()}
+    monkeypatch.setattr(counters, "_capturing", lambda device: True)
+    own = counters.tile_counters(device, 2 * held.numel())     # would grow the kept set
+    assert own.numel() == 2 * held.numel() and not own.any()
+    assert {key: id(value) for key, value in counters._counters.items()} == kept
+
+
 def test_split_kernels_compile_for_sm90():
     # the interpreter lets the fused split kernel's branch change its accumulator's type, which
-    # the compiler refuses: each module's split kernel is compiled for sm_90 (no GPU needed:
-    # Triton's NVIDIA backend ships ptxas)
+    # the compiler refuses: each module's split kernel is compiled for sm_90, two-stage and
+    # atomic (no GPU needed: Triton's NVIDIA backend ships ptxas)
     missing = nvidia_backend_missing()
     if missing:
         pytest.skip(missing)
     names = sorted(n for n, i in generated.REGISTRY.items() if i.family == "matmul")
-    assert compiled_kernel_counts("specgen.families.matmul", names) == {name: 1 for name in names}
+    assert compiled_kernel_counts("specgen.families.matmul", names) == {name: 2 for name in names}
 
 
 def test_a_traced_split_k_call_counts_tickets_in_zeroed_counters_of_its_own(monkeypatch):

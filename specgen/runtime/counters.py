@@ -28,7 +28,16 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     return persistent(_stream_counters(device, count), lambda: _stream_counters(device, count))
 
 
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _stream_counters(device: torch.device, count: int) -> torch.Tensor:
+    if _capturing(device):
+        # a CUDA graph being captured gets counters of its own, zeroed by the graph each replay:
+        # a set made here and kept would be zeroed only when this graph replays, and graphs
+        # share their capture stream (torch.cuda.graph's default)
+        return torch.zeros(max(count, 1), dtype=torch.int32, device=device)
     # the raw stream query (Triton's own): torch.cuda.current_stream builds a Stream object,
     # several microseconds of a replayed call
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None

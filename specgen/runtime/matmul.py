@@ -38,9 +38,10 @@ MIN_K_PER_SPLIT = 512
 # auto split-K aims at this many programs per multiprocessor
 SPLIT_PROGRAMS_PER_SM = 4
 # split-K sums its slots in the split kernel's last program of a tile up to this many rows, in a
-# second kernel above: measured on an H200 (docs/performance.md, 001q), one launch took int4's
-# 16 x 4096 x 4096 from 18.8 to 16.8 us, and int8_linear's 256 x 4096 x 4096 from 23.1 to 37.0
-# (one program summing a 128 x 128 tile's slots where the reduce kernel spreads them over 512)
+# second kernel above. On an H200 (docs/performance.md, 001q) one launch took int4's 16 x 4096 x
+# 4096 from 19.0 to 17.7 us (a probe timing both), and int8_linear's 256 x 4096 x 4096 from 23.1
+# to 39.9 us (two bench runs: one program summed a 128 x 128 tile's slots, where the reduce
+# kernel spreads them over 512)
 FUSED_SUM_ROWS = 16
 # tl.dot needs every block dimension to be at least 16
 MIN_DOT_BLOCK = 16
@@ -920,8 +921,8 @@ def settle(plan: LaunchPlan, tensors: Sequence[torch.Tensor | None], tma_fits: b
 class Matmul(FamilyRuntime):
     """Matmuls with fused epilogues; the description's ``launch`` is the op's ``OpLayout``.
     Kernels: ``tile`` and ``tma`` (a tile of the output a program, the second reading A and B by
-    TMA), ``split`` (split-K partial sums, which the last program of each small tile sums
-    before the epilogue) and ``reduce`` (the sum and epilogue of large tiles' partial sums). The
+    TMA), ``split`` (split-K partial sums, which the last program of each tile sums before the
+    epilogue up to FUSED_SUM_ROWS rows) and ``reduce`` (their sum and epilogue past it). The
     tile kernels take A, B, the epilogue inputs, the outputs, the plan's sizes and strides, the
     op's scalars, then its choices and a ``HAS_<NAME>`` flag for each optional input; the split
     kernel the same, with its workspace and ticket counters after the outputs."""

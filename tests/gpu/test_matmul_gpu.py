@@ -177,6 +177,31 @@ def test_decode_shape_two_stage():
             check(generated.linear_gelu(x, w, bias), want, 4096)
 
 
+def test_captured_split_k_calls_count_in_tickets_of_their_own():
+    # a decode-sized linear (split-K in one launch) captured into two CUDA graphs on the shared
+    # capture stream: each owns zeroed tickets, refilled each replay, and none is kept for later
+    # calls (the second graph replayed first would otherwise count in tickets never zeroed)
+    from specgen.runtime import counters
+
+    x, w = randn(16, 4096), randn(1024, 4096)
+    want = F.linear(d(x), d(w))
+    with runtime.override(strategy="two_stage:8"):
+        generated.linear(x, w)  # compiled and tuned outside the capture
+        kept = {key: id(value) for key, value in counters._counters.items()}
+        graphs, outs = [torch.cuda.CUDAGraph() for _ in range(2)], []
+        for graph in graphs:
+            with torch.cuda.graph(graph):
+                outs.append(generated.linear(x, w))
+    assert {key: id(value) for key, value in counters._counters.items()} == kept
+    for graph, out in zip(reversed(graphs), reversed(outs)):
+        out.fill_(float("nan"))
+        graph.replay()
+        check(out, want, 4096)
+    for graph, out in zip(graphs, outs):
+        graph.replay()
+        check(out, want, 4096)
+
+
 def test_batched_tma_walks_batch_elements():
     # batch elements one stride apart: 3-D descriptors, and auto takes them from 64 rows on
     cases = [(randn(6, 256, 192), randn(6, 320, 192).mT),      # attention's q @ k.mT
