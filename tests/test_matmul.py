@@ -443,7 +443,7 @@ def test_a_call_under_capture_gets_zeroed_tickets_that_are_not_kept(monkeypatch)
     # (tests/gpu/test_matmul_gpu.py captures real graphs): a capture gets its own
     from specgen.runtime import counters
 
-    device = torch.device(testing.device())
+    device = torch.empty(0, device=testing.device()).device   # with its index, as a tensor's
     held = counters.tile_counters(device, 1)
     kept = {key: id(value) for key, value in counters._counters.items()}
     monkeypatch.setattr(counters, "_capturing", lambda device: True)
