@@ -50,6 +50,40 @@ def test_the_parts_of_a_key_are_sizes_constexprs_and_dtypes():
     assert parts[6:] == [tuned.DTYPE] * (len(key) - 6) and key[-1] == "torch.float32"
 
 
+@pytest.mark.parametrize("path", sorted(tuned.TABLE_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_entry_is_keyed_as_its_kernel_keys(path):
+    # a kernel whose arguments change (split-K's took the epilogue's tensors) keys its launches
+    # anew: an entry of the old form would never be found again. Each entry must fit one of its
+    # kernel's autotuners: the key= parts, then a dtype for each tensor argument (pointers,
+    # less the optional ones a HAS_ flag may leave out), and meta-parameters the kernel takes
+    import inspect
+    import triton
+
+    misfits = []
+    for kernel_id, entries in tuned.read_table(path)["kernels"].items():
+        module_name, name = kernel_id.split(":")
+        module = importlib.import_module(module_name)
+        tuners = [v for v in vars(module).values() if isinstance(v, triton.runtime.Autotuner)
+                  and launch._function(v).__name__ == name]
+        assert tuners, f"{kernel_id}: no autotuned kernel of that name"
+        params = list(inspect.signature(launch._function(tuners[0])).parameters)
+        pointers = [p for p in params if p.endswith("_ptr")]
+        optional = [p for p in pointers if f"HAS_{p[:-4].upper()}" in params]
+
+        def is_dtype(value):
+            return isinstance(value, str) and value.startswith("torch.")
+
+        for entry in entries:
+            key = entry["key"]
+            fits = any(not any(map(is_dtype, key[:len(t.keys)]))
+                       and all(map(is_dtype, key[len(t.keys):]))
+                       and len(pointers) - len(optional) <= len(key) - len(t.keys) <= len(pointers)
+                       for t in tuners)
+            if not fits or not set(entry["config"]) - {"num_warps", "num_stages"} <= set(params):
+                misfits.append((kernel_id, key, entry["config"]))
+    assert misfits == []
+
+
 def test_a_frozen_config_the_launch_would_prune_is_not_taken(monkeypatch):
     # an older GPU's table, or an entry of another size, may hold tiles that do not fit here
     kernel, args, kwargs = _first_launch()
