@@ -1006,10 +1006,11 @@ def _run(op: Op, strategy: Strategy, plan: LaunchPlan, args: tuple,
         return
     # partial sums in the math's type: one slot per split (two-stage), or one zeroed slot
     # (atomic); the tile's last program sums them and applies the epilogue (the tickets say
-    # which), or the reduce kernel does (whose split kernel counts no tickets: one stands in)
+    # which), or the reduce kernel does: that split kernel reads no tickets, and the workspace
+    # stands in for them (no counters looked up, none allocated in a traced call)
     space = workspace(strategy, plan.batch, plan.m, plan.n, a.device, layout.integer_product,
                       a.dtype == torch.float64)
-    tickets = launch_counters(a, plan.tiles_at_most if plan.fused_sum else 1)
+    tickets = launch_counters(a, plan.tiles_at_most) if plan.fused_sum else space
     launch(kernels["split"], plan.grid, a, b, *grouped, *epilogue, *outs, space, tickets,
            *plan.sizes, *plan.ab_strides, *plan.group_strides, *plan.epilogue_strides, *scalars,
            **flags, **common, SPLIT_K=strategy.factor, ATOMIC=strategy.kind == "atomic",
