@@ -1053,11 +1053,8 @@ def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
     accumulator that a float64 dot makes float64), which the compiler refuses, and cannot show a
     float32 intermediate. Needs Triton's NVIDIA backend (ptxas ships with it) and no
     TRITON_INTERPRET. Returns one line per kernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from specgen.runtime.attention import FLOAT64_CONFIGS
+    from specgen.testing.core import compile_for_nvidia
 
     floats = {arg.name for arg in module.DESCRIPTION.args if arg.kind == "float"}
     # each kernel's tiles: its pass's, as (held, streamed)
@@ -1068,40 +1065,31 @@ def compile_kernels(module, dim: int = 64, arch: int = 90) -> list[str]:
     bound = min(b for b in FLOAT64_CONFIGS["forward"] if dim <= b)
     block = max(16, 1 << (dim - 1).bit_length())
     done = []
+    # the cache lengths are int32; every other tensor (the mask, statistics, workspaces and
+    # gradient buffers included) float64
+    per_batch = {f"{a.name}_ptr" for a in module.DESCRIPTION.args
+                 if a.kind == "tensor" and a.dims == ("B",)}
     for role, kernel in module.KERNELS.items():
-        fn = kernel
-        while not isinstance(fn, triton.runtime.JITFunction):
-            fn = fn.fn
         space, held, streamed = roles[role]
         rows, keys, warps, stages = FLOAT64_CONFIGS[space][bound][0]
         if role == "merge":
             warps, stages = 4, 1
         # the mask kinds: float (2), with its gradient, and bool (1), a bool tensor's *i1
-        for mask_kind in (2, 1) if "MASK_KIND" in fn.arg_names else (0,):
+        for mask_kind in (2, 1) if "MASK_KIND" in kernel.arg_names else (0,):
             constexprs = {"E": dim, "EV": dim, "BLOCK_E": block, "BLOCK_EV": block, held: rows,
                           streamed: keys, "INDEX_64": False, "INPUT_PRECISION": "ieee",
                           "MASK_KIND": mask_kind, "MASK_GRAD": mask_kind == 2, "SPLIT": True,
                           "PACKED": False, "NUM_SPLITS": 4, "IS_CAUSAL": True}
-            signature, constants = {}, {}
-            for i, (arg, param) in enumerate(zip(fn.arg_names, fn.params)):
-                if param.is_constexpr:
-                    signature[arg] = "constexpr"
-                    constants[(i,)] = constexprs.get(arg, False)
-                elif arg == "mask_ptr" and mask_kind == 1:
-                    signature[arg] = "*i1"
-                elif arg.endswith("_ptr"):
-                    # the cache lengths are int32; every other tensor (the mask, statistics,
-                    # workspaces and gradient buffers included) float64
-                    per_batch = any(arg == f"{a.name}_ptr" and a.dims == ("B",)
-                                    for a in module.DESCRIPTION.args if a.kind == "tensor")
-                    signature[arg] = "*i32" if per_batch else "*fp64"
-                elif arg in floats or arg == "scale":
-                    signature[arg] = "fp64"
-                else:
-                    signature[arg] = "i32"
-            binary = triton.compile(ASTSource(fn, signature, constants),
-                                    target=GPUTarget("cuda", arch, 32),
-                                    options={"num_warps": warps, "num_stages": stages})
+
+            def arg_type(arg: str, mask_kind=mask_kind) -> str:
+                if arg == "mask_ptr" and mask_kind == 1:
+                    return "*i1"
+                if arg.endswith("_ptr"):
+                    return "*i32" if arg in per_batch else "*fp64"
+                return "fp64" if arg in floats or arg == "scale" else "i32"
+
+            binary = compile_for_nvidia(kernel, constexprs, arg_type, arch, num_warps=warps,
+                                        num_stages=stages)
             narrow = [line.strip() for line in binary.asm["ttgir"].splitlines() if "f32" in line]
             if narrow:
                 raise AssertionError(f"{module.__name__} {role} (mask kind {mask_kind}): "

@@ -1168,14 +1168,11 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
     workspace the accumulator's type. Needs Triton's NVIDIA backend (ptxas ships with it) and no
     TRITON_INTERPRET. Returns one line per kernel.
     """
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from specgen.testing.core import compile_for_nvidia
 
     layout = module.LAYOUT
     (name,) = [n for n in vars(module) if n.endswith("_split_kernel")]
-    autotuner = getattr(module, name)
-    fn = autotuner.fn
+    kernel = getattr(module, name)
     own = {tensor: dtypes[0] for tensor, dtypes in layout.own_dtypes}
     out = torch.float64 if layout.promoted else torch.float32
     pointers = {f"{tensor}_ptr": own.get(tensor, torch.float32) for tensor, _ in layout.dims}
@@ -1184,28 +1181,26 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
                     counter_ptr=torch.int32)
     types = {torch.float32: "*fp32", torch.float64: "*fp64", torch.int32: "*i32",
              torch.int8: "*i8", torch.uint8: "*u8"}
+    # a float scalar as its annotation declares it (float64)
+    annotations = {param.name: param.annotation for param in kernel.fn.params}
     done = []
     # two-stage in int32 offsets, atomic in int64 ones
     for atomic, index_64 in ((False, False), (True, True)):
-        # small tiles compile fastest (the branch's types do not depend on them)
-        constants = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": max(layout.min_block_k, 32),
-                     "GROUP_M": 8, "LAYOUT": "", "EVEN_K": False, "INDEX_64": index_64,
-                     "INPUT_PRECISION": "ieee", "GROUP_K": 128, "PER_TILE": False, "SPLIT_K": 4,
-                     "ATOMIC": atomic, "FUSED": True}
-        signature, values = {}, {}
-        for index, param in enumerate(fn.params):
-            arg = param.name
+        # small tiles compile fastest (the branch's types do not depend on them); every
+        # optional operand present
+        constexprs = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": max(layout.min_block_k, 32),
+                      "GROUP_M": 8, "LAYOUT": "", "EVEN_K": False, "INDEX_64": index_64,
+                      "INPUT_PRECISION": "ieee", "GROUP_K": 128, "PER_TILE": False,
+                      "SPLIT_K": 4, "ATOMIC": atomic, "FUSED": True}
+        constexprs.update({a: True for a in kernel.arg_names if a.startswith("HAS_")})
+
+        def arg_type(arg: str, index_64=index_64) -> str:
             if arg in pointers:
-                signature[arg] = types[pointers[arg]]
-            elif param.is_constexpr:
-                # an optional operand's flag: present
-                signature[arg] = "constexpr"
-                values[(index,)] = constants[arg] if arg in constants else arg.startswith("HAS_")
-            else:   # sizes and strides; a float scalar as its annotation declares (float64)
-                signature[arg] = param.annotation or ("i64" if index_64 else "i32")
-        binary = triton.compile(ASTSource(fn, signature, values),
-                                target=GPUTarget("cuda", arch, 32),
-                                options={"num_warps": 4, "num_stages": 2})
+                return types[pointers[arg]]
+            return annotations[arg] or ("i64" if index_64 else "i32")
+
+        binary = compile_for_nvidia(kernel, constexprs, arg_type, arch, num_warps=4,
+                                    num_stages=2)
         assert binary.asm["cubin"], name
         done.append(f"{name} fused {'atomic int64' if atomic else 'two-stage int32'}")
     return done

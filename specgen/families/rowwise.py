@@ -1218,20 +1218,14 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
     that computes in float64 raises. Needs Triton's NVIDIA backend (ptxas ships with it) and no
     TRITON_INTERPRET. Returns one line per kernel.
     """
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from specgen.runtime.rowwise import COL_RANK, ROW_RANK
+    from specgen.testing.core import compile_for_nvidia
 
     floats = {arg.name for arg in module.DESCRIPTION.args if arg.kind == "float"}
     done = []
     for name, kernel in sorted(vars(module).items()):
         if not name.endswith("_kernel"):
             continue
-        fn = kernel
-        while not isinstance(fn, triton.runtime.JITFunction):
-            fn = fn.fn
         # (index width, grid-stride loop, alignment): masked tiles with and without the loop
         # in both widths, and the constant masks of aligned sizes
         for index_64, row_loop, align in ((False, False, 1), (True, True, 1), (False, True, 256)):
@@ -1239,21 +1233,17 @@ def compile_kernels(module, arch: int = 90) -> list[str]:
                           "BLOCK_M": 1 if "_split" in name else 2, "BLOCK_N": 256,
                           "SPLITS_BLOCK": 16, "BLOCK_P": 16, "BLOCK_C": 64,
                           "ROW_LOOP": row_loop, "M_ALIGN": align, "N_ALIGN": align}
-            constexprs.update({a: True for a in fn.arg_names if a.startswith("HAS_")})
-            signature, constants = {}, {}
-            for i, arg in enumerate(fn.arg_names):
-                if arg in constexprs:
-                    signature[arg] = "constexpr"
-                    constants[(i,)] = constexprs[arg]
-                elif arg.endswith("_ptr"):
+            constexprs.update({a: True for a in kernel.arg_names if a.startswith("HAS_")})
+
+            def arg_type(arg: str, index_64=index_64) -> str:
+                if arg.endswith("_ptr"):
                     # the workspaces (split partials, column partials) are float32
-                    signature[arg] = "*fp32" if arg.endswith("ws_ptr") else "*bf16"
-                elif arg in floats:
-                    signature[arg] = "fp64"
-                else:
-                    signature[arg] = "i64" if index_64 else "i32"
-            binary = triton.compile(ASTSource(fn, signature, constants),
-                                    target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+                    return "*fp32" if arg.endswith("ws_ptr") else "*bf16"
+                if arg in floats:
+                    return "fp64"
+                return "i64" if index_64 else "i32"
+
+            binary = compile_for_nvidia(kernel, constexprs, arg_type, arch, num_warps=4)
             # float64 may appear in the parameters and their one truncation to float32, not after
             wide = [line.strip() for line in binary.asm["ttgir"].splitlines()
                     if "f64" in line and "arith.truncf" not in line and "tt.func" not in line]

@@ -439,6 +439,32 @@ def nvidia_backend_missing() -> str | None:
     return None
 
 
+def compile_for_nvidia(kernel, constexprs: dict[str, Any], arg_type: Callable[[str], str],
+                       arch: int = 90, **options):
+    """``kernel`` (a jit function, or an autotuner of one) compiled to a CUDA binary for NVIDIA's
+    ``arch``, without a GPU (Triton's NVIDIA backend ships ptxas): a constexpr parameter takes
+    its value in ``constexprs`` (False where that does not name it), every other the type
+    ``arg_type(name)`` gives ("*bf16", "i32", ...); ``options`` are Triton's
+    (num_warps, num_stages). The families' ``compile_kernels`` check on the CPU tier what the
+    interpreter lets through; under TRITON_INTERPRET the compiler does not take jit functions."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kernel
+    while not isinstance(fn, triton.runtime.JITFunction):
+        fn = fn.fn
+    signature, constants = {}, {}
+    for index, param in enumerate(fn.params):
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constants[(index,)] = constexprs.get(param.name, False)
+        else:
+            signature[param.name] = arg_type(param.name)
+    return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", arch, 32),
+                          options=options)
+
+
 _COMPILE_SCRIPT = """
 import importlib, sys
 compile_kernels = importlib.import_module(sys.argv[1]).compile_kernels
