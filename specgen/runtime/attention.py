@@ -743,6 +743,18 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values:
     mask = named_args.get("mask_ptr") if kwargs.get("MASK_KIND", 0) else None
     mask_element = 0 if mask is None else mask.element_size()
 
+    def mask_bytes(elements: int, stages: int) -> int:
+        # a tensor mask's BLOCK_M x BLOCK_N tile, loaded each step. Triton pipelines a float32
+        # mask's as the keys', in up to as many buffers as stages: how many, and what scratch
+        # it takes beside them, depend on the mask's alignment and the head dim (the forward
+        # at E 16 on a 300-wide mask, 128 x 128 blocks in 3 stages: 180736 bytes past the
+        # tiles, 2.8 tiles of the mask; at E 64 one tile), so the bound is a tile a stage. A
+        # narrower mask's tile Triton converts through at most one tile of scratch (bool and
+        # float16 masks: 4096-8192 bytes past the tiles). Where the count still passes the
+        # estimate, an unforced launch passes over the config (launch.launch)
+        tile = mask_element * elements
+        return tile * stages if mask_element >= 4 else tile
+
     def size(config) -> int:
         # Triton's own count without a mask, to the byte (ptxas for sm_90 under Triton 3.6 and
         # 3.8: the forward and the query pass at float16 E 128, float32 E 64 and E 256 with Ev
@@ -758,18 +770,6 @@ def _fitting(configs, named_args, kwargs, streamed: str, held: str, held_values:
             # counts 33792 bytes past the tiles)
             extra = element * scores + 16 * meta["BLOCK_M"]
         return element * (tiles + held_tiles) + extra + mask_bytes(scores, config.num_stages)
-
-    def mask_bytes(elements: int, stages: int) -> int:
-        # a tensor mask's BLOCK_M x BLOCK_N tile, loaded each step. Triton pipelines a float32
-        # mask's as the keys', in up to as many buffers as stages: how many, and what scratch
-        # it takes beside them, depend on the mask's alignment and the head dim (the forward
-        # at E 16 on a 300-wide mask, 128 x 128 blocks in 3 stages: 180736 bytes past the
-        # tiles, 2.8 tiles of the mask; at E 64 one tile), so the bound is a tile a stage. A
-        # narrower mask's tile Triton converts through at most one tile of scratch (bool and
-        # float16 masks: 4096-8192 bytes past the tiles). Where the count still passes the
-        # estimate, an unforced launch passes over the config (launch.launch)
-        tile = mask_element * elements
-        return tile * stages if mask_element >= 4 else tile
 
     def fits(config) -> bool:
         return size(config) <= limit
